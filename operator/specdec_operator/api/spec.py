@@ -1,0 +1,417 @@
+"""`SpeculativeModel.spec`: what a platform team declares (and keeps in Git)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from specdec_operator.api.base import ApiModel, cel
+from specdec_operator.api.vocabulary import (
+    MAX_K,
+    METHODS_REQUIRING_MODEL,
+    METHODS_WITHOUT_MODEL,
+    OWNED_VLLM_FLAGS,
+    GfxTarget,
+    PartitionMode,
+    SpeculativeMethod,
+)
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+class SecretKeyRef(ApiModel):
+    """A key in a Secret in the model's namespace."""
+
+    name: str = Field(description="Name of the Secret.", min_length=1, max_length=253)
+    key: str = Field(default="token", description="Key inside the Secret.", min_length=1)
+
+
+class WeightsSource(ApiModel):
+    """Where the runtime pod finds the target weights."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.pvcName) && has(self.hubSecretRef))",
+                    "spec.model.source: set either pvcName (weights on a volume) or hubSecretRef, not both",
+                )
+            ]
+        }
+    )
+
+    pvc_name: str | None = Field(
+        default=None, description="PersistentVolumeClaim that holds the weights; mounted read-only at /models."
+    )
+    path: str | None = Field(default=None, description="Path of the weights inside the PVC (defaults to model.name).")
+    hub_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret with a Hugging Face token, exported to the runtime as HF_TOKEN."
+    )
+
+
+class TargetModel(ApiModel):
+    """The model that verifies drafts and produces the output."""
+
+    name: str = Field(description="Hugging Face id or path of the target model, e.g. meta-llama/Llama-3.1-70B.")
+    served_name: str | None = Field(
+        default=None, description="Name clients use in requests (--served-model-name); defaults to the resource name."
+    )
+    tensor_parallel_size: Literal[1, 2, 4, 8] = Field(
+        default=1, description="GPUs per replica (-tp). A power of two, at most 8."
+    )
+    max_model_len: int | None = Field(default=None, ge=128, description="Context length cap (--max-model-len).")
+    weights_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="Size of the target weights in GiB. Used for drafter and placement fit; "
+        "estimated from the parameter count in the name when absent.",
+    )
+    source: WeightsSource | None = Field(default=None, description="Where the weights come from.")
+
+
+class Drafter(ApiModel):
+    """One drafter preference. The first that is supported on a pool's gfx target and fits in memory wins."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!(self.method in {_cel_list(METHODS_REQUIRING_MODEL)}) || has(self.model)",
+                    "spec.drafters[].model is required for methods draft_model, eagle, eagle3, dflash, dspark "
+                    "and custom_class",
+                ),
+                cel(
+                    f"!(self.method in {_cel_list(METHODS_WITHOUT_MODEL)}) || !has(self.model)",
+                    "spec.drafters[].model must not be set for methods ngram, ngram_gpu and suffix",
+                ),
+                cel(
+                    "!has(self.promptLookupMin) || !has(self.promptLookupMax) "
+                    "|| self.promptLookupMin <= self.promptLookupMax",
+                    "spec.drafters[].promptLookupMin must not exceed promptLookupMax",
+                ),
+                cel(
+                    "(!has(self.promptLookupMin) && !has(self.promptLookupMax)) "
+                    "|| self.method in ['ngram', 'ngram_gpu']",
+                    "spec.drafters[].promptLookupMin/Max apply only to methods ngram and ngram_gpu",
+                ),
+            ]
+        }
+    )
+
+    method: SpeculativeMethod = Field(description="vLLM 0.33 speculative method.")
+    model: str | None = Field(default=None, description="Drafter checkpoint (HF id or path), where the method needs one.")
+    draft_tensor_parallel_size: Literal[1, 2, 4, 8] | None = Field(
+        default=None, description="Drafter TP: 1, or the target's TP (vLLM's draft_tensor_parallel_size)."
+    )
+    prompt_lookup_min: int | None = Field(default=None, ge=1, le=32, description="n-gram: shortest match to draft from.")
+    prompt_lookup_max: int | None = Field(default=None, ge=1, le=32, description="n-gram: longest match to draft from.")
+    weights_gib: float | None = Field(
+        default=None, ge=0, description="Size of the drafter weights in GiB; estimated from the name when absent."
+    )
+
+    @model_validator(mode="after")
+    def _model_matches_method(self) -> Drafter:
+        if self.method in METHODS_REQUIRING_MODEL and not self.model:
+            raise ValueError(f"spec.drafters[].model is required for method {self.method}")
+        if self.method in METHODS_WITHOUT_MODEL and self.model:
+            raise ValueError(f"spec.drafters[].model must not be set for method {self.method}")
+        if (
+            self.prompt_lookup_min is not None
+            and self.prompt_lookup_max is not None
+            and self.prompt_lookup_min > self.prompt_lookup_max
+        ):
+            raise ValueError("spec.drafters[].promptLookupMin must not exceed promptLookupMax")
+        return self
+
+
+class Autotune(ApiModel):
+    """How the operator re-tunes K from live acceptance counters."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.objective != 'Latency' || has(self.tpotTargetMs)",
+                    "spec.speculation.autotune.tpotTargetMs is required when objective is Latency",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = Field(default=True, description="Re-tune K from live metrics. When false, K stays at initialK.")
+    interval_seconds: int = Field(default=60, ge=5, le=86400, description="Seconds between tuning evaluations.")
+    min_samples: int = Field(
+        default=2000, ge=1, description="Drafts a pool must have observed at its current K before K may change."
+    )
+    min_gain: float = Field(
+        default=0.03, ge=0, le=1, description="Smallest predicted relative gain of the objective worth a restart."
+    )
+    cooldown_seconds: int = Field(
+        default=600, ge=0, description="Minimum seconds between two K changes of the same model (restarts cost)."
+    )
+    objective: Literal["Throughput", "Latency"] = Field(
+        default="Throughput",
+        description="Throughput: maximise generated tokens/s per GPU. Latency: maximise tokens/s subject to "
+        "the time-per-output-token target.",
+    )
+    tpot_target_ms: float | None = Field(
+        default=None, gt=0, description="Time-per-output-token target in ms (objective Latency)."
+    )
+
+    @model_validator(mode="after")
+    def _latency_needs_target(self) -> Autotune:
+        if self.objective == "Latency" and self.tpot_target_ms is None:
+            raise ValueError("spec.speculation.autotune.tpotTargetMs is required when objective is Latency")
+        return self
+
+
+class Speculation(ApiModel):
+    """Bounds of the proposal length K. The operator keeps the effective K (in status) within them."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self.minK <= self.maxK", "spec.speculation.minK must be <= spec.speculation.maxK"),
+                cel(
+                    "self.initialK >= self.minK && self.initialK <= self.maxK",
+                    "spec.speculation.initialK must lie within [minK, maxK]",
+                ),
+            ]
+        }
+    )
+
+    initial_k: int = Field(default=3, ge=0, le=MAX_K, description="K a new pool starts with (0 = speculation off).")
+    min_k: int = Field(default=0, ge=0, le=MAX_K, description="Lowest K the tuner may choose (0 = may switch off).")
+    max_k: int = Field(default=8, ge=0, le=MAX_K, description="Highest K the tuner may choose (at most 16).")
+    autotune: Autotune = Field(default_factory=Autotune, description="Closed-loop tuning policy.")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> Speculation:
+        if self.min_k > self.max_k:
+            raise ValueError("spec.speculation.minK must be <= spec.speculation.maxK")
+        if not self.min_k <= self.initial_k <= self.max_k:
+            raise ValueError("spec.speculation.initialK must lie within [minK, maxK]")
+        return self
+
+
+class Toleration(ApiModel):
+    """A pod toleration (same fields as core/v1 Toleration)."""
+
+    key: str | None = Field(default=None, description="Taint key; empty matches all keys with operator Exists.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all."
+    )
+    toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
+
+
+class Placement(ApiModel):
+    """Where runtime pods may run: one pool per allowed gfx target that has capacity."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.replicasPerPool) && has(self.totalReplicas))",
+                    "spec.placement: set replicasPerPool or totalReplicas, not both",
+                ),
+                cel(
+                    "self.gfxTargets.all(g, self.gfxTargets.exists_one(h, h == g))",
+                    "spec.placement.gfxTargets must not repeat a target",
+                ),
+            ]
+        }
+    )
+
+    gfx_targets: list[GfxTarget] = Field(
+        min_length=1, max_length=9, description="Allowed AMD gfx targets, in preference order."
+    )
+    partition: PartitionMode | None = Field(
+        default=None, description="Required GPU compute/memory partition mode, e.g. cpx_nps4."
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels runtime pods require.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=16, description="Extra tolerations for runtime pods."
+    )
+    replicas_per_pool: int | None = Field(default=None, ge=0, le=1000, description="Replicas in every pool.")
+    total_replicas: int | None = Field(
+        default=None, ge=0, le=1000, description="Replicas across all pools, split in gfxTargets order by capacity."
+    )
+
+
+class EnvVar(ApiModel):
+    """An extra environment variable for the runtime container."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str = Field(default="", description="Variable value.")
+
+
+class Resources(ApiModel):
+    """Extra container resources. amd.com/gpu is always set to the tensor-parallel size."""
+
+    requests: dict[str, str] = Field(default_factory=dict, description="Resource requests, e.g. cpu: '8'.")
+    limits: dict[str, str] = Field(default_factory=dict, description="Resource limits, e.g. memory: 256Gi.")
+
+
+class Runtime(ApiModel):
+    """How the runtime container is built."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!has(self.extraArgs) || self.extraArgs.all(a, !{_cel_list(OWNED_VLLM_FLAGS)}"
+                    ".exists(f, a == f || a.startsWith(f + '=')))",
+                    "spec.runtime.extraArgs may not set a flag the operator owns "
+                    "(--speculative-config, --port, --host, --served-model-name, -tp, --attention-backend, ...)",
+                )
+            ]
+        }
+    )
+
+    image: str | None = Field(default=None, description="Image override for every pool (default: per gfx target).")
+    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment variables.")
+    extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
+        default_factory=list, max_length=64, description="Extra `vllm serve` arguments, passed through as given."
+    )
+    resources: Resources = Field(default_factory=Resources, description="Extra container resources.")
+    simulate: bool = Field(
+        default=False, description="Run the CPU-only vLLM simulator instead of vLLM (staging rehearsals)."
+    )
+    simulator_profile: str | None = Field(
+        default=None, description="Simulator profile name (simulate only): sets acceptance, step times and load."
+    )
+
+    @model_validator(mode="after")
+    def _no_owned_flags(self) -> Runtime:
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in OWNED_VLLM_FLAGS:
+                raise ValueError(f"spec.runtime.extraArgs may not set {flag}: the operator owns it")
+        return self
+
+
+class CanaryStep(ApiModel):
+    """One canary step: route `weight` percent to the canary, analyse, then wait `pauseSeconds`."""
+
+    weight: int = Field(ge=1, le=100, description="Percent of traffic (or replicas) on the canary, 1..100.")
+    pause_seconds: int = Field(default=60, ge=0, le=86400, description="Analysis window of this step, in seconds.")
+
+
+class CanaryAnalysis(ApiModel):
+    """Thresholds the canary must meet against the stable revision over the same window."""
+
+    min_accepted_length_ratio: float = Field(
+        default=0.9, ge=0, le=2, description="Canary mean accepted length / stable, at least this."
+    )
+    min_tokens_per_second_ratio: float = Field(
+        default=0.9, ge=0, le=2, description="Canary tokens/s per GPU / stable, at least this."
+    )
+    max_tpot_ratio: float = Field(
+        default=1.15, ge=1, le=10, description="Canary TPOT p90 / stable TPOT p90, at most this."
+    )
+    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Highest tolerated canary error fraction.")
+    min_drafts: int = Field(default=500, ge=0, description="Drafts each side needs before a verdict is possible.")
+    timeout_seconds: int = Field(
+        default=900, ge=30, description="A step still inconclusive after this long rolls back."
+    )
+
+
+class ObjectRef(ApiModel):
+    """A reference to a namespaced object."""
+
+    name: str = Field(min_length=1, description="Object name.")
+    namespace: str | None = Field(default=None, description="Namespace; defaults to the SpeculativeModel's.")
+
+
+class CanaryTraffic(ApiModel):
+    """How canary traffic is split."""
+
+    http_route_ref: ObjectRef | None = Field(
+        default=None,
+        description="Gateway API HTTPRoute whose backendRefs to our Services the operator weights. "
+        "Without it the split is the replica ratio behind the shared Service.",
+    )
+
+
+class Canary(ApiModel):
+    """Canary steps, analysis and traffic."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.steps) || (self.steps.map(s, s.weight).isSorted() && "
+                    "self.steps.all(s, self.steps.exists_one(t, t.weight == s.weight)))",
+                    "spec.rollout.canary.steps[].weight must strictly increase",
+                )
+            ]
+        }
+    )
+
+    steps: list[CanaryStep] = Field(
+        default_factory=lambda: [
+            CanaryStep(weight=10, pause_seconds=120),
+            CanaryStep(weight=50, pause_seconds=120),
+            CanaryStep(weight=100, pause_seconds=0),
+        ],
+        min_length=1,
+        max_length=10,
+        description="Steps in order; weights strictly increase within 1..100. The last step promotes.",
+    )
+    analysis: CanaryAnalysis = Field(default_factory=CanaryAnalysis, description="Pass/fail thresholds.")
+    traffic: CanaryTraffic = Field(default_factory=CanaryTraffic, description="Traffic split backend.")
+
+    @model_validator(mode="after")
+    def _weights_increase(self) -> Canary:
+        weights = [step.weight for step in self.steps]
+        if any(later <= earlier for earlier, later in zip(weights, weights[1:], strict=False)):
+            raise ValueError("spec.rollout.canary.steps[].weight must strictly increase")
+        return self
+
+
+class Rollout(ApiModel):
+    """How a new revision (a spec change or a tuner K change) replaces the old one."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.canary) || !has(self.canary.traffic) || !has(self.canary.traffic.httpRouteRef) "
+                    "|| self.strategy == 'Canary'",
+                    "spec.rollout.canary.traffic.httpRouteRef requires spec.rollout.strategy Canary",
+                )
+            ]
+        }
+    )
+
+    strategy: Literal["Rolling", "Canary"] = Field(
+        default="Rolling", description="Rolling: a Deployment rolling update. Canary: stepped, analysed canary."
+    )
+    paused: bool = Field(default=False, description="Hold a canary at its current step (analysis keeps running).")
+    canary: Canary | None = Field(default=None, description="Canary settings (strategy Canary).")
+
+    @model_validator(mode="after")
+    def _route_needs_canary(self) -> Rollout:
+        if self.canary and self.canary.traffic.http_route_ref and self.strategy != "Canary":
+            raise ValueError("spec.rollout.canary.traffic.httpRouteRef requires spec.rollout.strategy Canary")
+        return self
+
+
+class SpeculativeModelSpec(ApiModel):
+    """A target model served by vLLM with speculative decoding on AMD GPUs, and how it is tuned and rolled out."""
+
+    model: TargetModel = Field(description="The target model.")
+    drafters: list[Drafter] = Field(
+        default_factory=lambda: [Drafter(method="ngram")],
+        max_length=8,
+        description="Drafter preferences, in order. Falls back to ngram (no weights) where none fits.",
+    )
+    speculation: Speculation = Field(default_factory=Speculation, description="Bounds of K and the autotune policy.")
+    placement: Placement = Field(description="Allowed gfx targets and node constraints.")
+    runtime: Runtime = Field(default_factory=Runtime, description="Runtime container settings.")
+    rollout: Rollout = Field(default_factory=Rollout, description="Rollout strategy for new revisions.")

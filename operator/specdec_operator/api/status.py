@@ -1,0 +1,126 @@
+"""`SpeculativeModel.status`: what the operator observed and decided. Only the operator writes it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from specdec_operator.api.base import ApiModel
+
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Tuning"]
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition, keyed by type."""
+
+    type: ConditionType = Field(description="Ready, Progressing, Degraded or Tuning.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason, e.g. NoCompatibleNodes.")
+    message: str = Field(default="", description="Human-readable detail, with numbers.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int = Field(default=0, description="metadata.generation this condition reflects.")
+
+
+class DrafterChoice(ApiModel):
+    """The drafter a pool runs, and why."""
+
+    method: str = Field(description="vLLM speculative method.")
+    model: str | None = Field(default=None, description="Drafter checkpoint, if any.")
+    fallback: bool = Field(default=False, description="True when no preferred drafter fitted and ngram was used.")
+    reason: str = Field(default="", description="Why this drafter was chosen, with memory figures.")
+
+
+class PoolStatus(ApiModel):
+    """One pool: the replicas of this model on one gfx target."""
+
+    name: str = Field(description="Pool name (also the Deployment name).")
+    gfx_target: str = Field(description="AMD gfx target of the pool's nodes.")
+    drafter: DrafterChoice = Field(description="Drafter in use.")
+    effective_k: int = Field(description="Proposal length the pool runs now (operator-owned, within spec bounds).")
+    replicas: int = Field(default=0, description="Desired replicas.")
+    ready_replicas: int = Field(default=0, description="Ready replicas.")
+    revision: str = Field(default="", description="Hash of the pool's stable pod template.")
+    image: str = Field(default="", description="Runtime image.")
+    nodes: int = Field(default=0, description="Schedulable nodes with this gfx target.")
+
+
+class TuningDecision(ApiModel):
+    """The tuner's last decision for a pool, with its evidence."""
+
+    time: str = Field(description="When the decision was made (RFC 3339).")
+    pool: str = Field(description="Pool the decision applies to.")
+    from_k: int = Field(description="K before.")
+    to_k: int = Field(description="K after (equal to fromK when the decision was to hold).")
+    action: Literal["Hold", "Change", "Explore"] = Field(description="Hold, Change or Explore.")
+    reason: str = Field(description="Why, with numbers.")
+    predicted_gain: float = Field(default=0.0, description="Predicted relative gain of the objective.")
+    confidence: float = Field(default=0.0, description="Confidence that the gain is positive (0..1).")
+
+
+class PoolSpeculationStats(ApiModel):
+    """Measured speculative-decoding statistics of one pool over the last window."""
+
+    pool: str = Field(description="Pool name.")
+    k: int = Field(description="K the statistics were measured at.")
+    drafts: int = Field(default=0, description="Drafts in the window.")
+    acceptance_rate: float | None = Field(default=None, description="Accepted / drafted tokens.")
+    mean_accepted_length: float | None = Field(
+        default=None, description="1 + accepted tokens per draft (tokens emitted per verification step)."
+    )
+    per_position_acceptance: list[float] = Field(
+        default_factory=list, description="Fraction of drafts whose first i+1 tokens were accepted, per position i."
+    )
+    tokens_per_second: float | None = Field(default=None, description="Generated tokens/s across the pool.")
+    recommended_k: int | None = Field(default=None, description="K the tuner would pick now.")
+
+
+class SpeculationStatus(ApiModel):
+    """Speculative-decoding statistics and the tuner's last decision."""
+
+    acceptance_rate: float | None = Field(default=None, description="Model-wide accepted / drafted tokens.")
+    mean_accepted_length: float | None = Field(default=None, description="Model-wide mean accepted length.")
+    tokens_per_second: float | None = Field(default=None, description="Model-wide generated tokens/s.")
+    pools: list[PoolSpeculationStats] = Field(default_factory=list, description="Per-pool statistics.")
+    last_decision: TuningDecision | None = Field(default=None, description="Most recent tuning decision.")
+    last_change_time: str | None = Field(default=None, description="When K last changed for any pool (cooldown).")
+
+
+class CanaryStatus(ApiModel):
+    """State of the canary in flight, durable across operator restarts."""
+
+    pool: str = Field(description="Pool being rolled.")
+    stable_revision: str = Field(description="Revision serving before the canary.")
+    canary_revision: str = Field(description="Revision under test.")
+    step: int = Field(default=0, description="Index of the current step in spec.rollout.canary.steps.")
+    weight: int = Field(default=0, description="Percent of traffic on the canary.")
+    phase: Literal["Progressing", "Paused", "Promoted", "RolledBack", "Aborted"] = Field(
+        description="Progressing, Paused, Promoted, RolledBack or Aborted."
+    )
+    step_started_at: str = Field(description="When the current step started (RFC 3339).")
+    canary_k: int | None = Field(default=None, description="K the canary runs, for tuner-driven canaries.")
+    verdict: str = Field(default="", description="Last analysis verdict: Pass, Fail or Inconclusive.")
+    message: str = Field(default="", description="Last analysis numbers or the rollback reason.")
+
+
+class Summary(ApiModel):
+    """Short strings for `kubectl get` columns."""
+
+    drafter: str = Field(default="", description="Drafter(s) in use, per pool.")
+    effective_k: str = Field(default="", description="Effective K, per pool.")
+    acceptance: str = Field(default="", description="Model-wide acceptance rate.")
+    pools: int = Field(default=0, description="Number of pools.")
+    canary: str = Field(default="", description="Canary phase and weight, if any.")
+
+
+class SpeculativeModelStatus(ApiModel):
+    """Observed state of a SpeculativeModel."""
+
+    model_config = ConfigDict(frozen=False)
+
+    observed_generation: int = Field(default=0, description="metadata.generation last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded, Tuning.")
+    pools: list[PoolStatus] = Field(default_factory=list, description="One entry per pool.")
+    speculation: SpeculationStatus = Field(default_factory=SpeculationStatus, description="Measured statistics.")
+    canary: CanaryStatus | None = Field(default=None, description="Canary in flight, if any.")
+    summary: Summary = Field(default_factory=Summary, description="Strings for printer columns.")

@@ -1,0 +1,60 @@
+"""Closed vocabularies shared by the API, the decisions and the renderer.
+
+Kept apart from the models so that pure decision code can import them without pydantic.
+"""
+
+from typing import Literal, get_args
+
+# vLLM 0.33.0 `SpeculativeConfig.method` values (vllm/config/speculative.py). The legacy *_mtp
+# aliases are rewritten to "mtp" by vLLM, so we accept only the canonical name. medusa and
+# mlp_speculator were removed in 0.33.0.
+SpeculativeMethod = Literal[
+    "ngram",
+    "ngram_gpu",
+    "draft_model",
+    "suffix",
+    "eagle",
+    "eagle3",
+    "mtp",
+    "dflash",
+    "dspark",
+    "extract_hidden_states",
+    "custom_class",
+]
+SPECULATIVE_METHODS: tuple[str, ...] = get_args(SpeculativeMethod)
+
+# Methods whose drafter is a separate checkpoint that must be named.
+METHODS_REQUIRING_MODEL: tuple[str, ...] = ("draft_model", "eagle", "eagle3", "dflash", "dspark", "custom_class")
+# Methods that draft from the prompt or output history and take no checkpoint at all.
+METHODS_WITHOUT_MODEL: tuple[str, ...] = ("ngram", "ngram_gpu", "suffix")
+# Drafters that propose a whole block at once: per-position counters do not give E(K') for them.
+BLOCK_DRAFTERS: tuple[str, ...] = ("dflash", "dspark")
+
+# AMD gfx targets that vLLM 0.33 supports on ROCm. gfx908 (MI100), gfx1102 and gfx103x are not.
+GfxTarget = Literal["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1150", "gfx1151", "gfx1200", "gfx1201"]
+GFX_TARGETS: tuple[str, ...] = get_args(GfxTarget)
+
+# Compute/memory partition modes the AMD GPU operator exposes (amd.com/gpu.compute-memory-partition).
+PartitionMode = Literal["spx_nps1", "dpx_nps1", "dpx_nps2", "qpx_nps1", "qpx_nps4", "cpx_nps1", "cpx_nps4"]
+
+# vLLM flags the operator renders itself; a user's extraArgs may not override them.
+OWNED_VLLM_FLAGS: tuple[str, ...] = (
+    "--speculative-config",
+    "-sc",
+    "--spec-method",
+    "--spec-model",
+    "--spec-tokens",
+    "--port",
+    "--host",
+    "--served-model-name",
+    "--tensor-parallel-size",
+    "-tp",
+    "--attention-backend",
+    "--disable-log-stats",
+    "--model",
+    "--max-model-len",
+    "--speculative-model",
+    "--num-speculative-tokens",
+)
+
+MAX_K = 16

@@ -1,0 +1,49 @@
+"""The operator's own Prometheus metrics. Every metric the dashboard queries is defined here."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_POOL = ("namespace", "model", "pool")
+
+RECONCILES = Counter(
+    "specdec_reconcile", "Reconciles of SpeculativeModels by result.", ("result",), registry=REGISTRY
+)
+RECONCILE_SECONDS = Histogram(
+    "specdec_reconcile_duration_seconds", "Duration of one reconcile.", registry=REGISTRY
+)
+API_WRITES = Counter(
+    "specdec_api_writes", "Write requests the operator sent to the API server.", ("kind", "verb"), registry=REGISTRY
+)
+SCRAPES = Counter("specdec_scrapes", "Runtime pod /metrics scrapes by result.", ("result",), registry=REGISTRY)
+SCRAPE_SECONDS = Histogram(
+    "specdec_scrape_duration_seconds", "Duration of one pod /metrics scrape.", registry=REGISTRY
+)
+EFFECTIVE_K = Gauge("specdec_effective_k", "Proposal length K the pool runs.", _POOL, registry=REGISTRY)
+RECOMMENDED_K = Gauge("specdec_recommended_k", "K the tuner would pick now.", _POOL, registry=REGISTRY)
+ACCEPTANCE_RATE = Gauge(
+    "specdec_acceptance_rate", "Accepted / drafted tokens over the last window.", _POOL, registry=REGISTRY
+)
+MEAN_ACCEPTED_LENGTH = Gauge(
+    "specdec_mean_accepted_length", "Tokens emitted per verification step (1 + accepted per draft).", _POOL,
+    registry=REGISTRY,
+)
+POSITION_ACCEPTANCE = Gauge(
+    "specdec_position_acceptance",
+    "Fraction of drafts whose first position+1 tokens were accepted.",
+    (*_POOL, "position"),
+    registry=REGISTRY,
+)
+TOKENS_PER_SECOND = Gauge(
+    "specdec_tokens_per_second", "Generated tokens per second across the pool.", _POOL, registry=REGISTRY
+)
+K_CHANGES = Counter("specdec_k_changes", "Changes of a pool's effective K.", _POOL, registry=REGISTRY)
+TUNER_DECISIONS = Counter(
+    "specdec_tuner_decisions", "Tuner decisions by action.", (*_POOL, "action"), registry=REGISTRY
+)
+CANARY_WEIGHT = Gauge("specdec_canary_weight", "Percent of traffic on the canary.", _POOL, registry=REGISTRY)
+ROLLOUTS = Counter(
+    "specdec_rollouts", "Finished canary rollouts by result.", (*_POOL, "result"), registry=REGISTRY
+)

@@ -1,0 +1,1 @@
+"""specdec-runtime: the vLLM launcher, the shared config renderer, the simulator and the fleet driver."""
