@@ -1,0 +1,41 @@
+"""`specdec-operator` command line: run the operator, generate CRDs, benchmarks and the fleet view."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _crds(args: argparse.Namespace) -> int:
+    from specdec_operator.crdfiles import check_crd_files, write_crd_files
+
+    if args.check:
+        stale = check_crd_files()
+        for path in stale:
+            sys.stderr.write(f"error: {path} is out of date; run `specdec-operator crds generate`\n")
+        return 1 if stale else 0
+    for path in write_crd_files():
+        sys.stdout.write(f"wrote {path}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec-operator", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    crds = sub.add_parser("crds", help="generate the CRD YAML from the pydantic models")
+    crds.add_argument("action", choices=["generate"])
+    crds.add_argument("--check", action="store_true", help="fail if the committed files differ")
+    crds.set_defaults(func=_crds)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
