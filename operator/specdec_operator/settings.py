@@ -1,0 +1,65 @@
+"""Operator settings, from environment variables prefixed SPECDEC_ (nested keys use `__`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# AMD splits its vLLM builds per architecture family, and vLLM's own ROCm image bakes CDNA targets only
+# (gfx90a;gfx942;gfx950), so RDNA cards need a different image from the datacenter parts.
+DEFAULT_IMAGES: dict[str, str] = {
+    "gfx90a": "vllm/vllm-openai-rocm:v0.33.0",
+    "gfx942": "vllm/vllm-openai-rocm:v0.33.0",
+    "gfx950": "vllm/vllm-openai-rocm:v0.33.0",
+    "gfx1100": "vllm/vllm-openai-rocm:v0.33.0-rdna3",
+    "gfx1101": "vllm/vllm-openai-rocm:v0.33.0-rdna3",
+    "gfx1150": "vllm/vllm-openai-rocm:v0.33.0-rdna3",
+    "gfx1151": "vllm/vllm-openai-rocm:v0.33.0-rdna3",
+    "gfx1200": "vllm/vllm-openai-rocm:v0.33.0-rdna4",
+    "gfx1201": "vllm/vllm-openai-rocm:v0.33.0-rdna4",
+}
+
+# The gfx targets each default image carries code objects for. A card whose own target is missing
+# runs through HSA_OVERRIDE_GFX_VERSION pointing at a compatible target the image does have.
+DEFAULT_IMAGE_TARGETS: dict[str, list[str]] = {
+    "vllm/vllm-openai-rocm:v0.33.0": ["gfx90a", "gfx942", "gfx950"],
+    "vllm/vllm-openai-rocm:v0.33.0-rdna3": ["gfx1100"],
+    "vllm/vllm-openai-rocm:v0.33.0-rdna4": ["gfx1200", "gfx1201"],
+}
+
+
+class OperatorSettings(BaseSettings):
+    """Everything an installation may tune. Defaults suit a production cluster."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECDEC_", env_nested_delimiter="__", extra="ignore")
+
+    namespaces: list[str] = Field(
+        default_factory=list, description="Namespaces to watch; empty means the whole cluster."
+    )
+    field_manager: str = Field(default="specdec-operator", description="Server-side apply field manager.")
+    runtime_images: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_IMAGES), description="Runtime image per gfx target."
+    )
+    image_targets: dict[str, list[str]] = Field(
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_IMAGE_TARGETS.items()},
+        description="gfx targets each runtime image has code objects for (drives HSA_OVERRIDE_GFX_VERSION).",
+    )
+    simulator_image: str = Field(
+        default="ghcr.io/specdec/specdec-runtime-simulator:0.1.0", description="Image for spec.runtime.simulate."
+    )
+    reconcile_interval_seconds: float = Field(
+        default=30.0, gt=0, description="Level-triggered resync period per SpeculativeModel."
+    )
+    scrape_interval_seconds: float = Field(default=15.0, gt=0, description="Runtime pod /metrics scrape period.")
+    scrape_timeout_seconds: float = Field(default=5.0, gt=0, description="Per-pod scrape timeout.")
+    scrape_concurrency: int = Field(default=32, ge=1, description="Scrapes in flight at once.")
+    scrape_loopback_only: bool = Field(
+        default=False,
+        description="Scrape only 127.0.0.0/8 pod IPs (set in local clusters and tests, where pods are fake).",
+    )
+    kv_headroom_fraction: float = Field(
+        default=0.2, ge=0, lt=1, description="Share of GPU memory kept for KV cache when fitting weights."
+    )
+    metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
+    peering_name: str = Field(default="specdec-operator", description="Kopf peering object for HA.")
+    standalone: bool = Field(default=False, description="Run without peering (single replica, dev).")
