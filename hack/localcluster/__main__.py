@@ -1,0 +1,43 @@
+"""`hack/cluster up|down|status|kubeconfig`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from localcluster.cluster import LocalCluster
+from localcluster.errors import ClusterError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hack/cluster", description="Local Kubernetes control plane with a fake AMD fleet")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="build (cached) and start the control plane, load the fleet")
+    up.add_argument("--fleet", type=Path, help="fleet YAML (default hack/fleets/demo.yaml)")
+    sub.add_parser("down", help="stop every process by PID and remove the data dir")
+    sub.add_parser("status", help="show what is running")
+    sub.add_parser("build", help="only build (or find cached) binaries and print their paths")
+    args = parser.parse_args(argv)
+    cluster = LocalCluster()
+    try:
+        if args.command == "up":
+            cluster.up(args.fleet)
+        elif args.command == "down":
+            cluster.down()
+        elif args.command == "build":
+            from localcluster.build import ensure_binaries
+
+            for name, path in ensure_binaries(cluster.log).items():
+                print(f"{name}\t{path}")
+        else:
+            print(json.dumps(cluster.status(), indent=2))
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""Bring the local control plane up and down: etcd, kube-apiserver, controller-manager, scheduler, kwok."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from localcluster import build, certs, processes
+from localcluster.errors import ClusterError
+from localcluster.fleet import FLEETS_DIR, load_fleet, node_objects
+from localcluster.processes import Component
+
+Log = Callable[[str], None]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Stopped in reverse: kwok and the controllers before the API server, etcd last.
+COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  # Writes only: the steady-state check counts what clients change, not what they read.
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+"""
+
+
+def stderr_log(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+
+    @classmethod
+    def from_env(cls) -> Ports:
+        base = int(os.environ.get("SPECDEC_CLUSTER_PORT_BASE", "26000"))
+        return cls(base + 79, base + 80, base + 443, base + 257, base + 259)
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> ClusterPaths:
+        return cls(Path(os.environ.get("SPECDEC_CLUSTER_DIR", REPO_ROOT / ".cluster")).resolve())
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def pids(self) -> Path:
+        return self.root / "pids"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state.json"
+
+
+class LocalCluster:
+    def __init__(self, paths: ClusterPaths | None = None, ports: Ports | None = None, log: Log = stderr_log) -> None:
+        self.paths = paths or ClusterPaths.from_env()
+        self.ports = ports or Ports.from_env()
+        self.log = log
+        self.binaries: dict[str, Path] = {}
+
+    # --- public -----------------------------------------------------------------------------------------
+
+    def up(self, fleet_file: Path | None = None) -> float:
+        """Start everything and load the fleet; returns seconds from process start to nodes Ready."""
+        self.binaries = build.ensure_binaries(self.log)
+        if self.is_ready():
+            self.log(f"cluster already up: export KUBECONFIG={self.paths.kubeconfig}")
+            return 0.0
+        self.down(quiet=True)
+        started = time.monotonic()
+        for directory in (self.paths.root, self.paths.logs, self.paths.pids):
+            directory.mkdir(parents=True, exist_ok=True)
+        cluster_certs = certs.generate_certs(self.paths.root / "pki")
+        self._write_kubeconfig(cluster_certs)
+        (self.paths.root / "audit-policy.yaml").write_text(AUDIT_POLICY)
+        stages = build.kwok_stage_files()
+        try:
+            self._start("etcd", self._etcd_command(), (self.ports.etcd_client, self.ports.etcd_peer))
+            self._wait(f"etcd on 127.0.0.1:{self.ports.etcd_client}", "etcd", self._etcd_healthy, 30)
+            self._start("kube-apiserver", self._apiserver_command(cluster_certs), (self.ports.apiserver,))
+            self._wait("kube-apiserver /readyz", "kube-apiserver", self.is_ready, 90)
+            self._start("kube-controller-manager", self._controller_manager_command(cluster_certs),
+                        (self.ports.controller_manager,))
+            self._start("kube-scheduler", self._scheduler_command(), (self.ports.scheduler,))
+            self._start("kwok", self._kwok_command(stages), ())
+            self.apply_fleet(fleet_file or FLEETS_DIR / "demo.yaml")
+            self.kubectl("apply", "--server-side", "--force-conflicts",
+                         *[arg for path in build.gateway_api_crd_files() for arg in ("-f", str(path))])
+            self._wait("nodes Ready", "kwok", self._nodes_ready, 90)
+            self._wait("default ServiceAccount", "kube-controller-manager", self._default_service_account, 60)
+        except BaseException:
+            self.down(quiet=True)
+            raise
+        elapsed = time.monotonic() - started
+        self.paths.state.write_text(json.dumps({"ports": self.ports.__dict__, "ready_seconds": elapsed}))
+        self.log(f"cluster ready in {elapsed:.1f}s")
+        self.log(f"export KUBECONFIG={self.paths.kubeconfig}")
+        self.log(f"export PATH={self.binaries['kubectl'].parent}:$PATH   # kubectl {build.BUILDS[0].version}")
+        return elapsed
+
+    def down(self, quiet: bool = False) -> list[str]:
+        stopped = []
+        for name in reversed(self._pid_names()):
+            if processes.stop_pid_file(self.paths.pids / f"{name}.pid"):
+                stopped.append(name)
+        if self.paths.root.exists():
+            shutil.rmtree(self.paths.root)
+        if not quiet:
+            self.log(f"stopped: {', '.join(stopped) or 'nothing was running'}; removed {self.paths.root}")
+        return stopped
+
+    def status(self) -> dict[str, object]:
+        return {
+            "dir": str(self.paths.root),
+            "running": processes.running_components(self.paths.pids),
+            "ready": self.is_ready(),
+            "kubeconfig": str(self.paths.kubeconfig),
+        }
+
+    def is_ready(self) -> bool:
+        if not self.paths.kubeconfig.exists():
+            return False
+        pki = self.paths.root / "pki"
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{self.ports.apiserver}/readyz", context=context,
+                                        timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
+        kubectl = self.binaries.get("kubectl") or shutil.which("kubectl")
+        result = subprocess.run([str(kubectl), "--kubeconfig", str(self.paths.kubeconfig), *args],
+                                input=input_text, capture_output=True, text=True, check=False)
+        if check and result.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args[:3])} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def apply_fleet(self, fleet_file: Path) -> int:
+        nodes = node_objects(load_fleet(fleet_file))
+        self.kubectl("apply", "--server-side", "-f", "-",
+                     input_text=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+        self.log(f"applied {len(nodes)} fake nodes from {fleet_file}")
+        return len(nodes)
+
+    # --- internals --------------------------------------------------------------------------------------
+
+    def _pid_names(self) -> list[str]:
+        extra = sorted(p.stem for p in self.paths.pids.glob("*.pid")) if self.paths.pids.exists() else []
+        # Non-control-plane processes registered by the demo (operator, fleet driver) stop first.
+        return list(COMPONENT_ORDER) + [name for name in extra if name not in COMPONENT_ORDER]
+
+    def _start(self, name: str, command: list[str], ports: tuple[int, ...]) -> None:
+        component = Component(name, command, ports)
+        process = processes.start(component, self.paths.logs, self.paths.pids)
+        time.sleep(0.3)
+        processes.ensure_running(component, process, self.paths.logs)
+
+    def _wait(self, what: str, component: str, ready: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            if component not in processes.running_components(self.paths.pids):
+                raise ClusterError(
+                    f"{component} exited at start; last lines of {self.paths.logs / component}.log:\n"
+                    f"{processes.log_tail(self.paths.logs / f'{component}.log')}"
+                )
+            time.sleep(0.25)
+        raise ClusterError(
+            f"timed out after {timeout_s:.0f}s waiting for {what}; last lines of {self.paths.logs / component}.log:\n"
+            f"{processes.log_tail(self.paths.logs / f'{component}.log')}"
+        )
+
+    def _etcd_healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.etcd_client}/health", timeout=1) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _nodes_ready(self) -> bool:
+        items = json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]
+        ready = [
+            node for node in items
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+            and not any(t["key"] == "node.kubernetes.io/not-ready" for t in node["spec"].get("taints", []))
+        ]
+        return bool(items) and len(ready) == len(items)
+
+    def _default_service_account(self) -> bool:
+        return self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False) != ""
+
+    def _write_kubeconfig(self, cluster_certs: certs.ClusterCerts) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "specdec-local", "cluster": {
+                "server": f"https://127.0.0.1:{self.ports.apiserver}",
+                "certificate-authority": str(cluster_certs.ca_cert)}}],
+            "users": [{"name": "specdec-admin", "user": {
+                "client-certificate": str(cluster_certs.admin_cert),
+                "client-key": str(cluster_certs.admin_key)}}],
+            "contexts": [{"name": "specdec-local", "context": {"cluster": "specdec-local", "user": "specdec-admin"}}],
+            "current-context": "specdec-local",
+        }
+        self.paths.kubeconfig.write_text(yaml.safe_dump(config))
+
+    def _etcd_command(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.ports.etcd_client}"
+        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
+        return [str(self.binaries["etcd"]), "--name=specdec-local", f"--data-dir={self.paths.root / 'etcd'}",
+                f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=specdec-local={peer}", "--unsafe-no-fsync=true",
+                "--listen-metrics-urls=", "--log-level=warn"]
+
+    def _apiserver_command(self, c: certs.ClusterCerts) -> list[str]:
+        return [str(self.binaries["kube-apiserver"]),
+                f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                f"--secure-port={self.ports.apiserver}",
+                f"--tls-cert-file={c.serving_cert}", f"--tls-private-key-file={c.serving_key}",
+                f"--client-ca-file={c.ca_cert}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={c.sa_pub}", f"--service-account-signing-key-file={c.sa_key}",
+                # The Service range exists only inside the API server's allocator; nothing here dials it.
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--authorization-mode=RBAC", "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                f"--audit-policy-file={self.paths.root / 'audit-policy.yaml'}",
+                f"--audit-log-path={self.paths.logs / 'audit.log'}",
+                "--audit-log-maxsize=200", "--audit-log-maxbackup=1"]
+
+    def _controller_manager_command(self, c: certs.ClusterCerts) -> list[str]:
+        return [str(self.binaries["kube-controller-manager"]), f"--kubeconfig={self.paths.kubeconfig}",
+                f"--authentication-kubeconfig={self.paths.kubeconfig}",
+                f"--authorization-kubeconfig={self.paths.kubeconfig}",
+                "--bind-address=127.0.0.1", f"--secure-port={self.ports.controller_manager}",
+                f"--root-ca-file={c.ca_cert}", f"--service-account-private-key-file={c.sa_key}",
+                "--use-service-account-credentials=false", "--leader-elect=false",
+                # Fake nodes must not be evicted or tainted while kwok keeps their leases fresh.
+                "--node-monitor-grace-period=60s"]
+
+    def _scheduler_command(self) -> list[str]:
+        return [str(self.binaries["kube-scheduler"]), f"--kubeconfig={self.paths.kubeconfig}",
+                f"--authentication-kubeconfig={self.paths.kubeconfig}",
+                f"--authorization-kubeconfig={self.paths.kubeconfig}",
+                "--bind-address=127.0.0.1", f"--secure-port={self.ports.scheduler}", "--leader-elect=false"]
+
+    def _kwok_command(self, stages: list[Path]) -> list[str]:
+        return [str(self.binaries["kwok"]), f"--kubeconfig={self.paths.kubeconfig}",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                # Fallback range for nodes without a podCIDR: loopback too.
+                "--cidr=127.0.255.0/24", "--node-ip=127.0.0.1",
+                *[f"--config={path}" for path in stages]]

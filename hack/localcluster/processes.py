@@ -1,0 +1,105 @@
+"""Start, watch and stop the control-plane processes, each with its own log file and PID file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from localcluster.errors import ClusterError
+
+_LOG_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    command: list[str]
+    ports: tuple[int, ...] = ()
+
+
+def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def check_port_free(port: int, owner: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            raise ClusterError(
+                f"port {port} on 127.0.0.1 (needed by {owner}) is already in use: run `hack/cluster down`, or "
+                f"find the holder with `ss -ltnp 'sport = :{port}'`, or pick other ports with SPECDEC_CLUSTER_PORT_BASE"
+            ) from None
+
+
+def start(component: Component, log_dir: Path, pid_dir: Path) -> subprocess.Popen[bytes]:
+    for port in component.ports:
+        check_port_free(port, component.name)
+    log_path = log_dir / f"{component.name}.log"
+    with log_path.open("ab") as sink:
+        # A new session gives each component its own process group, so `down` can kill children too.
+        process = subprocess.Popen(
+            component.command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    (pid_dir / f"{component.name}.pid").write_text(str(process.pid))
+    return process
+
+
+def ensure_running(component: Component, process: subprocess.Popen[bytes], log_dir: Path) -> None:
+    code = process.poll()
+    if code is not None:
+        raise ClusterError(
+            f"{component.name} exited at start (exit code {code}); last lines of {log_dir / component.name}.log:\n"
+            f"{log_tail(log_dir / f'{component.name}.log')}"
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_pid_file(pid_file: Path, grace_s: float = 10.0) -> bool:
+    """Stop the process group named by a PID file; True if something was running."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    pid_file.unlink(missing_ok=True)
+    if not _alive(pid):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+def running_components(pid_dir: Path) -> dict[str, int]:
+    result: dict[str, int] = {}
+    for pid_file in sorted(pid_dir.glob("*.pid")) if pid_dir.exists() else []:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text().strip())
+            if _alive(pid):
+                result[pid_file.stem] = pid
+    return result

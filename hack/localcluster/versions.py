@@ -1,0 +1,62 @@
+"""Pinned versions of everything the local control plane builds. Bump here and in hack/gomod/*."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+GOMOD_ROOT = Path(__file__).resolve().parent.parent / "gomod"
+
+KUBERNETES_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v3.22.0"
+GATEWAY_API_VERSION = "v1.4.1"
+
+
+def _version_ldflags(version: str) -> list[str]:
+    """-X flags so `kubectl version` reports the real release instead of v0.0.0-master."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+        ]
+    return flags
+
+
+@dataclass(frozen=True)
+class GoBuild:
+    """One wrapper module under hack/gomod and the commands built from it."""
+
+    name: str
+    version: str
+    packages: dict[str, str]  # binary name -> Go package path
+    tags: str = ""
+    ldflags: tuple[str, ...] = ()
+
+    @property
+    def module_dir(self) -> Path:
+        return GOMOD_ROOT / self.name
+
+
+BUILDS: tuple[GoBuild, ...] = (
+    GoBuild(
+        name="kubernetes",
+        version=KUBERNETES_VERSION,
+        packages={
+            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+        },
+        tags="selinux,notest",
+        ldflags=tuple(_version_ldflags(KUBERNETES_VERSION)),
+    ),
+    GoBuild(name="etcd", version=ETCD_VERSION, packages={"etcd": "go.etcd.io/etcd/server/v3"}),
+    GoBuild(name="kwok", version=KWOK_VERSION, packages={"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
+    GoBuild(name="helm", version=HELM_VERSION, packages={"helm": "helm.sh/helm/v3/cmd/helm"}),
+)
