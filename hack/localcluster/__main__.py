@@ -12,7 +12,7 @@ from localcluster.errors import ClusterError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hack/cluster", description="Local Kubernetes control plane with a fake AMD fleet")
+    parser = argparse.ArgumentParser(prog="hack/cluster", description="Local control plane with a fake AMD fleet")
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build (cached) and start the control plane, load the fleet")
     up.add_argument("--fleet", type=Path, help="fleet YAML (default hack/fleets/demo.yaml)")

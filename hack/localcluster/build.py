@@ -24,6 +24,7 @@ from localcluster.versions import BUILDS, GATEWAY_API_VERSION, KWOK_VERSION, GoB
 Log = Callable[[str], None]
 
 _PROGRESS_EVERY_S = 20.0
+_REFUSAL_WORDS = ("reading", "invalid version", "unknown revision", "verifying", "410", "404")
 # `go: k8s.io/foo@v1.2.3: reading https://...: 404 Not Found` and friends.
 _MODULE_FAILURE = re.compile(r"^go: (?:.*?: )?(?P<module>[\w.\-/]+)@(?P<version>v[\w.\-+]+): (?P<reason>.+)$")
 
@@ -56,7 +57,7 @@ def binary_dir(build: GoBuild) -> Path:
 def _explain_go_failure(build: GoBuild, output: str) -> ClusterError:
     for line in output.splitlines():
         match = _MODULE_FAILURE.match(line.strip())
-        if match and any(word in line for word in ("reading", "invalid version", "unknown revision", "verifying", "410", "404")):
+        if match and any(word in line for word in _REFUSAL_WORDS):
             return ClusterError(
                 f"the Go module proxy refused {match['module']}@{match['version']} ({match['reason'].strip()[:160]}): "
                 f"pin a version it serves in {build.module_dir}/go.mod (for kubernetes try the neighbouring minor "

@@ -21,6 +21,7 @@ from localcluster import build, certs, processes
 from localcluster.errors import ClusterError
 from localcluster.fleet import FLEETS_DIR, load_fleet, node_objects
 from localcluster.processes import Component
+from localcluster.versions import KUBERNETES_VERSION
 
 Log = Callable[[str], None]
 
@@ -126,7 +127,7 @@ class LocalCluster:
         self.paths.state.write_text(json.dumps({"ports": self.ports.__dict__, "ready_seconds": elapsed}))
         self.log(f"cluster ready in {elapsed:.1f}s")
         self.log(f"export KUBECONFIG={self.paths.kubeconfig}")
-        self.log(f"export PATH={self.binaries['kubectl'].parent}:$PATH   # kubectl {build.BUILDS[0].version}")
+        self.log(f"export PATH={self.binaries['kubectl'].parent}:$PATH   # kubectl {KUBERNETES_VERSION}")
         return elapsed
 
     def down(self, quiet: bool = False) -> list[str]:

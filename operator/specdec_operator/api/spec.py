@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -102,11 +103,15 @@ class Drafter(ApiModel):
     )
 
     method: SpeculativeMethod = Field(description="vLLM 0.33 speculative method.")
-    model: str | None = Field(default=None, description="Drafter checkpoint (HF id or path), where the method needs one.")
+    model: str | None = Field(
+        default=None, description="Drafter checkpoint (HF id or path), where the method needs one."
+    )
     draft_tensor_parallel_size: Literal[1, 2, 4, 8] | None = Field(
         default=None, description="Drafter TP: 1, or the target's TP (vLLM's draft_tensor_parallel_size)."
     )
-    prompt_lookup_min: int | None = Field(default=None, ge=1, le=32, description="n-gram: shortest match to draft from.")
+    prompt_lookup_min: int | None = Field(
+        default=None, ge=1, le=32, description="n-gram: shortest match to draft from."
+    )
     prompt_lookup_max: int | None = Field(default=None, ge=1, le=32, description="n-gram: longest match to draft from.")
     weights_gib: float | None = Field(
         default=None, ge=0, description="Size of the drafter weights in GiB; estimated from the name when absent."
@@ -369,7 +374,7 @@ class Canary(ApiModel):
     @model_validator(mode="after")
     def _weights_increase(self) -> Canary:
         weights = [step.weight for step in self.steps]
-        if any(later <= earlier for earlier, later in zip(weights, weights[1:], strict=False)):
+        if any(later <= earlier for earlier, later in pairwise(weights)):
             raise ValueError("spec.rollout.canary.steps[].weight must strictly increase")
         return self
 

@@ -1,0 +1,40 @@
+"""Session-scoped local control plane and a fresh namespace per test, on the same code as hack/cluster."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from localcluster.cluster import LocalCluster
+from tests.e2e.kube import Kube, wait_for
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    local = LocalCluster()
+    started_here = not local.is_ready()
+    local.up()
+    os.environ["KUBECONFIG"] = str(local.paths.kubeconfig)
+    os.environ["PATH"] = f"{local.binaries['kubectl'].parent}{os.pathsep}{os.environ['PATH']}"
+    yield local
+    if started_here and os.environ.get("SPECDEC_KEEP_CLUSTER") != "1":
+        local.down()
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    base = request.node.name.lower().replace("_", "-")[:40].strip("-")
+    name = f"e2e-{base}-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", name)
+    wait_for(f"default ServiceAccount in {name}",
+             lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False), 30)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def kube(cluster: LocalCluster, namespace: str) -> Kube:
+    return Kube(cluster, namespace)

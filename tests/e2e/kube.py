@@ -1,0 +1,65 @@
+"""Small kubectl-based helpers for e2e tests (the same kubectl the cluster was built with)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import yaml
+
+from localcluster.cluster import LocalCluster
+
+T = TypeVar("T")
+
+
+class Kube:
+    def __init__(self, cluster: LocalCluster, namespace: str | None = None) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+
+    def run(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
+        ns = ["-n", self.namespace] if self.namespace else []
+        return self.cluster.kubectl(*ns, *args, input_text=input_text, check=check)
+
+    def get(self, kind: str, name: str | None = None, selector: str | None = None) -> Any:
+        args = ["get", kind, "-o", "json"]
+        if name:
+            args.insert(2, name)
+        if selector:
+            args += ["-l", selector]
+        return json.loads(self.run(*args))
+
+    def items(self, kind: str, selector: str | None = None) -> list[dict[str, Any]]:
+        return list(self.get(kind, selector=selector)["items"])
+
+    def apply(self, obj: dict[str, Any] | list[dict[str, Any]] | str) -> str:
+        text = obj if isinstance(obj, str) else yaml.safe_dump_all(obj if isinstance(obj, list) else [obj])
+        return self.run("apply", "-f", "-", input_text=text)
+
+    def try_apply(self, text: str) -> tuple[bool, str]:
+        """Apply and return (accepted, kubectl stderr) without raising."""
+        import subprocess
+
+        kubectl = self.cluster.binaries["kubectl"]
+        ns = ["-n", self.namespace] if self.namespace else []
+        result = subprocess.run([str(kubectl), "--kubeconfig", str(self.cluster.paths.kubeconfig), *ns,
+                                 "apply", "-f", "-"], input=text, capture_output=True, text=True, check=False)
+        return result.returncode == 0, result.stderr
+
+    def events(self, involved: str | None = None) -> list[dict[str, Any]]:
+        events = self.items("events")
+        return [e for e in events if involved is None or e["involvedObject"]["name"] == involved]
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0, interval_s: float = 0.5) -> T:
+    """Poll until probe returns something truthy; fail naming what we waited for and the last value."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
