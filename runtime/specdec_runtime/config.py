@@ -26,6 +26,8 @@ class SpeculativeSettings(BaseModel):
     draft_tensor_parallel_size: int | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    # vLLM's built-in dynamic K: inclusive batch-size ranges (start, end, K). Off when unset.
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
 
     def to_vllm_json(self) -> str:
         """`--speculative-config` value: compact, sorted, without unset keys (vLLM rejects unknown ones)."""

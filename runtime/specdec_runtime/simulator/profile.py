@@ -1,0 +1,121 @@
+"""The simulator's profile file: acceptance, step-time model, load schedule and optional faults.
+
+The format is documented in runtime/README.md. YAML is the primary format; JSON is accepted because
+it is a subset of YAML, but `.json` files are parsed with the json module so their errors point at
+JSON syntax.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be read or does not match the format. The message names file and field."""
+
+
+class StepTime(BaseModel):
+    """Cost model of one engine step with K draft tokens and B running sequences:
+    base_s + per_token_s*B*(K+1) + K*(draft_base_s + draft_per_token_s*B)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_s: float = Field(gt=0)
+    per_token_s: float = Field(ge=0)
+    draft_base_s: float = Field(default=0.0, ge=0)
+    draft_per_token_s: float = Field(default=0.0, ge=0)
+
+    def seconds(self, batch: int, k: int) -> float:
+        return (
+            self.base_s
+            + self.per_token_s * batch * (k + 1)
+            + k * (self.draft_base_s + self.draft_per_token_s * batch)
+        )
+
+
+class LoadSegment(BaseModel):
+    """`concurrency` closed-loop clients for `duration_s`; `acceptance` overrides the profile's if set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    duration_s: float = Field(gt=0)
+    concurrency: int = Field(ge=0)
+    acceptance: list[Probability] | None = Field(default=None, min_length=1)
+
+
+class RequestShape(BaseModel):
+    """Sizes of the synthetic requests, so token, request and KV-cache metrics move like vLLM's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_tokens: int = Field(default=512, ge=1)
+    output_tokens: int = Field(default=256, ge=1)
+    max_num_seqs: int = Field(default=256, ge=1)
+    kv_cache_tokens: int = Field(default=524_288, ge=1)
+
+
+class Faults(BaseModel):
+    """Failures the canary tests inject. Only the HTTP server honours them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    error_rate: float = Field(default=0.0, ge=0, le=1)
+    unhealthy_after_s: float | None = Field(default=None, ge=0)
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    acceptance: list[Probability] = Field(min_length=1)
+    step_time: StepTime
+    load: list[LoadSegment] = Field(min_length=1)
+    restart_s: float = Field(default=120.0, ge=0)
+    replicas: int = Field(default=1, ge=1)
+    requests: RequestShape = Field(default_factory=RequestShape)
+    faults: Faults = Field(default_factory=Faults)
+
+    @property
+    def cycle_s(self) -> float:
+        return sum(segment.duration_s for segment in self.load)
+
+    def segment_at(self, t: float) -> tuple[LoadSegment, float]:
+        """The segment in force at absolute time t (the schedule repeats) and the absolute time it ends."""
+        cycle = self.cycle_s
+        cycle_start = (t // cycle) * cycle
+        offset = t - cycle_start
+        elapsed = 0.0
+        for segment in self.load:
+            elapsed += segment.duration_s
+            if offset < elapsed:
+                return segment, cycle_start + elapsed
+        # Floating-point rounding can leave offset == cycle: that instant belongs to the next cycle's start.
+        return self.load[0], cycle_start + cycle + self.load[0].duration_s
+
+    def acceptance_for(self, segment: LoadSegment) -> list[float]:
+        return segment.acceptance if segment.acceptance is not None else self.acceptance
+
+
+def load_profile(path: Path | str) -> Profile:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ProfileError(f"profile {path}: cannot read: {err.strerror or err}") from err
+    try:
+        data: Any = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ProfileError(f"profile {path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {err}") from err
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        raise ProfileError(f"profile {path}: field {field}: {first['msg']}{more}") from err
