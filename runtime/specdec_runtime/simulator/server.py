@@ -1,0 +1,194 @@
+"""The HTTP simulator: vLLM 0.33's endpoints over the same engine, stepped on the wall clock.
+
+The profile's load schedule is the engine's traffic and the source of every vLLM counter. Requests
+sent to /v1/completions are answered at the speed that traffic leaves a sequence (one step per chunk,
+accepted prefix + 1 tokens per step), but do not move the engine counters, so the counters stay
+exactly what the profile says. They do move http_requests_total, as vLLM's instrumentator does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, Counter
+
+from specdec_runtime.simulator.completions import CompletionRequest, RequestError, completion_steps
+from specdec_runtime.simulator.profile import Profile, ProfileError, load_profile
+from specdec_runtime.simulator.virtual import VirtualReplica
+from specdec_runtime.simulator.vllm_cli import PROG, ServeOptions, parse_serve_args
+
+logger = logging.getLogger(__name__)
+
+VLLM_VERSION = "0.33.0"
+TICK_S = 0.5
+# vLLM's instrumentator leaves these out of http_requests_total.
+UNCOUNTED_HANDLERS = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Simulator:
+    """One simulated vLLM process: the replica on the wall clock plus the profile's faults."""
+
+    def __init__(self, options: ServeOptions, profile: Profile, clock: Callable[[], float] = time.time):
+        self.options = options
+        self.profile = profile
+        self.clock = clock
+        seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**32)
+        self.rng = random.Random(seed + 1)
+        self.replica = VirtualReplica(
+            profile, options.speculation(), model_name=options.served_model_name, seed=seed, start_time=clock()
+        )
+        self.http_requests = Counter(
+            "http_requests",
+            "Total number of requests by method, status and handler.",
+            ("method", "status", "handler"),
+            registry=self.replica.registry,
+        )
+
+    def tick(self) -> None:
+        self.replica.advance_to(max(self.clock(), self.replica.now))
+
+    @property
+    def healthy(self) -> bool:
+        if not self.replica.ready:
+            return False
+        unhealthy_after = self.profile.faults.unhealthy_after_s
+        return unhealthy_after is None or self.replica.now < self.replica.ready_at + unhealthy_after
+
+    def inject_error(self) -> bool:
+        return self.rng.random() < self.profile.faults.error_rate
+
+
+SIMULATOR = web.AppKey("simulator", Simulator)
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def _serve_only_when_loaded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    simulator = request.app[SIMULATOR]
+    simulator.tick()
+    if not simulator.replica.ready:
+        # vLLM answers no HTTP until its model is loaded; a 503 keeps probes and tests simple.
+        return web.Response(status=503, text="model loading")
+    response = await handler(request)
+    route = request.match_info.route.resource
+    path = route.canonical if route is not None else request.path
+    if path not in UNCOUNTED_HANDLERS:
+        status_group = f"{response.status // 100}xx"
+        simulator.http_requests.labels(request.method, status_group, path).inc()
+    return response
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[SIMULATOR].healthy else 503)
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": VLLM_VERSION})
+
+
+async def models(request: web.Request) -> web.Response:
+    options = request.app[SIMULATOR].options
+    card = {
+        "id": options.served_model_name,
+        "object": "model",
+        "created": int(request.app[SIMULATOR].replica.ready_at),
+        "owned_by": "vllm",
+        "root": options.model,
+        "parent": None,
+        "max_model_len": options.max_model_len,
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[SIMULATOR].replica.metrics_text()
+    return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _completion_handler(chat: bool) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        simulator = request.app[SIMULATOR]
+        try:
+            completion = CompletionRequest.parse(await request.json(), chat=chat, options=simulator.options)
+        except (ValueError, RequestError) as err:
+            return _error(400, str(err), "BadRequestError")
+        if completion.model != simulator.options.served_model_name:
+            return _error(404, f"The model `{completion.model}` does not exist.", "NotFoundError")
+        if simulator.inject_error():
+            return _error(500, "injected fault (simulator profile faults.error_rate)", "InternalServerError")
+        steps = completion_steps(simulator.replica, simulator.rng, completion.max_tokens)
+        if not completion.stream:
+            for _, pause_s in steps:
+                await asyncio.sleep(pause_s)
+            return web.json_response(completion.response(simulator.clock()))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for tokens, pause_s in steps:
+            await asyncio.sleep(pause_s)
+            await response.write(completion.sse_chunk(tokens, simulator.clock()))
+        await response.write(completion.sse_end(simulator.clock()))
+        await response.write_eof()
+        return response
+
+    return handle
+
+
+async def _ticker(app: web.Application) -> AsyncIterator[None]:
+    """Steps the engine on the wall clock between requests, so gauges and latencies stay current."""
+    simulator = app[SIMULATOR]
+
+    async def tick_forever() -> None:
+        while True:
+            simulator.tick()
+            await asyncio.sleep(TICK_S)
+
+    task = asyncio.create_task(tick_forever())
+    yield
+    task.cancel()
+
+
+def build_app(simulator: Simulator) -> web.Application:
+    app = web.Application(middlewares=[_serve_only_when_loaded])
+    app[SIMULATOR] = simulator
+    app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)
+    app.router.add_post("/ping", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", _completion_handler(chat=False))
+    app.router.add_post("/v1/chat/completions", _completion_handler(chat=True))
+    app.cleanup_ctx.append(_ticker)
+    return app
+
+
+def main(argv: list[str]) -> int:
+    """Run the simulator until SIGTERM/SIGINT. A bad profile or speculative config exits 2 with one line."""
+    options = parse_serve_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        profile = load_profile(options.profile)
+    except ProfileError as err:
+        sys.stderr.write(f"{PROG}: error: {err}\n")
+        return 2
+    if options.ignored_args:
+        logger.info("ignoring vLLM arguments the simulator does not model: %s", " ".join(options.ignored_args))
+    simulator = Simulator(options, profile)
+    logger.info(
+        "serving %s (K=%d) on %s:%d; loaded at %.0f",
+        options.served_model_name, simulator.replica.k, options.host, options.port, simulator.replica.ready_at,
+    )
+    web.run_app(build_app(simulator), host=options.host, port=options.port, print=None, access_log=None)
+    return 0
