@@ -1,0 +1,158 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "specdec-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "specdec-operator.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "specdec-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "specdec-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "specdec-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "specdec-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "specdec-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "specdec-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: specdec-operator
+{{- end -}}
+
+{{- define "specdec-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/*
+Rules for the namespaced resources the operator works on. They go into a ClusterRole when the operator
+watches the whole cluster, and into one Role per namespace when values.watchNamespaces is set.
+Takes a dict with "root" (the chart context) and "clusterwide" (bool).
+*/}}
+{{- define "specdec-operator.namespacedRules" -}}
+{{- $root := .root -}}
+# SpeculativeModels: kopf lists and watches them to drive reconciles; patch writes kopf's finalizer and
+# its progress annotations. No create or delete: users (and Git) own these objects.
+- apiGroups: ["specdec.io"]
+  resources: ["speculativemodels"]
+  verbs: ["get", "list", "watch", "patch"]
+# Status subresource: observed pools, effective K, tuner decisions and canary state.
+- apiGroups: ["specdec.io"]
+  resources: ["speculativemodels/status"]
+  verbs: ["get", "patch"]
+# Runtime pools and canaries. Server-side apply is a PATCH that creates a missing object, which the API
+# server authorises as create; delete removes canary Deployments after promotion or rollback.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Per-pool runtime ConfigMaps and Services: applied like Deployments; stale ConfigMaps of replaced
+# revisions are deleted.
+- apiGroups: [""]
+  resources: ["configmaps", "services"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# A PodDisruptionBudget per pool keeps voluntary evictions from emptying it; deleted with the pool.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Runtime pods are read only: their IPs to scrape vLLM's /metrics, their restarts and readiness.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+# Events on SpeculativeModels (kopf writes core/v1 events; the operator's own use events.k8s.io).
+# patch lets a repeated event bump its count instead of creating a new object.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# Canary traffic: the operator re-weights the backendRefs of the HTTPRoute a model names; it never
+# creates or deletes routes, which belong to the platform team.
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- if and $root.Values.peering.enabled (not .clusterwide) }}
+{{ include "specdec-operator.peeringRules" (dict "root" $root "resource" "kopfpeerings") }}
+{{- end }}
+{{- end -}}
+
+{{/* Rules for kopf's peering objects; takes "root" and "resource" (kopfpeerings or clusterkopfpeerings). */}}
+{{- define "specdec-operator.peeringRules" -}}
+# Kopf peering: watch all peering objects (kopf lists them without a name filter) to see the peers.
+- apiGroups: ["kopf.dev"]
+  resources: [{{ .resource | quote }}]
+  verbs: ["list", "watch"]
+# Keep-alives are patched into our own peering object only.
+- apiGroups: ["kopf.dev"]
+  resources: [{{ .resource | quote }}]
+  resourceNames: [{{ .root.Values.peering.name | quote }}]
+  verbs: ["get", "patch"]
+# create cannot be narrowed to a name (the name is in the body); the operator creates its peering
+# object at start-up when it is missing, because kopf only ever patches it.
+- apiGroups: ["kopf.dev"]
+  resources: [{{ .resource | quote }}]
+  verbs: ["create"]
+{{- end -}}
+
+{{/* Fail early on combinations that would run two active operators or none. */}}
+{{- define "specdec-operator.validate" -}}
+{{- if and (not .Values.peering.enabled) (gt (int .Values.replicaCount) 1) -}}
+{{- fail "peering.enabled=false runs every replica as an active operator: set replicaCount to 1 or enable peering" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+OperatorSettings as environment variables (prefix SPECDEC_; lists and maps as JSON). Every name here
+is a field of specdec_operator.settings.OperatorSettings; a unit test holds the two together.
+*/}}
+{{- define "specdec-operator.settingsEnv" -}}
+- name: SPECDEC_NAMESPACES
+  value: {{ toJson .Values.watchNamespaces | quote }}
+- name: SPECDEC_FIELD_MANAGER
+  value: {{ .Values.fieldManager | quote }}
+- name: SPECDEC_RUNTIME_IMAGES
+  value: {{ toJson .Values.runtime.images | quote }}
+- name: SPECDEC_IMAGE_TARGETS
+  value: {{ toJson .Values.runtime.imageTargets | quote }}
+- name: SPECDEC_SIMULATOR_IMAGE
+  value: {{ .Values.runtime.simulatorImage | quote }}
+- name: SPECDEC_RECONCILE_INTERVAL_SECONDS
+  value: {{ .Values.reconcileIntervalSeconds | quote }}
+- name: SPECDEC_SCRAPE_INTERVAL_SECONDS
+  value: {{ .Values.scrape.intervalSeconds | quote }}
+- name: SPECDEC_SCRAPE_TIMEOUT_SECONDS
+  value: {{ .Values.scrape.timeoutSeconds | quote }}
+- name: SPECDEC_SCRAPE_CONCURRENCY
+  value: {{ .Values.scrape.concurrency | quote }}
+- name: SPECDEC_SCRAPE_LOOPBACK_ONLY
+  value: {{ .Values.scrape.loopbackOnly | quote }}
+- name: SPECDEC_KV_HEADROOM_FRACTION
+  value: {{ .Values.kvHeadroomFraction | quote }}
+- name: SPECDEC_METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: SPECDEC_PEERING_NAME
+  value: {{ .Values.peering.name | quote }}
+- name: SPECDEC_STANDALONE
+  value: {{ not .Values.peering.enabled | quote }}
+- name: SPECDEC_AUTOTUNE_DEFAULTS
+  value: {{ toJson .Values.tuner | quote }}
+{{- end -}}
