@@ -1,0 +1,98 @@
+"""values.yaml against values.schema.json, and the chart's defaults against the operator's own."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from specdec_operator.api.spec import Autotune
+from specdec_operator.api.vocabulary import GFX_TARGETS
+from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
+from tests.unit.packaging.chart import CHART_DIR, load_values
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft7Validator:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def test_default_values_match_the_schema(validator: jsonschema.Draft7Validator) -> None:
+    errors = [
+        f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(load_values())
+    ]
+    assert errors == []
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    values = copy.deepcopy(load_values())
+    *parents, leaf = path.split(".")
+    node = values
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    return values
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("replicaCount", 0),
+        ("watchNamespaces", ["Team_A"]),
+        ("watchNamespaces", ["team-a", "team-a"]),
+        ("runtime.images", {"gfx908": "vllm/vllm-openai-rocm:v0.33.0"}),  # MI100: vLLM 0.33 has no ROCm support
+        ("runtime.images", {"gfx942": "vllm/vllm-openai-rocm"}),  # untagged image floats
+        ("runtime.imageTargets", {"vllm/vllm-openai-rocm:v0.33.0": []}),
+        ("scrape.intervalSeconds", 0),
+        ("scrape.concurrency", 0),
+        ("kvHeadroomFraction", 1),
+        ("tuner.objective", "Goodput"),
+        ("tuner.intervalSeconds", 1),
+        ("peering.name", "Specdec Operator"),
+        ("metrics.port", 0),
+        ("metrics.serviceMonitor.interval", "thirty seconds"),
+        ("podSecurityContext.runAsUser", 0),
+        ("podSecurityContext.runAsNonRoot", False),
+        ("image.pullPolicy", "Sometimes"),
+        ("dashboard.namespace", "Grafana"),
+        ("resourcez", {}),  # a typo of a top-level key
+    ],
+)
+def test_schema_rejects(validator: jsonschema.Draft7Validator, path: str, value: Any) -> None:
+    assert not validator.is_valid(_with(path, value))
+
+
+def test_schema_gfx_targets_are_the_api_vocabulary() -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    assert tuple(schema["definitions"]["gfxTarget"]["enum"]) == GFX_TARGETS
+
+
+def test_runtime_images_default_to_the_operator_defaults() -> None:
+    runtime = load_values()["runtime"]
+    assert runtime["images"] == DEFAULT_IMAGES
+    assert runtime["imageTargets"] == DEFAULT_IMAGE_TARGETS
+    assert runtime["simulatorImage"] == OperatorSettings().simulator_image
+
+
+def test_tuner_defaults_are_the_api_defaults() -> None:
+    tuner = load_values()["tuner"]
+    api_defaults = Autotune().to_wire()
+    assert tuner == {key: api_defaults[key] for key in tuner}
+
+
+@pytest.mark.parametrize("field", ["type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum"])
+def test_tuner_bounds_are_the_api_bounds(field: str) -> None:
+    chart = json.loads((CHART_DIR / "values.schema.json").read_text())["properties"]["tuner"]["properties"]
+    api = Autotune.model_json_schema(by_alias=True)["properties"]
+    assert set(chart) == set(api)
+    for name, api_property in api.items():
+        # Optional fields are `anyOf: [X, null]` in pydantic's schema; the chart just leaves them out.
+        api_bounds = next(
+            (option for option in api_property.get("anyOf", []) if option["type"] != "null"), api_property
+        )
+        assert chart[name].get(field) == api_bounds.get(field), f"tuner.{name}.{field}"
