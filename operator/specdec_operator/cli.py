@@ -20,6 +20,24 @@ def _crds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    import specdec_operator.handlers.register  # noqa: F401  (registers the handlers)
+    from specdec_operator.settings import OperatorSettings
+
+    settings = OperatorSettings()
+    namespaces = settings.namespaces
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=settings.standalone,
+        peering_name=None if settings.standalone else settings.peering_name,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -28,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     crds.add_argument("action", choices=["generate"])
     crds.add_argument("--check", action="store_true", help="fail if the committed files differ")
     crds.set_defaults(func=_crds)
+
+    run = sub.add_parser("run", help="run the operator (settings from SPECDEC_* environment variables)")
+    run.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    run.set_defaults(func=_run)
     return parser
 
 

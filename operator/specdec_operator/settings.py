@@ -5,26 +5,31 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Runtime images are built from runtime/Dockerfile: a pinned vllm/vllm-openai-rocm base plus our launcher.
 # AMD splits its vLLM builds per architecture family, and vLLM's own ROCm image bakes CDNA targets only
-# (gfx90a;gfx942;gfx950), so RDNA cards need a different image from the datacenter parts.
+# (gfx90a;gfx942;gfx950), so RDNA cards need images of their own.
+_RUNTIME_REPO = "ghcr.io/specdec/specdec-runtime"
+CDNA_IMAGE = f"{_RUNTIME_REPO}:0.1.0-vllm0.33.0-cdna"
+RDNA3_IMAGE = f"{_RUNTIME_REPO}:0.1.0-vllm0.33.0-rdna3"
+RDNA4_IMAGE = f"{_RUNTIME_REPO}:0.1.0-vllm0.33.0-rdna4"
 DEFAULT_IMAGES: dict[str, str] = {
-    "gfx90a": "vllm/vllm-openai-rocm:v0.33.0",
-    "gfx942": "vllm/vllm-openai-rocm:v0.33.0",
-    "gfx950": "vllm/vllm-openai-rocm:v0.33.0",
-    "gfx1100": "vllm/vllm-openai-rocm:v0.33.0-rdna3",
-    "gfx1101": "vllm/vllm-openai-rocm:v0.33.0-rdna3",
-    "gfx1150": "vllm/vllm-openai-rocm:v0.33.0-rdna3",
-    "gfx1151": "vllm/vllm-openai-rocm:v0.33.0-rdna3",
-    "gfx1200": "vllm/vllm-openai-rocm:v0.33.0-rdna4",
-    "gfx1201": "vllm/vllm-openai-rocm:v0.33.0-rdna4",
+    "gfx90a": CDNA_IMAGE,
+    "gfx942": CDNA_IMAGE,
+    "gfx950": CDNA_IMAGE,
+    "gfx1100": RDNA3_IMAGE,
+    "gfx1101": RDNA3_IMAGE,
+    "gfx1150": RDNA3_IMAGE,
+    "gfx1151": RDNA3_IMAGE,
+    "gfx1200": RDNA4_IMAGE,
+    "gfx1201": RDNA4_IMAGE,
 }
 
 # The gfx targets each default image carries code objects for. A card whose own target is missing
 # runs through HSA_OVERRIDE_GFX_VERSION pointing at a compatible target the image does have.
 DEFAULT_IMAGE_TARGETS: dict[str, list[str]] = {
-    "vllm/vllm-openai-rocm:v0.33.0": ["gfx90a", "gfx942", "gfx950"],
-    "vllm/vllm-openai-rocm:v0.33.0-rdna3": ["gfx1100"],
-    "vllm/vllm-openai-rocm:v0.33.0-rdna4": ["gfx1200", "gfx1201"],
+    CDNA_IMAGE: ["gfx90a", "gfx942", "gfx950"],
+    RDNA3_IMAGE: ["gfx1100"],
+    RDNA4_IMAGE: ["gfx1200", "gfx1201"],
 }
 
 
@@ -45,7 +50,7 @@ class OperatorSettings(BaseSettings):
         description="gfx targets each runtime image has code objects for (drives HSA_OVERRIDE_GFX_VERSION).",
     )
     simulator_image: str = Field(
-        default="ghcr.io/specdec/specdec-runtime-simulator:0.1.0", description="Image for spec.runtime.simulate."
+        default=f"{_RUNTIME_REPO}:0.1.0-simulator", description="Image for spec.runtime.simulate."
     )
     reconcile_interval_seconds: float = Field(
         default=30.0, gt=0, description="Level-triggered resync period per SpeculativeModel."

@@ -1,0 +1,1 @@
+"""Pure decisions: placement, drafter choice and runtime environment, from observed data only."""

@@ -1,0 +1,79 @@
+"""Image, environment and attention backend for a pool's gfx target."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# AITER kernels exist only for CDNA3 and newer.
+AITER_TARGETS = frozenset({"gfx942", "gfx950"})
+# A card may run code objects of a sibling target in its family: HSA_OVERRIDE_GFX_VERSION makes the
+# runtime report that sibling. Datacenter targets always have their own code objects and never need it.
+OVERRIDE_SIBLINGS: dict[str, str] = {
+    "gfx1101": "gfx1100",
+    "gfx1102": "gfx1100",
+    "gfx1150": "gfx1100",
+    "gfx1151": "gfx1100",
+    "gfx1200": "gfx1201",
+}
+NEVER_OVERRIDE = frozenset({"gfx90a", "gfx942", "gfx950"})
+VISIBLE_DEVICES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
+class RuntimeEnvError(ValueError):
+    """The requested environment cannot be made consistent; the message names the field."""
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    image: str
+    env: dict[str, str]
+    attention_backend: str
+    notes: tuple[str, ...] = ()
+
+
+def hsa_version(gfx: str) -> str:
+    """gfx1100 -> 11.0.0, gfx90a -> 9.0.10 (the stepping is hex)."""
+    digits = gfx.removeprefix("gfx")
+    major, minor, stepping = digits[:-2], digits[-2], digits[-1]
+    return f"{int(major)}.{int(minor, 16)}.{int(stepping, 16)}"
+
+
+def attention_backend(gfx: str) -> str:
+    """A backend that verifies K>1 draft tokens on ROCm (vllm#28222): AITER FA where AITER exists."""
+    return "ROCM_AITER_FA" if gfx in AITER_TARGETS else "TRITON_ATTN"
+
+
+def plan_runtime(
+    gfx: str,
+    image: str,
+    image_targets: Sequence[str] | None,
+    user_env: Mapping[str, str],
+) -> RuntimePlan:
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    if gfx in AITER_TARGETS:
+        env["VLLM_ROCM_USE_AITER"] = "1"
+    if image_targets is None:
+        notes.append(f"image {image} is not in the image table; no HSA_OVERRIDE_GFX_VERSION applied")
+    elif gfx not in image_targets and gfx not in NEVER_OVERRIDE:
+        sibling = OVERRIDE_SIBLINGS.get(gfx)
+        if sibling is not None and sibling in image_targets:
+            env["HSA_OVERRIDE_GFX_VERSION"] = hsa_version(sibling)
+            notes.append(f"image {image} lacks {gfx}; running {sibling} code objects via HSA_OVERRIDE_GFX_VERSION")
+        else:
+            notes.append(f"image {image} has no code objects for {gfx} or a sibling target")
+    visible = {key: user_env[key] for key in VISIBLE_DEVICES if key in user_env}
+    if len(set(visible.values())) > 1:
+        raise RuntimeEnvError(
+            "spec.runtime.env: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES differ; vLLM on ROCm needs them equal"
+        )
+    if visible:
+        value = next(iter(visible.values()))
+        env.update({key: value for key in VISIBLE_DEVICES})
+    for key, value in user_env.items():
+        if key == "HSA_OVERRIDE_GFX_VERSION" and gfx in NEVER_OVERRIDE:
+            notes.append(f"ignored spec.runtime.env HSA_OVERRIDE_GFX_VERSION: {gfx} images carry their own target")
+        elif key not in env:
+            env[key] = value
+    return RuntimePlan(image=image, env=env, attention_backend=attention_backend(gfx), notes=tuple(notes))

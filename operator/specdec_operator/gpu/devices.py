@@ -1,0 +1,63 @@
+"""PCI device id -> product, gfx target and memory. No AMD label carries the gfx target, so we keep this table.
+
+Source: ROCm gpu-specs and the device ids the AMD node labeller reports (lowercase hex, no 0x).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    device_id: str
+    product: str
+    gfx: str
+    vram_gib: float  # per GPU as the device plugin counts it (one MI250X GCD = one GPU)
+
+
+_DEVICES = (
+    GpuDevice("738c", "MI100", "gfx908", 32),
+    GpuDevice("740f", "MI210", "gfx90a", 64),
+    GpuDevice("7408", "MI250X", "gfx90a", 64),
+    GpuDevice("740c", "MI250", "gfx90a", 64),
+    GpuDevice("74a0", "MI300A", "gfx942", 128),
+    GpuDevice("74a1", "MI300X", "gfx942", 192),
+    GpuDevice("74a5", "MI325X", "gfx942", 256),
+    GpuDevice("75a0", "MI350X", "gfx950", 288),
+    GpuDevice("75a3", "MI355X", "gfx950", 288),
+    GpuDevice("744c", "RX 7900 XTX", "gfx1100", 24),
+    GpuDevice("7448", "Radeon PRO W7900", "gfx1100", 48),
+    GpuDevice("744a", "Radeon PRO W7900 Dual Slot", "gfx1100", 48),
+    GpuDevice("7449", "Radeon PRO W7800 48GB", "gfx1100", 48),
+    GpuDevice("745e", "Radeon PRO W7800", "gfx1100", 32),
+    GpuDevice("747e", "RX 7800 XT", "gfx1101", 16),
+    GpuDevice("7480", "RX 7600", "gfx1102", 8),
+    GpuDevice("7550", "RX 9070 XT", "gfx1201", 16),
+    GpuDevice("7551", "Radeon AI PRO R9700", "gfx1201", 32),
+    GpuDevice("7590", "RX 9060 XT", "gfx1200", 16),
+)
+
+DEVICES_BY_ID: dict[str, GpuDevice] = {device.device_id: device for device in _DEVICES}
+
+# Compute partitions per physical GPU for each compute partition mode (MI300-class: 8 XCDs).
+PARTITIONS_PER_GPU = {"spx": 1, "dpx": 2, "qpx": 4, "cpx": 8}
+
+
+def device_ids_for_gfx(gfx: str) -> list[str]:
+    return sorted(device.device_id for device in _DEVICES if device.gfx == gfx)
+
+
+def known_device_ids() -> list[str]:
+    return sorted(DEVICES_BY_ID)
+
+
+def parse_vram_gib(label_value: str) -> float | None:
+    """Labeller vram values look like `192G` (GiB, as the labeller rounds them)."""
+    text = label_value.strip().upper().removesuffix("B")
+    multiplier = {"G": 1.0, "T": 1024.0, "M": 1 / 1024}.get(text[-1:])
+    number = text[:-1] if multiplier is not None else text
+    try:
+        return float(number) * (multiplier or 1.0)
+    except ValueError:
+        return None

@@ -1,0 +1,1 @@
+"""Kopf handlers: thin glue from events to the gather -> evaluate -> write reconcile."""

@@ -1,0 +1,39 @@
+"""Process-wide state the handlers share: settings, the API seam and per-model wake-up signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from specdec_operator.kube.api import KubeApi
+from specdec_operator.reconcile.observed import Settings
+from specdec_operator.settings import OperatorSettings
+
+Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
+
+
+@dataclass
+class OperatorContext:
+    settings: OperatorSettings
+    api: KubeApi
+    wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    def wakeup(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakeups.setdefault((namespace, name), asyncio.Event())
+
+    def nudge(self, namespace: str, name: str) -> None:
+        """Ask the model's reconcile loop to run now instead of at its next interval."""
+        event = self.wakeups.get((namespace, name))
+        if event is not None:
+            event.set()
+
+    @property
+    def evaluation_settings(self) -> Settings:
+        return Settings(
+            runtime_images=self.settings.runtime_images,
+            image_targets=self.settings.image_targets,
+            simulator_image=self.settings.simulator_image,
+            kv_headroom_fraction=self.settings.kv_headroom_fraction,
+        )

@@ -1,0 +1,88 @@
+"""Gather the observed state of one SpeculativeModel, evaluate it with pure functions, then write."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from specdec_operator import KIND
+from specdec_operator.gpu.inventory import NodeGpus
+from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES
+from specdec_operator.reconcile.observed import ObservedModel
+from specdec_operator.reconcile.plan import ReconcilePlan, evaluate
+from specdec_runtime import contract
+
+OWNED_KINDS = ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget")
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def gather(
+    ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus]
+) -> ObservedModel:
+    meta = body["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    selector = f"{contract.LABEL_MODEL}={name},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+    children: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for kind in OWNED_KINDS:
+        for child in await ctx.api.list(kind, namespace, selector):
+            owners = child["metadata"].get("ownerReferences", [])
+            if any(owner.get("uid") == uid for owner in owners):
+                children[(kind, child["metadata"]["name"])] = child
+    return ObservedModel(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        generation=int(meta.get("generation", 0)),
+        spec=dict(body.get("spec", {})),
+        status=dict(body.get("status", {})),
+        annotations=dict(meta.get("annotations", {})),
+        children=children,
+        nodes=nodes,
+    )
+
+
+async def write(ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) -> bool:
+    """Apply, delete, then status; returns whether the status changed."""
+    for obj in plan.apply:
+        await ctx.api.apply(obj)
+    for kind, name in plan.delete:
+        await ctx.api.delete(kind, observed.namespace, name)
+    if plan.status is None:
+        return False
+    new_status = plan.status.to_wire()
+    if new_status == dict(observed.status):
+        return False
+    await ctx.api.patch_status(KIND, observed.namespace, observed.name, new_status)
+    for event in plan.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+    return True
+
+
+async def reconcile(
+    ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger
+) -> ReconcilePlan:
+    started = time.monotonic()
+    try:
+        observed = await gather(ctx, body, nodes)
+        plan = evaluate(observed, ctx.evaluation_settings, utc_now())
+        changed = await write(ctx, body, observed, plan)
+    except Exception:
+        RECONCILES.labels(result="error").inc()
+        raise
+    finally:
+        RECONCILE_SECONDS.observe(time.monotonic() - started)
+    RECONCILES.labels(result="invalid" if plan.invalid_spec else "ok").inc()
+    if plan.apply or plan.delete or changed:
+        logger.info(
+            "reconciled: applied %d, deleted %d, status %s",
+            len(plan.apply), len(plan.delete), "written" if changed else "unchanged",
+        )
+    return plan

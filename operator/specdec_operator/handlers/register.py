@@ -1,0 +1,118 @@
+"""Kopf registrations. Importing this module registers every handler of the operator.
+
+One level-triggered loop per SpeculativeModel (a kopf daemon) runs the idempotent reconcile on start,
+on every change of the model or its children, and on an interval; there are no create/update chains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from specdec_operator import GROUP, PLURAL, VERSION
+from specdec_operator.gpu.inventory import NodeGpus, node_gpus
+from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.handlers.reconciler import reconcile
+from specdec_operator.kube.api import KubeApi
+from specdec_operator.metrics import REGISTRY
+from specdec_operator.settings import OperatorSettings
+from specdec_runtime import contract
+
+# Changes often arrive in bursts (our own status write, a Deployment's status updates); batch them.
+DEBOUNCE_S = 0.5
+OWNED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
+    operator_settings = OperatorSettings()
+    settings.persistence.finalizer = f"{GROUP}/reconcile-loop"
+    settings.posting.level = logging.WARNING  # kopf's own log lines stay out of the model's events
+    settings.watching.server_timeout = 300
+    api = await KubeApi.connect(operator_settings.field_manager)
+    memo.context = OperatorContext(settings=operator_settings, api=api)
+    if operator_settings.metrics_port:
+        start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
+    logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))
+
+
+@kopf.on.cleanup()
+async def close(memo: Any, **_: Any) -> None:
+    context: OperatorContext = memo.context
+    await context.api.close()
+
+
+@kopf.index("nodes")
+def gpu_nodes(
+    name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> dict[str, NodeGpus]:
+    return {
+        name: node_gpus(
+            name,
+            dict(labels),
+            dict(status.get("allocatable", {})),
+            list(spec.get("taints", [])),
+            bool(spec.get("unschedulable", False)),
+        )
+    }
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def model_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    memo.context.nudge(namespace or "", name)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=OWNED)
+def deployment_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    model = labels.get(contract.LABEL_MODEL)
+    if model and namespace:
+        memo.context.nudge(namespace, model)
+
+
+async def _sleep_until_nudged(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, timeout_s: float) -> None:
+    waiters = [asyncio.ensure_future(wakeup.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+    wakeup.clear()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
+async def reconcile_loop(
+    stopped: kopf.DaemonStopped,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    memo: Any,
+    logger: Logger,
+    **kwargs: Any,
+) -> None:
+    assert namespace is not None  # SpeculativeModel is namespaced
+    gpu_nodes: kopf.Index[str, NodeGpus] = kwargs["gpu_nodes"]  # the node index, by its handler's name
+    context: OperatorContext = memo.context
+    wakeup = context.wakeup(namespace, name)
+    interval = context.settings.reconcile_interval_seconds
+    try:
+        while not stopped:
+            nodes = [facts for store in gpu_nodes.values() for facts in store]
+            try:
+                plan = await reconcile(context, body, nodes, logger)
+            except Exception as error:
+                logger.exception("reconcile failed, retrying in %.0fs: %s", min(interval, 10.0), error)
+                await _sleep_until_nudged(wakeup, stopped, min(interval, 10.0))
+                continue
+            # An invalid spec cannot heal by retrying: wait for the next change instead of the interval.
+            await _sleep_until_nudged(wakeup, stopped, 3600.0 if plan.invalid_spec else interval)
+            await asyncio.sleep(DEBOUNCE_S)
+    finally:
+        context.wakeups.pop((namespace, name), None)

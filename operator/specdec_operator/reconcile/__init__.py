@@ -1,0 +1,1 @@
+"""Pure reconcile evaluation: observed state in, desired objects, status and events out."""

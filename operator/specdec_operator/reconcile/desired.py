@@ -1,0 +1,89 @@
+"""Desired owned objects for a valid spec: one set per pool, plus the model's Service."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from specdec_operator.api.spec import SpeculativeModelSpec
+from specdec_operator.decisions.placement import PlacementPlan, PoolPlan, effective_k
+from specdec_operator.decisions.runtime_env import RuntimePlan, plan_runtime
+from specdec_operator.reconcile.observed import ObservedModel, Settings
+from specdec_operator.render import pool as render
+from specdec_operator.render.names import pool_name
+from specdec_operator.render.service import service
+
+
+@dataclass(frozen=True)
+class DesiredPool:
+    plan: PoolPlan
+    name: str
+    k: int
+    runtime: RuntimePlan
+    config_map: dict[str, Any]
+    deployment: dict[str, Any]
+    pdb: dict[str, Any]
+
+    @property
+    def revision(self) -> str:
+        return render.revision_of(self.deployment["spec"]["template"])
+
+
+def pool_objects(
+    observed: ObservedModel,
+    spec: SpeculativeModelSpec,
+    plan: PoolPlan,
+    k: int,
+    settings: Settings,
+    track: str = "stable",
+) -> DesiredPool:
+    """Raises RuntimeEnvError when the spec's environment cannot be made consistent."""
+    name = pool_name(observed.name, plan.gfx)
+    ctx = render.PoolContext(observed.namespace, observed.name, observed.uid, name, plan.gfx)
+    if spec.runtime.simulate:
+        image = settings.simulator_image
+    else:
+        image = spec.runtime.image or settings.runtime_images.get(plan.gfx, "")
+    targets = settings.image_targets.get(image)
+    runtime = plan_runtime(plan.gfx, image, targets, {e.name: e.value for e in spec.runtime.env})
+    assert plan.drafter.drafter is not None  # placement drops pools whose target does not fit
+    config = render.with_attention_backend(
+        render.runtime_config(spec, observed.name, plan.drafter.drafter, k), runtime.attention_backend
+    )
+    config_map = render.config_map(ctx, config)
+    template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], track)
+    return DesiredPool(
+        plan=plan,
+        name=name,
+        k=k,
+        runtime=runtime,
+        config_map=config_map,
+        deployment=render.deployment(ctx, template, plan.replicas, track),
+        pdb=render.pod_disruption_budget(ctx),
+    )
+
+
+def desired_pools(
+    observed: ObservedModel,
+    spec: SpeculativeModelSpec,
+    placement: PlacementPlan,
+    previous_k: Mapping[str, int],
+    settings: Settings,
+) -> list[DesiredPool]:
+    bounds = spec.speculation
+    return [
+        pool_objects(
+            observed,
+            spec,
+            plan,
+            effective_k(previous_k.get(pool_name(observed.name, plan.gfx)), bounds.initial_k, bounds.min_k,
+                        bounds.max_k),
+            settings,
+        )
+        for plan in placement.pools
+    ]
+
+
+def model_service(observed: ObservedModel) -> dict[str, Any]:
+    return service(observed.namespace, observed.name, observed.uid)

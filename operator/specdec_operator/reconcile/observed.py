@@ -1,0 +1,43 @@
+"""What the reconciler gathered about one SpeculativeModel before deciding anything."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec_operator.gpu.inventory import NodeGpus
+
+
+@dataclass(frozen=True)
+class ObservedModel:
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    # Live owned objects, keyed by (kind, name).
+    children: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    nodes: Sequence[NodeGpus] = ()
+
+    def children_of_kind(self, kind: str) -> list[Mapping[str, Any]]:
+        return [body for (child_kind, _), body in sorted(self.children.items()) if child_kind == kind]
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The slice of operator settings the pure evaluation needs."""
+
+    runtime_images: Mapping[str, str]
+    image_targets: Mapping[str, Sequence[str]]
+    simulator_image: str
+    kv_headroom_fraction: float

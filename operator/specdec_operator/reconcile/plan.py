@@ -1,0 +1,121 @@
+"""One reconcile, evaluated: observed model in; objects to write, objects to delete, status and events out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from specdec_operator.api.spec import SpeculativeModelSpec
+from specdec_operator.api.status import SpeculativeModelStatus
+from specdec_operator.conditions import ConditionUpdate
+from specdec_operator.decisions.placement import plan_placement
+from specdec_operator.decisions.runtime_env import RuntimeEnvError
+from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
+from specdec_operator.reconcile.events import pool_events
+from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
+from specdec_operator.reconcile.status_build import build_status, placement_conditions, pool_status
+from specdec_operator.render.drift import covers
+from specdec_runtime import contract
+
+# Old content-addressed ConfigMaps kept per pool so a rollback or a restarting old pod still finds its config.
+KEPT_OLD_CONFIG_MAPS = 2
+
+
+@dataclass(frozen=True)
+class ReconcilePlan:
+    apply: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[tuple[str, str]] = field(default_factory=list)  # (kind, name)
+    status: SpeculativeModelStatus | None = None
+    events: list[EventRecord] = field(default_factory=list)
+    invalid_spec: str | None = None
+    pools: list[DesiredPool] = field(default_factory=list)
+
+
+def validation_message(error: ValidationError) -> str:
+    """First error as `spec.<path>: <message>`; pydantic's own text for model-level rules already names it."""
+    first = error.errors()[0]
+    path = ".".join(str(part) for part in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return message if message.startswith("spec.") else f"spec.{path}: {message}"
+
+
+def parse_previous_status(raw: Mapping[str, Any]) -> SpeculativeModelStatus:
+    try:
+        return SpeculativeModelStatus.model_validate(dict(raw))
+    except ValidationError:
+        # A status we cannot read is rebuilt from scratch; effective K then restarts at initialK.
+        return SpeculativeModelStatus()
+
+
+def _invalid(observed: ObservedModel, previous: SpeculativeModelStatus, message: str, now: str) -> ReconcilePlan:
+    updates = [
+        ConditionUpdate("Ready", False, "InvalidSpec", message),
+        ConditionUpdate("Degraded", True, "InvalidSpec", message),
+    ]
+    status = build_status(observed, previous, previous.pools, updates, now)
+    return ReconcilePlan(status=status, events=[EventRecord("Warning", "InvalidSpec", message)], invalid_spec=message)
+
+
+def _stale_children(observed: ObservedModel, wanted: set[tuple[str, str]], pools: list[DesiredPool]) -> list[
+    tuple[str, str]
+]:
+    stale: list[tuple[str, str]] = []
+    pool_names = {p.name for p in pools}
+    for kind in ("Deployment", "PodDisruptionBudget", "Service"):
+        stale += [(kind, body["metadata"]["name"]) for body in observed.children_of_kind(kind)
+                  if (kind, body["metadata"]["name"]) not in wanted]
+    by_pool: dict[str, list[Mapping[str, Any]]] = {}
+    for body in observed.children_of_kind("ConfigMap"):
+        if ("ConfigMap", body["metadata"]["name"]) in wanted:
+            continue
+        by_pool.setdefault(body["metadata"].get("labels", {}).get(contract.LABEL_POOL, ""), []).append(body)
+    for pool, bodies in by_pool.items():
+        newest_first = sorted(bodies, key=lambda b: b["metadata"].get("creationTimestamp", ""), reverse=True)
+        keep = KEPT_OLD_CONFIG_MAPS if pool in pool_names else 0
+        stale += [("ConfigMap", body["metadata"]["name"]) for body in newest_first[keep:]]
+    return stale
+
+
+def evaluate(
+    observed: ObservedModel,
+    settings: Settings,
+    now: str,
+    k_overrides: Mapping[str, int] | None = None,
+) -> ReconcilePlan:
+    previous = parse_previous_status(observed.status)
+    try:
+        spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
+    except ValidationError as error:
+        return _invalid(observed, previous, validation_message(error), now)
+    placement = plan_placement(spec, observed.nodes, settings.kv_headroom_fraction)
+    previous_k = {p.name: p.effective_k for p in previous.pools}
+    previous_k.update(k_overrides or {})
+    try:
+        pools = desired_pools(observed, spec, placement, previous_k, settings)
+    except RuntimeEnvError as error:
+        return _invalid(observed, previous, str(error), now)
+    desired = [model_service(observed)] if pools else []
+    for pool in pools:
+        desired += [pool.config_map, pool.deployment, pool.pdb]
+    live_deployments = {
+        body["metadata"]["name"]: body for body in observed.children_of_kind("Deployment")
+    }
+    to_apply = [
+        obj for obj in desired
+        if not covers(observed.children.get((obj["kind"], obj["metadata"]["name"])), obj)
+    ]
+    wanted = {(obj["kind"], obj["metadata"]["name"]) for obj in desired}
+    pool_statuses = [pool_status(pool, live_deployments.get(pool.name)) for pool in pools]
+    status = build_status(
+        observed, previous, pool_statuses, placement_conditions(placement, pools, live_deployments), now
+    )
+    return ReconcilePlan(
+        apply=to_apply,
+        delete=_stale_children(observed, wanted, pools),
+        status=status,
+        events=pool_events(previous, status, placement),
+        pools=pools,
+    )

@@ -1,0 +1,118 @@
+"""Status for a reconcile: pools, conditions and the short strings `kubectl get` shows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from specdec_operator.api.status import DrafterChoice, PoolStatus, SpeculativeModelStatus, Summary
+from specdec_operator.conditions import ConditionUpdate, apply_updates
+from specdec_operator.decisions.placement import PlacementPlan
+from specdec_operator.reconcile.desired import DesiredPool
+from specdec_operator.reconcile.observed import ObservedModel
+from specdec_runtime import contract
+
+
+def pool_status(pool: DesiredPool, live: Mapping[str, Any] | None) -> PoolStatus:
+    drafter = pool.plan.drafter.drafter
+    live_status = (live or {}).get("status", {})
+    return PoolStatus(
+        name=pool.name,
+        gfx_target=pool.plan.gfx,
+        drafter=DrafterChoice(
+            method=drafter.method if drafter else "none",
+            model=drafter.model if drafter else None,
+            fallback=pool.plan.drafter.fallback,
+            reason=pool.plan.drafter.reason,
+        ),
+        effective_k=pool.k,
+        replicas=pool.plan.replicas,
+        ready_replicas=int(live_status.get("readyReplicas", 0) or 0),
+        revision=pool.revision,
+        image=pool.runtime.image,
+        nodes=len(pool.plan.nodes),
+    )
+
+
+def rollout_done(pool: DesiredPool, live: Mapping[str, Any] | None) -> bool:
+    """The Deployment runs the desired template on every replica, and all are ready."""
+    if live is None:
+        return False
+    labels = live.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+    status = live.get("status", {})
+    replicas = pool.plan.replicas
+    return (
+        labels.get(contract.LABEL_REVISION) == pool.revision
+        and status.get("observedGeneration", 0) >= live.get("metadata", {}).get("generation", 0)
+        and int(status.get("updatedReplicas", 0) or 0) >= replicas
+        and int(status.get("readyReplicas", 0) or 0) >= replicas
+        and int(status.get("replicas", 0) or 0) == replicas
+    )
+
+
+def summarise(pools: Sequence[PoolStatus], acceptance: float | None, canary: str) -> Summary:
+    return Summary(
+        drafter=",".join(sorted({p.drafter.method for p in pools})),
+        effective_k=",".join(f"{p.gfx_target}={p.effective_k}" for p in pools),
+        acceptance="" if acceptance is None else f"{acceptance:.0%}",
+        pools=len(pools),
+        canary=canary,
+    )
+
+
+def placement_conditions(
+    placement: PlacementPlan, pools: Sequence[DesiredPool], live: Mapping[str, Mapping[str, Any]]
+) -> list[ConditionUpdate]:
+    if not pools:
+        reason = "NoCompatibleNodes"
+        if placement.skipped and all(s.reason == "InsufficientMemory" for s in placement.skipped):
+            reason = "InsufficientMemory"
+        message = "; ".join([*placement.problems, *(s.message for s in placement.skipped)]) or "no pools"
+        return [
+            ConditionUpdate("Ready", False, reason, message),
+            ConditionUpdate("Progressing", False, reason, "nothing to roll out"),
+            ConditionUpdate("Degraded", True, reason, message),
+        ]
+    pending = [p for p in pools if not rollout_done(p, live.get(p.name))]
+    updates = []
+    if pending:
+        detail = ", ".join(f"{p.name} -> {p.revision}" for p in pending)
+        updates += [
+            ConditionUpdate("Ready", False, "RolloutInProgress", f"waiting for {detail}"),
+            ConditionUpdate("Progressing", True, "NewRevision", f"rolling out {detail}"),
+        ]
+    else:
+        summary = ", ".join(f"{p.name}: {p.plan.replicas} ready at K={p.k}" for p in pools)
+        updates += [
+            ConditionUpdate("Ready", True, "PoolsReady", summary),
+            ConditionUpdate("Progressing", False, "RolloutComplete", "every pool runs its desired revision"),
+        ]
+    fallbacks = [p for p in pools if p.plan.drafter.fallback]
+    problems = [s.message for s in placement.skipped]
+    if fallbacks:
+        updates.append(ConditionUpdate(
+            "Degraded", True, "DrafterFallback",
+            "; ".join([*(f"{p.name}: {p.plan.drafter.reason}" for p in fallbacks), *problems]),
+        ))
+    elif problems:
+        reason = placement.skipped[0].reason
+        updates.append(ConditionUpdate("Degraded", True, reason, "; ".join(problems)))
+    else:
+        updates.append(ConditionUpdate("Degraded", False, "AsExpected", "every allowed gfx target has a pool"))
+    return updates
+
+
+def build_status(
+    observed: ObservedModel,
+    previous: SpeculativeModelStatus,
+    pools: Sequence[PoolStatus],
+    updates: Sequence[ConditionUpdate],
+    now: str,
+) -> SpeculativeModelStatus:
+    status = previous.model_copy(deep=True)
+    status.observed_generation = observed.generation
+    status.pools = list(pools)
+    status.conditions = apply_updates(previous.conditions, updates, observed.generation, now)
+    canary = "" if status.canary is None else f"{status.canary.phase} {status.canary.weight}%"
+    status.summary = summarise(pools, status.speculation.acceptance_rate, canary)
+    return status

@@ -1,0 +1,35 @@
+"""Node affinity that pins a pool to its gfx target, on homogeneous and mixed nodes alike."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specdec_operator.gpu.devices import device_ids_for_gfx, known_device_ids
+from specdec_operator.gpu.inventory import PARTITION_LABELS
+
+
+def gfx_node_affinity(gfx: str, partition: str | None, node_selector: Mapping[str, str]) -> dict[str, Any]:
+    """Terms are ORed. Homogeneous nodes carry `amd.com/gpu.device-id`; mixed nodes only per-value keys,
+    and a mixed node qualifies only if none of its GPUs belongs to another gfx target (amd.com/gpu
+    cannot choose which GPU a pod gets)."""
+    ids = device_ids_for_gfx(gfx)
+    foreign = [device for device in known_device_ids() if device not in ids]
+    common: list[dict[str, Any]] = [
+        {"key": key, "operator": "In", "values": [value]} for key, value in sorted(node_selector.items())
+    ]
+    homogeneous: list[dict[str, Any]] = [{"key": "amd.com/gpu.device-id", "operator": "In", "values": ids}]
+    mixed_terms: list[list[dict[str, Any]]] = [
+        [{"key": f"amd.com/gpu.device-id.{device}", "operator": "Exists"}]
+        + [{"key": f"amd.com/gpu.device-id.{other}", "operator": "DoesNotExist"} for other in foreign]
+        for device in ids
+    ]
+    partition_variants: list[list[dict[str, Any]]] = (
+        [[{"key": label, "operator": "In", "values": [partition]}] for label in PARTITION_LABELS] if partition else [[]]
+    )
+    terms = [
+        {"matchExpressions": base + part + common}
+        for base in [homogeneous, *mixed_terms]
+        for part in partition_variants
+    ]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}

@@ -1,0 +1,214 @@
+"""Builders for one pool: runtime config, its ConfigMap, the Deployment and the PodDisruptionBudget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specdec_operator.api.spec import Drafter, SpeculativeModelSpec
+from specdec_operator.decisions.runtime_env import RuntimePlan
+from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, GPU_RESOURCE
+from specdec_operator.render.affinity import gfx_node_affinity
+from specdec_operator.render.names import (
+    content_hash,
+    deployment_name,
+    owner_reference,
+    pool_labels,
+)
+from specdec_runtime import contract
+from specdec_runtime.config import RuntimeConfig, SpeculativeSettings
+
+MODELS_MOUNT = "/models"
+# Model load on a big GPU can take many minutes; /health answers only after it (vLLM binds first).
+STARTUP_PROBE_BUDGET_S = 1800
+
+
+@dataclass(frozen=True)
+class PoolContext:
+    """Everything that identifies where a pool's objects live and who owns them."""
+
+    namespace: str
+    model: str
+    model_uid: str
+    pool: str
+    gfx: str
+
+
+def runtime_config(spec: SpeculativeModelSpec, model: str, drafter: Drafter, k: int) -> RuntimeConfig:
+    speculative = None
+    if k > 0:
+        speculative = SpeculativeSettings(
+            method=drafter.method,
+            num_speculative_tokens=k,
+            model=drafter.model,
+            draft_tensor_parallel_size=drafter.draft_tensor_parallel_size,
+            prompt_lookup_min=drafter.prompt_lookup_min,
+            prompt_lookup_max=drafter.prompt_lookup_max,
+        )
+    model_path = spec.model.name
+    if spec.model.source and spec.model.source.pvc_name:
+        model_path = f"{MODELS_MOUNT}/{spec.model.source.path or spec.model.name}"
+    return RuntimeConfig(
+        model=model_path,
+        served_model_name=spec.model.served_name or model,
+        tensor_parallel_size=spec.model.tensor_parallel_size,
+        max_model_len=spec.model.max_model_len,
+        speculative=speculative,
+        extra_args=list(spec.runtime.extra_args),
+        engine="simulator" if spec.runtime.simulate else "vllm",
+        simulator_profile=spec.runtime.simulator_profile,
+    )
+
+
+def with_attention_backend(config: RuntimeConfig, backend: str) -> RuntimeConfig:
+    return config.model_copy(update={"attention_backend": backend})
+
+
+def config_map(ctx: PoolContext, config: RuntimeConfig) -> dict[str, Any]:
+    """Content-addressed, so a canary and its stable revision can each mount their own config."""
+    body = config.to_json()
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{ctx.pool}-{content_hash(body)}",
+            "namespace": ctx.namespace,
+            "labels": pool_labels(ctx.model, ctx.pool, ctx.gfx),
+            "ownerReferences": [owner_reference(ctx.model, ctx.model_uid)],
+        },
+        "immutable": True,
+        "data": {contract.CONFIG_KEY: body},
+    }
+
+
+def _probe(period_s: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": contract.PORT_NAME},
+        "periodSeconds": period_s,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _resources(spec: SpeculativeModelSpec) -> dict[str, Any]:
+    gpus = str(spec.model.tensor_parallel_size)
+    requests = {k: v for k, v in spec.runtime.resources.requests.items() if k != GPU_RESOURCE}
+    limits = {k: v for k, v in spec.runtime.resources.limits.items() if k != GPU_RESOURCE}
+    return {"requests": {**requests, GPU_RESOURCE: gpus}, "limits": {**limits, GPU_RESOURCE: gpus}}
+
+
+def _tolerations(spec: SpeculativeModelSpec) -> list[dict[str, Any]]:
+    """User tolerations, minus any that would let pods onto nodes with AMD's transient GPU taints."""
+    kept = []
+    for toleration in spec.placement.tolerations:
+        if toleration.key in AMD_TRANSIENT_TAINTS:
+            continue
+        if toleration.operator == "Exists" and not toleration.key:
+            continue  # a wildcard toleration would tolerate the AMD taints too
+        kept.append(toleration.to_wire())
+    return kept
+
+
+def pod_template(
+    ctx: PoolContext, spec: SpeculativeModelSpec, runtime: RuntimePlan, config_map_name: str, track: str
+) -> dict[str, Any]:
+    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in sorted(runtime.env.items())]
+    source = spec.model.source
+    if source and source.hub_secret_ref:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": source.hub_secret_ref.name, "key": source.hub_secret_ref.key}}})
+    mounts = [
+        {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_PATH, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": contract.CONFIG_VOLUME, "configMap": {"name": config_map_name}},
+        # vLLM's tensor-parallel workers exchange tensors through shared memory; the default 64Mi is too small.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    if source and source.pvc_name:
+        mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": source.pvc_name, "readOnly": True}})
+    annotations: dict[str, str] = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(8000),
+        "prometheus.io/path": "/metrics",
+    }
+    if spec.runtime.simulator_profile:
+        annotations[contract.ANNOTATION_SIMULATOR_PROFILE] = spec.runtime.simulator_profile
+    container = {
+        "name": contract.CONTAINER_NAME,
+        "image": runtime.image,
+        "command": ["specdec-runtime", "launch"],
+        "args": ["--config", f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"],
+        "env": env,
+        "ports": [{"name": contract.PORT_NAME, "containerPort": 8000, "protocol": "TCP"}],
+        "resources": _resources(spec),
+        "volumeMounts": mounts,
+        "startupProbe": _probe(10, STARTUP_PROBE_BUDGET_S // 10),
+        "readinessProbe": _probe(5, 3),
+        "livenessProbe": _probe(10, 6),
+    }
+    spec_body: dict[str, Any] = {
+        "affinity": gfx_node_affinity(ctx.gfx, spec.placement.partition, spec.placement.node_selector),
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 60,
+    }
+    tolerations = _tolerations(spec)
+    if tolerations:
+        spec_body["tolerations"] = tolerations
+    labels = {**pool_labels(ctx.model, ctx.pool, ctx.gfx), contract.LABEL_TRACK: track}
+    template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec_body}
+    # The revision names the template's content, so reverting a change returns to the same revision.
+    revision = content_hash({"metadata": {"annotations": annotations}, "spec": spec_body})
+    template["metadata"]["labels"] = {**labels, contract.LABEL_REVISION: revision}
+    return template
+
+
+def revision_of(template: dict[str, Any]) -> str:
+    return str(template["metadata"]["labels"][contract.LABEL_REVISION])
+
+
+def deployment(ctx: PoolContext, template: dict[str, Any], replicas: int, track: str) -> dict[str, Any]:
+    selector = {
+        contract.LABEL_MODEL: ctx.model,
+        contract.LABEL_POOL: ctx.pool,
+        contract.LABEL_TRACK: track,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(ctx.pool, track),
+            "namespace": ctx.namespace,
+            "labels": {**pool_labels(ctx.model, ctx.pool, ctx.gfx), contract.LABEL_TRACK: track},
+            "ownerReferences": [owner_reference(ctx.model, ctx.model_uid)],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "revisionHistoryLimit": 3,
+            # A replica is expensive to restart (model load), so never go below the desired count.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": template,
+        },
+    }
+
+
+def pod_disruption_budget(ctx: PoolContext) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": ctx.pool,
+            "namespace": ctx.namespace,
+            "labels": pool_labels(ctx.model, ctx.pool, ctx.gfx),
+            "ownerReferences": [owner_reference(ctx.model, ctx.model_uid)],
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": {contract.LABEL_MODEL: ctx.model, contract.LABEL_POOL: ctx.pool}},
+        },
+    }
+

@@ -1,0 +1,31 @@
+"""The Service in front of every pool of a model, and the per-track Services an HTTPRoute can weight."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec_operator.render.names import model_labels, owner_reference
+from specdec_runtime import contract
+
+
+def service(namespace: str, model: str, uid: str, track: str | None = None) -> dict[str, Any]:
+    """track None: all pools and tracks (replica-ratio split); "stable"/"canary": HTTPRoute backends."""
+    selector = {contract.LABEL_MODEL: model}
+    name = model
+    if track is not None:
+        selector[contract.LABEL_TRACK] = track
+        name = f"{model}-{track}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": model_labels(model),
+            "ownerReferences": [owner_reference(model, uid)],
+        },
+        "spec": {
+            "selector": selector,
+            "ports": [{"name": contract.PORT_NAME, "port": 8000, "targetPort": contract.PORT_NAME, "protocol": "TCP"}],
+        },
+    }
