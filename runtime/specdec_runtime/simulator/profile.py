@@ -17,6 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
+# The profiles shipped with the package; the launcher and the fleet driver resolve names here.
+PACKAGED_PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+DEFAULT_PROFILE = "default"
+_PROFILE_SUFFIXES = ("", ".yaml", ".yml", ".json")
+
+
 class ProfileError(ValueError):
     """A profile file that cannot be read or does not match the format. The message names file and field."""
 
@@ -119,3 +125,17 @@ def load_profile(path: Path | str) -> Profile:
         field = ".".join(str(part) for part in first["loc"]) or "(top level)"
         more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
         raise ProfileError(f"profile {path}: field {field}: {first['msg']}{more}") from err
+
+
+def resolve_profile(name: str, profiles_dir: Path = PACKAGED_PROFILES_DIR) -> Path:
+    """A profile name (`bursty`, `bursty.yaml`) in profiles_dir, or a path to an existing file."""
+    direct = Path(name)
+    if direct.is_absolute() or direct.parent != Path("."):
+        if direct.is_file():
+            return direct
+        raise ProfileError(f"profile {direct}: no such file")
+    for suffix in _PROFILE_SUFFIXES:
+        candidate = profiles_dir / f"{name}{suffix}"
+        if candidate.is_file():
+            return candidate
+    raise ProfileError(f"profile {name!r}: not found in {profiles_dir}")

@@ -1,0 +1,70 @@
+"""The runtime image's entrypoint: read the config the operator rendered and exec vLLM or the simulator.
+
+The command comes from `serve_args`, the renderer the operator uses too, so the pod runs exactly the
+flags the operator validated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from pydantic import ValidationError
+
+from specdec_runtime import contract
+from specdec_runtime.config import RuntimeConfig, serve_args
+from specdec_runtime.simulator.profile import DEFAULT_PROFILE, PACKAGED_PROFILES_DIR, resolve_profile
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIG_PATH = Path(contract.CONFIG_MOUNT_PATH) / contract.CONFIG_KEY
+VLLM_EXECUTABLE = "vllm"
+
+
+class LaunchError(ValueError):
+    """A config the launcher cannot run. The message is one line naming the file and the field."""
+
+
+def load_runtime_config(path: Path) -> RuntimeConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise LaunchError(f"runtime config {path}: cannot read: {err.strerror or err}") from err
+    try:
+        return RuntimeConfig.model_validate_json(text)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        raise LaunchError(f"runtime config {path}: field {field}: {first['msg']}{more}") from err
+
+
+def build_command(
+    config: RuntimeConfig, *, profiles_dir: Path = PACKAGED_PROFILES_DIR, profile: str | None = None
+) -> list[str]:
+    """argv for the engine: `vllm serve ...`, or the simulator with the same args plus its profile.
+
+    `profile` (a name in profiles_dir or a path) overrides config.simulator_profile.
+    """
+    if config.engine == "vllm":
+        return [VLLM_EXECUTABLE, *serve_args(config)]
+    chosen = profile or config.simulator_profile or DEFAULT_PROFILE
+    try:
+        profile_path = resolve_profile(chosen, profiles_dir)
+    except ValueError as err:
+        raise LaunchError(f"simulator_profile: {err}") from err
+    return [sys.executable, "-m", "specdec_runtime.simulator", *serve_args(config), "--profile", str(profile_path)]
+
+
+def launch(config_path: Path, profiles_dir: Path = PACKAGED_PROFILES_DIR) -> NoReturn:
+    """Replace this process with the engine, so it receives the kubelet's signals directly."""
+    command = build_command(load_runtime_config(config_path), profiles_dir=profiles_dir)
+    logger.info("exec %s", shlex.join(command))
+    try:
+        os.execvp(command[0], command)
+    except OSError as err:
+        raise LaunchError(f"cannot exec {command[0]}: {err.strerror or err}") from err
