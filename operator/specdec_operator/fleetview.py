@@ -1,0 +1,233 @@
+"""Fleet view: one table of every SpeculativeModel's pools, gfx, drafter, K, acceptance, tokens/s, canary, Ready.
+
+`render_table` is pure (objects in, text out) and reads `.status` only, so the table shows what the
+operator observed and decided, never what the spec asks for. The rest lists the objects with
+kubernetes_asyncio and drives the one-shot, `--watch` and kubectl-plugin entry points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+from pydantic import ValidationError
+
+from specdec_operator import GROUP, PLURAL, VERSION
+from specdec_operator.api.status import (
+    CanaryStatus,
+    Condition,
+    DrafterChoice,
+    PoolSpeculationStats,
+    PoolStatus,
+    SpeculativeModelStatus,
+)
+
+COLUMNS = ("NAMESPACE", "NAME", "POOL", "GFX", "DRAFTER", "K", "ACCEPTANCE", "TOKENS/S", "REPLICAS", "CANARY", "READY")
+MISSING = "-"
+# Page size of the list calls: bounds one response on fleets with thousands of models.
+_PAGE_SIZE = 500
+_CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+Row = tuple[str, ...]
+
+
+def _drafter(choice: DrafterChoice) -> str:
+    # The checkpoint's last path segment is the part that tells drafters apart in a narrow column.
+    text = choice.method if not choice.model else f"{choice.method}:{choice.model.rstrip('/').rsplit('/', 1)[-1]}"
+    return f"{text} (fallback)" if choice.fallback else text
+
+
+def _k(pool: PoolStatus, stats: PoolSpeculationStats | None) -> str:
+    # Showing where the tuner is heading makes convergence visible before the K change rolls out.
+    if stats is not None and stats.recommended_k is not None and stats.recommended_k != pool.effective_k:
+        return f"{pool.effective_k}->{stats.recommended_k}"
+    return str(pool.effective_k)
+
+
+def _percent(value: float | None) -> str:
+    return MISSING if value is None else f"{value * 100:.1f}%"
+
+
+def _rate(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.1f}"
+
+
+def _canary(canary: CanaryStatus | None, pool: str) -> str:
+    if canary is None or canary.pool != pool:
+        return MISSING
+    return f"{canary.phase} {canary.weight}%"
+
+
+def _ready(conditions: list[Condition]) -> str:
+    ready = next((condition for condition in conditions if condition.type == "Ready"), None)
+    if ready is None:
+        return "Unknown"
+    return ready.status if ready.status == "True" else f"{ready.status} ({ready.reason})"
+
+
+def _rows(obj: dict[str, Any]) -> list[Row]:
+    metadata = obj.get("metadata", {})
+    identity = (str(metadata.get("namespace", MISSING)), str(metadata.get("name", MISSING)))
+    blanks = (MISSING,) * (len(COLUMNS) - len(identity) - 1)
+    try:
+        status = SpeculativeModelStatus.model_validate(obj.get("status") or {})
+    except ValidationError:
+        # One object written by an incompatible operator version must not hide the rest of the fleet.
+        return [(*identity, *blanks, "InvalidStatus")]
+    ready = _ready(status.conditions)
+    if not status.pools:
+        return [(*identity, *blanks, ready)]
+    stats_by_pool = {stats.pool: stats for stats in status.speculation.pools}
+    rows: list[Row] = []
+    for pool in status.pools:
+        stats = stats_by_pool.get(pool.name)
+        rows.append(
+            (
+                *identity,
+                pool.name,
+                pool.gfx_target,
+                _drafter(pool.drafter),
+                _k(pool, stats),
+                _percent(stats.acceptance_rate if stats else None),
+                _rate(stats.tokens_per_second if stats else None),
+                f"{pool.ready_replicas}/{pool.replicas}",
+                _canary(status.canary, pool.name),
+                ready,
+            )
+        )
+    return rows
+
+
+def render_table(objs: list[dict[str, Any]]) -> str:
+    """A kubectl-style table with one row per pool (one row for a model without pools), sorted by model."""
+    ordered = sorted(objs, key=lambda obj: _rows(obj)[0][:2])
+    rows = [COLUMNS, *(row for obj in ordered for row in _rows(obj))]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(COLUMNS))]
+    lines = ["   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser(prog: str = "specdec-operator status") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Table of every SpeculativeModel, read from status.")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", help="namespace to list (default: the kubeconfig context's)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="list every namespace")
+    parser.add_argument("-w", "--watch", action="store_true", help="refresh the table until Ctrl-C")
+    parser.add_argument(
+        "--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes with --watch (default 2)"
+    )
+    parser.add_argument(
+        "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file (default $KUBECONFIG)"
+    )
+    return parser
+
+
+def _context_namespace(kubeconfig: str | None) -> str:
+    _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+    namespace = (active or {}).get("context", {}).get("namespace")
+    return str(namespace) if namespace else "default"
+
+
+async def list_models(api: Any, namespace: str | None) -> list[dict[str, Any]]:
+    """Every SpeculativeModel in `namespace` (all namespaces when None), following list pagination."""
+    objects = k8s_client.CustomObjectsApi(api)
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        page_args: dict[str, Any] = {"limit": _PAGE_SIZE}
+        if token:
+            page_args["_continue"] = token
+        if namespace is None:
+            page = await objects.list_cluster_custom_object(GROUP, VERSION, PLURAL, **page_args)
+        else:
+            page = await objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, **page_args)
+        items.extend(page.get("items", []))
+        token = page.get("metadata", {}).get("continue")
+        if not token:
+            return items
+
+
+def _describe_error(error: Exception) -> str:
+    if isinstance(error, ApiException):
+        if error.status == 404:
+            return f"the SpeculativeModel CRD ({PLURAL}.{GROUP}) is not installed in this cluster"
+        return f"the API server answered {error.status} {error.reason}"
+    if isinstance(error, aiohttp.ClientError):
+        return f"cannot reach the API server: {error}"
+    return str(error)
+
+
+_EXPECTED_ERRORS = (ApiException, aiohttp.ClientError, ConfigException, OSError)
+
+
+async def _snapshot(api: Any, namespace: str | None) -> str:
+    models = await list_models(api, namespace)
+    if not models:
+        where = "any namespace" if namespace is None else f"namespace {namespace}"
+        return f"No SpeculativeModels found in {where}.\n"
+    return render_table(models)
+
+
+async def _watch(api: Any, namespace: str | None, interval: float, command: str, out: TextIO) -> None:
+    clear = _CLEAR_SCREEN if out.isatty() else "\n"
+    while True:
+        try:
+            body = await _snapshot(api, namespace)
+        except (ApiException, aiohttp.ClientError) as error:
+            # A watch outlives API server restarts and network blips: report and keep refreshing.
+            body = f"error: {_describe_error(error)}\n"
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        out.write(f"{clear}Every {interval:g}s: {command}    {stamp}\n\n{body}")
+        out.flush()
+        await asyncio.sleep(interval)
+
+
+async def _run(args: argparse.Namespace, command: str, out: TextIO) -> None:
+    namespace = None if args.all_namespaces else (args.namespace or _context_namespace(args.kubeconfig))
+    api = await k8s_config.new_client_from_config(config_file=args.kubeconfig, persist_config=False)
+    async with api:
+        if args.watch:
+            await _watch(api, namespace, args.interval, command, out)
+        else:
+            out.write(await _snapshot(api, namespace))
+
+
+def status_main(argv: Sequence[str], prog: str = "specdec-operator status") -> int:
+    """`specdec-operator status [-n NS | -A] [--watch] [--interval S]`; returns the exit code."""
+    parser = build_parser(prog)
+    args = parser.parse_args(list(argv))
+    if args.interval <= 0:
+        parser.error("--interval must be positive")
+    command = " ".join([prog, *argv])
+    try:
+        asyncio.run(_run(args, command, sys.stdout))
+    except KeyboardInterrupt:
+        return 0
+    except _EXPECTED_ERRORS as error:
+        sys.stderr.write(f"error: {_describe_error(error)}\n")
+        return 1
+    return 0
+
+
+def kubectl_plugin_main() -> None:
+    """`kubectl specdec [status ...]`: kubectl runs the `kubectl-specdec` executable with the remaining words."""
+    argv = sys.argv[1:]
+    if not argv:
+        sys.exit(status_main(["-A"], prog="kubectl specdec status"))
+    if argv[0] in ("-h", "--help"):
+        sys.stdout.write("usage: kubectl specdec [status [-n NS | -A] [--watch] [--interval S]]\n")
+        sys.exit(0)
+    if argv[0] != "status":
+        sys.stderr.write(f"error: unknown command {argv[0]!r}; the plugin knows `status`\n")
+        sys.exit(2)
+    sys.exit(status_main(argv[1:], prog="kubectl specdec status"))

@@ -1,0 +1,297 @@
+"""The fleet view: the pure table from sample objects, and the CLI against a fake API server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+
+from specdec_operator.fleetview import COLUMNS, render_table, status_main
+
+NOW = "2026-11-29T08:00:00Z"
+
+
+def make_pool(
+    name: str, gfx: str, k: int, method: str = "eagle3", model: str | None = "org/EAGLE3-Llama-8B"
+) -> dict[str, Any]:
+    drafter: dict[str, Any] = {"method": method}
+    if model:
+        drafter["model"] = model
+    return {"name": name, "gfxTarget": gfx, "drafter": drafter, "effectiveK": k, "replicas": 2, "readyReplicas": 1}
+
+
+def make_model(
+    name: str,
+    namespace: str = "team-a",
+    pools: list[dict[str, Any]] | None = None,
+    stats: list[dict[str, Any]] | None = None,
+    ready: tuple[str, str] = ("True", "AllPoolsReady"),
+    canary: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "conditions": [{"type": "Ready", "status": ready[0], "reason": ready[1], "lastTransitionTime": NOW}],
+        "pools": pools or [],
+        "speculation": {"pools": stats or []},
+    }
+    if canary:
+        status["canary"] = canary
+    return {
+        "apiVersion": "specdec.io/v1alpha1",
+        "kind": "SpeculativeModel",
+        "metadata": {"name": name, "namespace": namespace},
+        "status": status,
+    }
+
+
+def parse_table(text: str) -> list[dict[str, str]]:
+    """Cells by the header's column offsets, so a misaligned row reads wrong."""
+    header, *lines = text.rstrip("\n").split("\n")
+    cells = list(re.finditer(r"\S+", header))
+    assert [cell.group() for cell in cells] == list(COLUMNS)
+    starts = [cell.start() for cell in cells]
+    ends = [*starts[1:], None]
+    return [
+        {column: line[start:end].strip() for column, start, end in zip(COLUMNS, starts, ends, strict=True)}
+        for line in lines
+    ]
+
+
+LLAMA = make_model(
+    "llama-70b",
+    pools=[make_pool("llama-70b-gfx942", "gfx942", 3), make_pool("llama-70b-gfx1100", "gfx1100", 0, "ngram", None)],
+    stats=[
+        {"pool": "llama-70b-gfx942", "k": 3, "acceptanceRate": 0.7123, "tokensPerSecond": 1234.56, "recommendedK": 4},
+        {"pool": "llama-70b-gfx1100", "k": 0, "tokensPerSecond": 88.0, "recommendedK": 0},
+    ],
+    canary={
+        "pool": "llama-70b-gfx942",
+        "stableRevision": "a1",
+        "canaryRevision": "b2",
+        "weight": 10,
+        "phase": "Progressing",
+        "stepStartedAt": NOW,
+    },
+)
+
+
+def test_one_row_per_pool_read_from_status() -> None:
+    rows = parse_table(render_table([LLAMA]))
+    assert rows == [
+        {
+            "NAMESPACE": "team-a",
+            "NAME": "llama-70b",
+            "POOL": "llama-70b-gfx942",
+            "GFX": "gfx942",
+            "DRAFTER": "eagle3:EAGLE3-Llama-8B",
+            "K": "3->4",
+            "ACCEPTANCE": "71.2%",
+            "TOKENS/S": "1234.6",
+            "REPLICAS": "1/2",
+            "CANARY": "Progressing 10%",
+            "READY": "True",
+        },
+        {
+            "NAMESPACE": "team-a",
+            "NAME": "llama-70b",
+            "POOL": "llama-70b-gfx1100",
+            "GFX": "gfx1100",
+            "DRAFTER": "ngram",
+            "K": "0",
+            "ACCEPTANCE": "-",
+            "TOKENS/S": "88.0",
+            "REPLICAS": "1/2",
+            "CANARY": "-",
+            "READY": "True",
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("obj", "column", "shown"),
+    [
+        (make_model("m", ready=("False", "NoCompatibleNodes")), "READY", "False (NoCompatibleNodes)"),
+        ({"metadata": {"name": "fresh", "namespace": "team-a"}}, "READY", "Unknown"),
+        ({"metadata": {"name": "fresh", "namespace": "team-a"}}, "POOL", "-"),
+        (
+            make_model(
+                "m",
+                pools=[make_pool("p", "gfx90a", 2, "ngram", None) | {"drafter": {"method": "ngram", "fallback": True}}],
+            ),
+            "DRAFTER",
+            "ngram (fallback)",
+        ),
+        (make_model("m", pools=[make_pool("p", "gfx942", 5)]), "K", "5"),
+        (
+            make_model("m", pools=[make_pool("p", "gfx942", 5)], canary={**LLAMA["status"]["canary"], "pool": "other"}),
+            "CANARY",
+            "-",
+        ),
+        ({"metadata": {"name": "m", "namespace": "a"}, "status": {"pools": [{"name": "p"}]}}, "READY", "InvalidStatus"),
+    ],
+)
+def test_cells(obj: dict[str, Any], column: str, shown: str) -> None:
+    (row,) = parse_table(render_table([obj]))
+    assert row[column] == shown
+
+
+def test_rows_sort_by_namespace_then_name_and_a_bad_status_hides_nothing() -> None:
+    broken = {"metadata": {"name": "broken", "namespace": "team-a"}, "status": {"conditions": [{"type": "Ready"}]}}
+    objs = [make_model("zeta", "team-b"), broken, make_model("alpha", "team-b"), LLAMA]
+    rows = parse_table(render_table(objs))
+    assert [(row["NAMESPACE"], row["NAME"]) for row in rows] == [
+        ("team-a", "broken"),
+        ("team-a", "llama-70b"),
+        ("team-a", "llama-70b"),
+        ("team-b", "alpha"),
+        ("team-b", "zeta"),
+    ]
+
+
+class FakeApiServer:
+    """Serves SpeculativeModel lists on 127.0.0.1, one object per page to exercise `continue`."""
+
+    def __init__(self) -> None:
+        self.models: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+        self.fail_with: int | None = None
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        self.paths.append(request.path)
+        if self.fail_with:
+            return web.json_response({"kind": "Status", "code": self.fail_with}, status=self.fail_with)
+        namespace = request.match_info.get("namespace")
+        items = [obj for obj in self.models if namespace in (None, obj["metadata"]["namespace"])]
+        start = int(request.query.get("continue") or 0)
+        more = {"continue": str(start + 1)} if start + 1 < len(items) else {}
+        return web.json_response({"kind": "SpeculativeModelList", "metadata": more, "items": items[start : start + 1]})
+
+    async def _start(self) -> web.AppRunner:
+        app = web.Application()
+        app.router.add_get("/apis/specdec.io/v1alpha1/speculativemodels", self._list)
+        app.router.add_get("/apis/specdec.io/v1alpha1/namespaces/{namespace}/speculativemodels", self._list)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self.port = runner.addresses[0][1]
+        return runner
+
+    def __enter__(self) -> FakeApiServer:
+        self._thread.start()
+        self._runner = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def kubeconfig(self, directory: Path) -> Path:
+        path = directory / "kubeconfig"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
+            "users": [{"name": "fake", "user": {"token": "not-a-secret"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "team-a"}}],
+            "current-context": "fake",
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
+        server.models = [LLAMA, make_model("qwen-7b", "team-b", pools=[make_pool("qwen-7b-gfx90a", "gfx90a", 2)])]
+        yield server
+
+
+def test_all_namespaces_follows_pagination(api: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert status_main(["-A"]) == 0
+    rows = parse_table(capsys.readouterr().out)
+    assert [row["POOL"] for row in rows] == ["llama-70b-gfx942", "llama-70b-gfx1100", "qwen-7b-gfx90a"]
+    assert api.paths == ["/apis/specdec.io/v1alpha1/speculativemodels"] * 2
+
+
+@pytest.mark.parametrize(("argv", "namespace"), [(["-n", "team-b"], "team-b"), ([], "team-a")])
+def test_one_namespace_defaults_to_the_context_namespace(
+    api: FakeApiServer, capsys: pytest.CaptureFixture[str], argv: list[str], namespace: str
+) -> None:
+    assert status_main(argv) == 0
+    assert {row["NAMESPACE"] for row in parse_table(capsys.readouterr().out)} == {namespace}
+    assert set(api.paths) == {f"/apis/specdec.io/v1alpha1/namespaces/{namespace}/speculativemodels"}
+
+
+def test_empty_namespace_says_so(api: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert status_main(["-n", "team-c"]) == 0
+    assert capsys.readouterr().out == "No SpeculativeModels found in namespace team-c.\n"
+
+
+@pytest.mark.parametrize(
+    ("code", "message"), [(404, "CRD (speculativemodels.specdec.io) is not installed"), (403, "403")]
+)
+def test_api_errors_exit_1_with_a_reason(
+    api: FakeApiServer, capsys: pytest.CaptureFixture[str], code: int, message: str
+) -> None:
+    api.fail_with = code
+    assert status_main(["-A"]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_unreachable_api_server_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeApiServer() as server:
+        kubeconfig = server.kubeconfig(tmp_path)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))  # the server is gone: its port refuses connections
+    assert status_main(["-A"]) == 1
+    assert "cannot reach the API server" in capsys.readouterr().err
+
+
+def test_kubectl_plugin_watches_until_ctrl_c(api: FakeApiServer) -> None:
+    command = [sys.executable, "-c", "from specdec_operator.fleetview import kubectl_plugin_main as m; m()"]
+    plugin = subprocess.Popen(
+        [*command, "status", "-A", "--watch", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for_line(plugin, r"^Every 0\.1s: kubectl specdec status -A --watch --interval 0\.1 ")
+        _wait_for_line(plugin, r"qwen-7b-gfx90a\s+gfx90a\s+\S+\s+2\s")
+        # The next frames show what the API server says now: K moved from 2 to 4.
+        api.models = [make_model("qwen-7b", "team-b", pools=[make_pool("qwen-7b-gfx90a", "gfx90a", 4)])]
+        _wait_for_line(plugin, r"qwen-7b-gfx90a\s+gfx90a\s+\S+\s+4\s")
+    finally:
+        plugin.send_signal(signal.SIGINT)
+        returncode = plugin.wait(timeout=20)
+    assert returncode == 0, plugin.stderr.read() if plugin.stderr else ""
+
+
+def _wait_for_line(process: subprocess.Popen[str], pattern: str) -> None:
+    assert process.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return
+    raise AssertionError(f"no line matches {pattern!r} in:\n{''.join(seen[-40:])}")
