@@ -1,0 +1,300 @@
+"""The canary step state machine: (status, spec, verdict, clock, manual action) -> next status and a plan.
+
+Durability comes from purity: every timer is derived from `status.canary.stepStartedAt`, so an
+operator restarted mid-canary computes exactly what the old process would have, and at most one
+transition happens per call, so no step is skipped or repeated.
+
+Status encoding: `weight == 0` on an in-flight canary means its step has not started yet (the canary
+pods are not ready, so no traffic goes to them); `stepStartedAt` then marks when the wait began, and
+the wait is bounded by the analysis timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Literal, cast, get_args
+
+from specdec_operator import GROUP
+from specdec_operator.api.spec import Canary, CanaryStep, Rollout
+from specdec_operator.api.status import CanaryStatus
+from specdec_operator.canary.analysis import Verdict
+from specdec_operator.canary.plan import (
+    FULL_WEIGHT,
+    IN_FLIGHT_PHASES,
+    CanaryEvent,
+    CanaryProgress,
+    CanaryTarget,
+    RolloutPlan,
+)
+
+ManualAction = Literal["pause", "resume", "abort", "promote"]
+MANUAL_ACTIONS: tuple[str, ...] = get_args(ManualAction)
+CANARY_ACTION_ANNOTATION = f"{GROUP}/canary-action"
+
+
+def manual_action(annotations: Mapping[str, str] | None) -> ManualAction | None:
+    """The manual action requested through the `specdec.io/canary-action` annotation, if any."""
+    value = (annotations or {}).get(CANARY_ACTION_ANNOTATION, "").strip().lower()
+    if not value:
+        return None
+    if value in MANUAL_ACTIONS:
+        return cast(ManualAction, value)
+    raise ValueError(f"annotation {CANARY_ACTION_ANNOTATION}={value!r} is not one of {', '.join(MANUAL_ACTIONS)}")
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC, to the second: the form stored in status, from which timers are recomputed."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _settings(rollout: Rollout) -> Canary:
+    return rollout.canary if rollout.canary is not None else Canary()
+
+
+def _idle(clear_action: bool) -> RolloutPlan:
+    return RolloutPlan(weight=0, sizing_weight=0, keep_canary=False, clear_action=clear_action)
+
+
+def _terminal_plan(status: CanaryStatus, clear_action: bool) -> RolloutPlan:
+    if status.phase == "Promoted":
+        return RolloutPlan(status.weight, status.weight, keep_canary=True, promote=True, clear_action=clear_action)
+    return RolloutPlan(0, 0, keep_canary=False, roll_back=True, clear_action=clear_action)
+
+
+def _holding_plan(status: CanaryStatus, step: CanaryStep) -> RolloutPlan:
+    return RolloutPlan(status.weight, step.weight, keep_canary=True)
+
+
+def _step_label(status: CanaryStatus, steps: list[CanaryStep]) -> str:
+    return f"step {status.step + 1}/{len(steps)} ({steps[status.step].weight}%)"
+
+
+def _start(
+    target: CanaryTarget, steps: list[CanaryStep], now: datetime, previous: CanaryStatus | None
+) -> CanaryProgress:
+    status = CanaryStatus(
+        pool=target.pool,
+        stable_revision=target.stable_revision,
+        canary_revision=target.desired_revision,
+        step=0,
+        weight=0,
+        phase="Progressing",
+        step_started_at=format_time(now),
+        canary_k=target.desired_k,
+    )
+    message = f"pool {target.pool}: canary revision {target.desired_revision} against stable {target.stable_revision}"
+    if previous is not None and previous.phase in IN_FLIGHT_PHASES:
+        message += f"; replaces canary {previous.canary_revision} that was at step {previous.step + 1}"
+    # No traffic yet, but the first step's pods must exist before they can become ready.
+    return CanaryProgress(
+        status,
+        RolloutPlan(0, steps[0].weight, keep_canary=True),
+        CanaryEvent("Normal", "CanaryStarted", message),
+    )
+
+
+def _finish(
+    status: CanaryStatus,
+    phase: Literal["Promoted", "RolledBack", "Aborted"],
+    event: CanaryEvent,
+    *,
+    verdict: Verdict | None = None,
+    clear_action: bool = False,
+) -> CanaryProgress:
+    finished = status.model_copy(
+        update={
+            "phase": phase,
+            "weight": status.weight if phase == "Promoted" else 0,
+            "verdict": verdict.outcome if verdict is not None else status.verdict,
+            "message": event.message,
+        }
+    )
+    return CanaryProgress(finished, _terminal_plan(finished, clear_action), event)
+
+
+def _elapsed_seconds(status: CanaryStatus, now: datetime) -> float:
+    started = datetime.fromisoformat(status.step_started_at)
+    # A clock that steps backwards must not make a window look longer than it was.
+    return max(0.0, (now - started).total_seconds())
+
+
+def _with_verdict(status: CanaryStatus, verdict: Verdict | None, **update: object) -> CanaryStatus:
+    if verdict is not None:
+        update = {"verdict": verdict.outcome, "message": verdict.message, **update}
+    return status.model_copy(update=update) if update else status
+
+
+def _step(
+    status: CanaryStatus,
+    settings: Canary,
+    spec_paused: bool,
+    verdict: Verdict | None,
+    now: datetime,
+    action: ManualAction | None,
+    canary_ready: bool,
+) -> CanaryProgress:
+    steps = settings.steps
+    if status.step >= len(steps):
+        # The step list shrank under a running canary: hold it at the new last step.
+        status = status.model_copy(update={"step": len(steps) - 1})
+    step = steps[status.step]
+    label = _step_label(status, steps)
+    one_shot = action in ("abort", "promote", "resume")
+
+    if action == "abort":
+        event = CanaryEvent("Warning", "CanaryAborted", f"aborted by {CANARY_ACTION_ANNOTATION} at {label}")
+        return _finish(status, "Aborted", event, clear_action=True)
+    if action == "promote":
+        event = CanaryEvent(
+            "Normal",
+            "CanaryPromoted",
+            f"promoted by {CANARY_ACTION_ANNOTATION} at {label}: revision {status.canary_revision} "
+            f"replaces {status.stable_revision}",
+        )
+        return _finish(status, "Promoted", event, clear_action=True)
+    if verdict is not None and verdict.outcome == "Fail":
+        # A failing canary rolls back even while paused: pausing holds progress, not damage.
+        event = CanaryEvent("Warning", "CanaryFailed", f"{label} failed ({verdict.reason}): {verdict.message}")
+        return _finish(status, "RolledBack", event, verdict=verdict, clear_action=one_shot)
+
+    holding = _holding_plan(status, step)
+    if spec_paused or action == "pause":
+        if status.phase == "Paused":
+            return CanaryProgress(_with_verdict(status, verdict), holding)
+        source = "spec.rollout.paused" if spec_paused else CANARY_ACTION_ANNOTATION
+        paused = _with_verdict(status, verdict, phase="Paused")
+        return CanaryProgress(paused, holding, CanaryEvent("Normal", "CanaryPaused", f"paused by {source} at {label}"))
+    if status.phase == "Paused":
+        # The window restarts: time spent paused must count neither as analysis nor towards the timeout.
+        resumed = _with_verdict(status, verdict, phase="Progressing", step_started_at=format_time(now))
+        event = CanaryEvent("Normal", "CanaryResumed", f"resumed at {label}; its analysis window restarts")
+        return CanaryProgress(
+            resumed, RolloutPlan(status.weight, step.weight, keep_canary=True, clear_action=one_shot), event
+        )
+
+    elapsed = _elapsed_seconds(status, now)
+    timeout = settings.analysis.timeout_seconds
+    plan = RolloutPlan(status.weight, step.weight, keep_canary=True, clear_action=one_shot)
+    if status.weight == 0:
+        return _await_ready(status, steps, label, elapsed, timeout, now, canary_ready, plan)
+
+    window_over = elapsed >= step.pause_seconds
+    # At 100% the stable serves nothing, so there is no baseline to pass against: the last window
+    # only has to finish without a failure (health, errors and restarts still fail it above).
+    verdict_ok = (verdict is not None and verdict.outcome == "Pass") or step.weight == FULL_WEIGHT
+    if window_over and canary_ready and verdict_ok:
+        return _pass_step(status, steps, label, verdict, now, one_shot)
+    if elapsed >= max(step.pause_seconds, timeout):
+        detail = verdict.message if verdict is not None else "no analysis verdict"
+        if not canary_ready:
+            detail = f"canary pods not ready; {detail}"
+        event = CanaryEvent(
+            "Warning",
+            "CanaryTimedOut",
+            f"{label} still inconclusive after {elapsed:.0f} s (timeout {timeout} s): {detail}",
+        )
+        return _finish(status, "RolledBack", event, verdict=verdict, clear_action=one_shot)
+    return CanaryProgress(_with_verdict(status, verdict), plan)
+
+
+def _await_ready(
+    status: CanaryStatus,
+    steps: list[CanaryStep],
+    label: str,
+    elapsed: float,
+    timeout: int,
+    now: datetime,
+    canary_ready: bool,
+    plan: RolloutPlan,
+) -> CanaryProgress:
+    """The step has not started: traffic waits until the canary pods are ready, for at most the timeout."""
+    if canary_ready:
+        weight = steps[status.step].weight
+        started = status.model_copy(update={"weight": weight, "step_started_at": format_time(now)})
+        event = CanaryEvent(
+            "Normal", "CanaryStepStarted", f"{label}: {weight}% of traffic to revision {status.canary_revision}"
+        )
+        return CanaryProgress(
+            started, RolloutPlan(weight, weight, keep_canary=True, clear_action=plan.clear_action), event
+        )
+    if elapsed >= timeout:
+        event = CanaryEvent(
+            "Warning",
+            "CanaryTimedOut",
+            f"canary pods of revision {status.canary_revision} not ready after {elapsed:.0f} s "
+            f"(timeout {timeout} s) at {label}",
+        )
+        return _finish(status, "RolledBack", event, clear_action=plan.clear_action)
+    return CanaryProgress(status, plan)
+
+
+def _pass_step(
+    status: CanaryStatus,
+    steps: list[CanaryStep],
+    label: str,
+    verdict: Verdict | None,
+    now: datetime,
+    clear_action: bool,
+) -> CanaryProgress:
+    evidence = verdict.message if verdict is not None else "no failures"
+    if status.step + 1 == len(steps):
+        event = CanaryEvent(
+            "Normal",
+            "CanaryPromoted",
+            f"all {len(steps)} steps passed; revision {status.canary_revision} replaces "
+            f"{status.stable_revision}: {evidence}",
+        )
+        return _finish(status, "Promoted", event, verdict=verdict, clear_action=clear_action)
+    following = steps[status.step + 1]
+    moved = _with_verdict(
+        status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_time(now)
+    )
+    event = CanaryEvent(
+        "Normal",
+        "CanaryStepPassed",
+        f"{label} passed: {evidence}; step {status.step + 2}/{len(steps)} routes {following.weight}%",
+    )
+    return CanaryProgress(
+        moved, RolloutPlan(following.weight, following.weight, keep_canary=True, clear_action=clear_action), event
+    )
+
+
+def advance(
+    current: CanaryStatus | None,
+    *,
+    target: CanaryTarget,
+    rollout: Rollout,
+    verdict: Verdict | None,
+    now: datetime,
+    action: ManualAction | None,
+    canary_ready: bool,
+) -> CanaryProgress:
+    """One reconcile's worth of canary progress for one pool. `now` must be timezone-aware.
+
+    `verdict` is the analysis of the current step's window (since stepStartedAt), or None when
+    nothing could be measured yet.
+    """
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    one_shot = action in ("abort", "promote", "resume")
+    settings = _settings(rollout)
+
+    if target.desired_revision == target.stable_revision:
+        if current is not None and current.phase in IN_FLIGHT_PHASES:
+            event = CanaryEvent(
+                "Normal",
+                "CanaryCancelled",
+                f"desired revision is the stable {target.stable_revision} again; "
+                f"canary {current.canary_revision} removed at step {current.step + 1}",
+            )
+            return _finish(current, "Aborted", event, clear_action=one_shot)
+        return CanaryProgress(current, _idle(one_shot))
+
+    if current is None or current.canary_revision != target.desired_revision:
+        # Manual actions wait for the next call: they address the canary in flight, not a new one.
+        return _start(target, settings.steps, now, current)
+    if current.phase not in IN_FLIGHT_PHASES:
+        # A rolled-back revision is not retried on its own: the spec must change first.
+        return CanaryProgress(current, _terminal_plan(current, one_shot))
+    return _step(current, settings, rollout.paused, verdict, now, action, canary_ready)

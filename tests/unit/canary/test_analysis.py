@@ -1,0 +1,333 @@
+"""Canary analysis: verdicts, their reasons and the numbers in their messages."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specdec_operator.canary.analysis import WindowStats, analyse, histogram_quantile
+from tests.unit.canary.canaryfactories import buckets, thresholds, tpot_spread, window
+
+INF = math.inf
+
+
+@pytest.mark.parametrize(
+    ("quantile", "histogram", "expected"),
+    [
+        (0.5, [(0.1, 10), (0.2, 20), (INF, 20)], 0.1),
+        (0.75, [(0.1, 10), (0.2, 20), (INF, 20)], 0.15),
+        (0.25, [(0.1, 10), (0.2, 20), (INF, 20)], 0.05),
+        (0.9, [(0.1, 0), (0.2, 10), (INF, 10)], 0.19),
+        # Everything above the highest finite bound: that bound is all PromQL can say.
+        (0.9, [(0.1, 0), (0.2, 0), (INF, 5)], 0.2),
+        # Unsorted input and a count that dips between buckets (a scrape race) are tolerated.
+        (0.5, [(INF, 10), (0.1, 10), (0.2, 9)], 0.05),
+        (0.5, [(0.1, 0), (INF, 0)], None),
+        (0.5, [(0.1, 5), (0.2, 10)], None),
+        (0.5, [(INF, 10)], None),
+        (0.5, [], None),
+    ],
+)
+def test_histogram_quantile(quantile: float, histogram: list[tuple[float, float]], expected: float | None) -> None:
+    result = histogram_quantile(quantile, histogram)
+    if expected is None:
+        assert result is None
+    else:
+        assert result == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("quantile", [0.0, 1.0, -0.1, 1.5])
+def test_histogram_quantile_rejects_quantiles_outside_the_open_interval(quantile: float) -> None:
+    with pytest.raises(ValueError, match="quantile"):
+        histogram_quantile(quantile, [(0.1, 1), (INF, 1)])
+
+
+@given(
+    observations=st.lists(st.floats(min_value=0.001, max_value=100.0), min_size=1, max_size=200),
+    low=st.floats(min_value=0.01, max_value=0.98),
+    gap=st.floats(min_value=0.001, max_value=0.5),
+)
+def test_histogram_quantile_is_monotone_and_bounded(observations: list[float], low: float, gap: float) -> None:
+    histogram = buckets(observations)
+    high = min(low + gap, 0.99)
+    lower, upper = histogram_quantile(low, histogram), histogram_quantile(high, histogram)
+    assert lower is not None and upper is not None
+    assert 0 <= lower <= upper <= 80.0
+
+
+def test_window_stats_derived_figures() -> None:
+    stats = window()
+    assert stats.mean_accepted_length == pytest.approx(2.7)
+    assert stats.acceptance_rate == pytest.approx(0.425)
+    assert stats.tokens_per_second_per_gpu == pytest.approx(22.5)
+    assert stats.error_rate == 0.0
+    assert stats.decode_steps == 1000.0
+    assert window(k=0, drafts=0.0, generation_tokens=1800.0).decode_steps == 1800.0
+    assert window(k=0).mean_accepted_length is None
+    assert window(gpus=0).tokens_per_second_per_gpu is None
+    assert window(requests=0.0).error_rate is None
+
+
+@pytest.mark.parametrize("field", ["drafts", "accepted_tokens", "seconds", "restarts", "errors"])
+def test_window_stats_reject_negative_increases(field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        window(**{field: -1})
+
+
+def test_window_stats_reject_negative_bucket_counts() -> None:
+    with pytest.raises(ValueError, match="tpot_buckets"):
+        window(tpot_buckets=((0.1, -1.0), (INF, 0.0)))
+
+
+LOW_ACCEPTANCE = {"accepted_tokens": 420.0, "generation_tokens": 1420.0}
+
+CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], str, str, list[str]]] = [
+    (
+        "identical",
+        {},
+        {},
+        {},
+        "Pass",
+        "ThresholdsMet",
+        [
+            "accepted length 2.70 vs stable 2.70 (ratio 1.00 >= 0.90)",
+            "tokens/s per GPU 22.5 vs stable 22.5 (ratio 1.00 >= 0.90)",
+            "TPOT p90 ",
+            "acceptance rate 0.42 vs stable 0.42",
+            "TPOT p50 ",
+            "1000 canary and 1000 stable drafts over 120 s",
+        ],
+    ),
+    (
+        "low-acceptance",
+        LOW_ACCEPTANCE,
+        {},
+        {},
+        "Fail",
+        "ThresholdsMissed",
+        [
+            "accepted length 1.42 vs stable 2.70 (ratio 0.53 < 0.90)",
+            "tokens/s per GPU 11.8 vs stable 22.5 (ratio 0.53 < 0.90)",
+        ],
+    ),
+    (
+        "slower-same-acceptance",
+        {"generation_tokens": 2000.0, "seconds": 120.0, "gpus": 1, "accepted_tokens": 1700.0},
+        {},
+        {},
+        "Fail",
+        "ThresholdsMissed",
+        ["tokens/s per GPU 16.7 vs stable 22.5 (ratio 0.74 < 0.90)", "accepted length 2.70 vs stable 2.70"],
+    ),
+    (
+        "tpot-regression",
+        {"tpot_buckets": tpot_spread(0.090)},
+        {},
+        {},
+        "Fail",
+        "ThresholdsMissed",
+        ["TPOT p90 ", "> 1.15)"],
+    ),
+    (
+        "per-gpu-normalised",
+        {"gpus": 2, "generation_tokens": 5400.0},
+        {},
+        {},
+        "Pass",
+        "ThresholdsMet",
+        ["tokens/s per GPU 22.5 vs stable 22.5"],
+    ),
+    (
+        "health-fails-with-no-samples",
+        {"drafts": 3.0, "health_failures": 4},
+        {},
+        {},
+        "Fail",
+        "HealthCheckFailed",
+        ["canary /health failed 4 times"],
+    ),
+    (
+        "restarts",
+        {"restarts": 2},
+        {},
+        {},
+        "Fail",
+        "ContainerRestarts",
+        ["canary containers restarted 2 times"],
+    ),
+    (
+        "errors",
+        {"errors": 3.0, "requests": 100.0},
+        {},
+        {},
+        "Fail",
+        "ErrorRateExceeded",
+        ["canary error rate 3.00% (3 of 100 requests) > 1.00%"],
+    ),
+    (
+        "one-error-in-one-request-is-enough",
+        {"errors": 1.0, "requests": 1.0, "drafts": 1.0},
+        {},
+        {},
+        "Fail",
+        "ErrorRateExceeded",
+        ["100.00% (1 of 1 requests)"],
+    ),
+    (
+        "errors-within-budget",
+        {"errors": 1.0, "requests": 200.0},
+        {},
+        {},
+        "Pass",
+        "ThresholdsMet",
+        [],
+    ),
+    (
+        "all-failures-listed",
+        {"health_failures": 1, "restarts": 1, "errors": 50.0},
+        {},
+        {},
+        "Fail",
+        "HealthCheckFailed",
+        ["/health failed 1 times", "restarted 1 times", "error rate 50.00%"],
+    ),
+    (
+        "too-few-canary-drafts",
+        {"drafts": 400.0},
+        {},
+        {},
+        "Inconclusive",
+        "InsufficientSamples",
+        ["400 canary and 1000 stable drafts over 120 s; need 500 each"],
+    ),
+    (
+        "too-few-stable-drafts",
+        {},
+        {"drafts": 10.0},
+        {},
+        "Inconclusive",
+        "InsufficientSamples",
+        ["1000 canary and 10 stable drafts"],
+    ),
+    (
+        "min-drafts-zero-still-needs-some",
+        {"drafts": 0.0},
+        {},
+        {"min_drafts": 0},
+        "Inconclusive",
+        "InsufficientSamples",
+        ["0 canary and 1000 stable drafts"],
+    ),
+    (
+        "no-completed-requests-on-canary",
+        {"tpot_buckets": ()},
+        {},
+        {},
+        "Inconclusive",
+        "MissingMeasurements",
+        ["no TPOT p90 measured on the canary"],
+    ),
+    (
+        "stable-served-nothing",
+        {},
+        {"generation_tokens": 0.0, "tpot_buckets": ()},
+        {"min_drafts": 0},
+        "Inconclusive",
+        "MissingMeasurements",
+        ["no tokens/s per GPU measured on the stable revision", "no TPOT p90 measured on the stable revision"],
+    ),
+    (
+        "speculation-off-on-stable-compares-speed-only",
+        {},
+        {"k": 0, "drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0, "generation_tokens": 1500.0},
+        {},
+        "Pass",
+        "ThresholdsMet",
+        [
+            "tokens/s per GPU 22.5 vs stable 12.5 (ratio 1.80 >= 0.90)",
+            "K 4 vs 0",
+            "1000 canary and 1500 stable decode steps",
+        ],
+    ),
+    (
+        "speculation-off-on-canary-slower",
+        {"k": 0, "drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0, "generation_tokens": 1500.0},
+        {},
+        {},
+        "Fail",
+        "ThresholdsMissed",
+        ["tokens/s per GPU 12.5 vs stable 22.5 (ratio 0.56 < 0.90)"],
+    ),
+    (
+        "looser-thresholds",
+        LOW_ACCEPTANCE,
+        {},
+        {"min_accepted_length_ratio": 0.5, "min_tokens_per_second_ratio": 0.5},
+        "Pass",
+        "ThresholdsMet",
+        ["accepted length 1.42 vs stable 2.70 (ratio 0.53 >= 0.50)"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("canary", "stable", "limits", "outcome", "reason", "fragments"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_analyse(
+    canary: dict[str, Any],
+    stable: dict[str, Any],
+    limits: dict[str, Any],
+    outcome: str,
+    reason: str,
+    fragments: list[str],
+) -> None:
+    verdict = analyse(window(**canary), window(**stable), thresholds(**limits))
+    assert (verdict.outcome, verdict.reason) == (outcome, reason), verdict.message
+    for fragment in fragments:
+        assert fragment in verdict.message
+
+
+def test_failed_checks_lead_the_message() -> None:
+    verdict = analyse(window(tpot_buckets=tpot_spread(0.090)), window(), thresholds())
+    assert verdict.message.startswith("TPOT p90 ")
+    assert [item.metric for item in verdict.comparisons] == ["accepted length", "tokens/s per GPU", "TPOT p90"]
+    assert [item.passed for item in verdict.comparisons] == [True, True, False]
+
+
+def test_tpot_figures_match_histogram_quantile() -> None:
+    canary, stable = window(tpot_buckets=tpot_spread(0.090)), window()
+    verdict = analyse(canary, stable, thresholds())
+    p90 = next(item for item in verdict.comparisons if item.metric == "TPOT p90")
+    assert p90.canary == pytest.approx(1000 * histogram_quantile(0.9, canary.tpot_buckets))  # type: ignore[operator]
+    assert p90.stable == pytest.approx(1000 * histogram_quantile(0.9, stable.tpot_buckets))  # type: ignore[operator]
+    assert (
+        f"TPOT p90 {p90.canary:.1f} ms vs stable {p90.stable:.1f} ms (ratio {p90.ratio:.2f} > 1.15)" in verdict.message
+    )
+
+
+@given(
+    accepted=st.floats(min_value=0, max_value=4000),
+    tokens=st.floats(min_value=1, max_value=10_000),
+    health_failures=st.integers(min_value=0, max_value=3),
+)
+def test_verdict_is_consistent_with_its_comparisons(accepted: float, tokens: float, health_failures: int) -> None:
+    canary = window(accepted_tokens=accepted, generation_tokens=tokens, health_failures=health_failures)
+    verdict = analyse(canary, window(), thresholds())
+    if health_failures:
+        assert verdict.outcome == "Fail" and not verdict.comparisons
+    else:
+        assert verdict.outcome == ("Pass" if all(item.passed for item in verdict.comparisons) else "Fail")
+        assert len(verdict.comparisons) == 3
+
+
+def test_window_stats_is_frozen() -> None:
+    stats: Any = window()
+    with pytest.raises(AttributeError):
+        stats.drafts = 1.0
+    assert isinstance(stats, WindowStats)
