@@ -6,7 +6,6 @@ import random
 import statistics
 
 import pytest
-from tests.unit.runtime.simfactories import ACCEPTANCE, make_profile
 
 from specdec_runtime.simulator.engine import (
     Engine,
@@ -15,6 +14,7 @@ from specdec_runtime.simulator.engine import (
     expected_accepted_length,
 )
 from specdec_runtime.simulator.sampling import binomial
+from tests.unit.runtime.simfactories import ACCEPTANCE, make_profile
 
 
 @pytest.mark.parametrize(("n", "p"), [(5, 0.3), (40, 0.1), (1000, 0.8), (200_000, 0.37), (50, 0.5)])

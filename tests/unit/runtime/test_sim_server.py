@@ -11,10 +11,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
-from tests.unit.runtime.simfactories import make_profile
 
 from specdec_runtime.simulator.server import Simulator, build_app, main
 from specdec_runtime.simulator.vllm_cli import parse_serve_args
+from tests.unit.runtime.simfactories import make_profile
 
 SPEC = '{"method":"eagle","model":"org/drafter","num_speculative_tokens":3}'
 ClientFactory = Callable[..., Any]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.unit.runtime.simfactories import eagle, make_profile
 
 from specdec_runtime.simulator.engine import INTER_TOKEN_LATENCY_BUCKETS
 from specdec_runtime.simulator.virtual import ReplicaUnavailable, VirtualReplica
+from tests.unit.runtime.simfactories import eagle, make_profile
 
 # The names and types in /work/shared/research/vllm-specdec.md (vLLM 0.33 source).
 EXPECTED_TYPES = {
