@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from localcluster.cluster import LocalCluster
 from tests.e2e.kube import Kube, wait_for
+from tests.e2e.operator_process import OperatorProcess
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -24,9 +29,23 @@ def cluster() -> Iterator[LocalCluster]:
         local.down()
 
 
+@pytest.fixture(scope="session")
+def crds(cluster: LocalCluster) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/speculativemodels.specdec.io", "--timeout=30s")
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: LocalCluster, crds: None) -> Iterator[OperatorProcess]:
+    """One operator for the session; tests that restart it use their own OperatorProcess."""
+    process = OperatorProcess(cluster).start()
+    yield process
+    process.stop()
+
+
 @pytest.fixture
 def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    base = request.node.name.lower().replace("_", "-")[:40].strip("-")
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
     name = f"e2e-{base}-{uuid.uuid4().hex[:5]}"
     cluster.kubectl("create", "namespace", name)
     wait_for(f"default ServiceAccount in {name}",
@@ -36,5 +55,5 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
 
 
 @pytest.fixture
-def kube(cluster: LocalCluster, namespace: str) -> Kube:
+def kube(cluster: LocalCluster, namespace: str, crds: None) -> Kube:
     return Kube(cluster, namespace)

@@ -1,0 +1,95 @@
+"""The operator as a real process against the local cluster, registered with hack/cluster for cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from localcluster.cluster import LocalCluster
+from prometheus_client.parser import text_string_to_metric_families
+
+E2E_SETTINGS = {
+    "SPECDEC_STANDALONE": "true",
+    "SPECDEC_RECONCILE_INTERVAL_SECONDS": "5",
+    "SPECDEC_SCRAPE_INTERVAL_SECONDS": "2",
+    "SPECDEC_SCRAPE_TIMEOUT_SECONDS": "2",
+    # Fake pods have loopback IPs; refusing anything else keeps tests from dialling private ranges.
+    "SPECDEC_SCRAPE_LOOPBACK_ONLY": "true",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class OperatorProcess:
+    def __init__(self, cluster: LocalCluster, name: str = "operator", **settings: str) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.metrics_port = free_port()
+        self.env = {
+            **os.environ,
+            **E2E_SETTINGS,
+            "KUBECONFIG": str(cluster.paths.kubeconfig),
+            "SPECDEC_METRICS_PORT": str(self.metrics_port),
+            **settings,
+        }
+        self.log_path = cluster.paths.logs / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid_file(self) -> Path:
+        return self.cluster.paths.pids / f"{self.name}.pid"
+
+    def start(self) -> OperatorProcess:
+        command = [sys.executable, "-m", "specdec_operator.cli", "run"]
+        with self.log_path.open("ab") as sink:
+            self.process = subprocess.Popen(command, env=self.env, stdout=sink, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        self.pid_file.write_text(str(self.process.pid))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"operator exited at start; log tail:\n{self.log_tail()}")
+            if self.metrics() is not None:
+                return self
+            time.sleep(0.3)
+        raise RuntimeError(f"operator metrics never came up; log tail:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+        self.pid_file.unlink(missing_ok=True)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def metrics(self) -> dict[str, float] | None:
+        """Samples of the operator's own /metrics, keyed by name{labels}; None while it is not serving."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return None
+        samples: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                samples[f"{sample.name}{{{labels}}}"] = sample.value
+        return samples
+
+    def total(self, prefix: str) -> float:
+        return sum(v for k, v in (self.metrics() or {}).items() if k.startswith(prefix + "{"))

@@ -1,0 +1,152 @@
+"""gfx-aware placement by the running operator on the simulated AMD fleet."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.kube import Kube, wait_for
+from tests.e2e.operator_process import OperatorProcess
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+GFX942_NODES = ("mi300x-", "mixed-")
+
+
+def example(name: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all((REPO / "examples" / name).read_text()))
+
+
+def model(name: str, **spec: Any) -> dict[str, Any]:
+    body = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, **spec}
+    return {"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": name}, "spec": body}
+
+
+def condition(kube: Kube, name: str, kind: str) -> dict[str, Any] | None:
+    status = kube.get("sm", name).get("status", {})
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), None)
+
+
+def running_pods(kube: Kube, selector: str, count: int) -> list[dict[str, Any]]:
+    def probe() -> list[dict[str, Any]] | None:
+        pods = [p for p in kube.items("pods", selector) if p["status"].get("phase") == "Running"]
+        return pods if len(pods) == count else None
+
+    return wait_for(f"{count} Running pods for {selector}", probe, 60)
+
+
+def ready(kube: Kube, name: str) -> dict[str, Any]:
+    return wait_for(f"{name} Ready", lambda: (c := condition(kube, name, "Ready")) and c["status"] == "True" and c, 60)
+
+
+def test_examples_land_on_their_gfx_nodes_only(kube: Kube, operator: OperatorProcess) -> None:
+    for name in ("eagle3-mi300x.yaml", "draft-70b-mi300x-mi250x.yaml", "ngram-w7900.yaml"):
+        kube.apply(example(name))
+    expectations = {
+        "specdec.io/pool=llama8b-eagle3-gfx942": (2, GFX942_NODES),
+        "specdec.io/pool=llama70b-draft-gfx942": (2, GFX942_NODES),
+        "specdec.io/pool=llama70b-draft-gfx90a": (2, ("mi250x-",)),
+        "specdec.io/pool=qwen-coder-ngram-gfx1100": (2, ("w7900-",)),
+    }
+    for selector, (count, prefixes) in expectations.items():
+        for pod in running_pods(kube, selector, count):
+            node = pod["spec"]["nodeName"]
+            assert node.startswith(prefixes), f"{selector} pod on {node}"
+            assert node not in ("cpu-0", "unhealthy-0")
+    for name in ("llama8b-eagle3", "llama70b-draft", "qwen-coder-ngram"):
+        assert ready(kube, name)["reason"] == "PoolsReady"
+
+
+def test_mixed_node_admits_gfx942_pool_and_refuses_others(kube: Kube, operator: OperatorProcess) -> None:
+    """The rendered affinity is evaluated by the real scheduler, pinned to the mixed node."""
+    kube.apply(example("draft-70b-mi300x-mi250x.yaml"))
+    deployments = {
+        gfx: wait_for(f"{gfx} deployment", lambda g=gfx: kube.get("deployment", f"llama70b-draft-{g}"), 30)
+        for gfx in ("gfx942", "gfx90a")
+    }
+    for gfx, deployment in deployments.items():
+        affinity = deployment["spec"]["template"]["spec"]["affinity"]
+        pod = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"probe-{gfx}", "labels": {"probe": gfx}},
+            "spec": {"affinity": affinity, "nodeSelector": {"kubernetes.io/hostname": "mixed-0"},
+                     "containers": [{"name": "c", "image": "example.invalid/probe:1"}]},
+        }
+        kube.apply(pod)
+    wait_for("gfx942 probe Running on mixed-0",
+             lambda: kube.get("pod", "probe-gfx942")["status"].get("phase") == "Running", 60)
+    assert kube.get("pod", "probe-gfx942")["spec"]["nodeName"] == "mixed-0"
+    event = wait_for("FailedScheduling for the gfx90a probe", lambda: next(
+        (e for e in kube.events("probe-gfx90a") if e["reason"] == "FailedScheduling"), None), 60)
+    assert "didn't match Pod's node affinity/selector" in event["message"]
+
+
+def test_draft_model_too_big_for_w7900_falls_back_to_ngram_there_only(kube: Kube, operator: OperatorProcess) -> None:
+    kube.apply(model(
+        "fallback",
+        drafters=[{"method": "draft_model", "model": "Qwen/Qwen2.5-14B-Instruct"}],
+        placement={"gfxTargets": ["gfx942", "gfx1100"]},
+    ))
+    degraded = wait_for("Degraded DrafterFallback", lambda: (c := condition(kube, "fallback", "Degraded"))
+                        and c["reason"] == "DrafterFallback" and c, 60)
+    assert "fallback-gfx1100" in degraded["message"] and "GiB" in degraded["message"]
+    pools = {p["gfxTarget"]: p for p in kube.get("sm", "fallback")["status"]["pools"]}
+    assert pools["gfx942"]["drafter"] == {**pools["gfx942"]["drafter"], "method": "draft_model", "fallback": False}
+    assert pools["gfx1100"]["drafter"]["method"] == "ngram" and pools["gfx1100"]["drafter"]["fallback"] is True
+    events = wait_for("DrafterFallback event", lambda: [e for e in kube.events("fallback")
+                                                        if e["reason"] == "DrafterFallback"], 30)
+    assert "falling back to ngram" in events[0]["message"]
+
+
+def test_gfx_target_without_nodes_is_not_ready_and_does_not_hot_loop(kube: Kube, operator: OperatorProcess) -> None:
+    kube.apply(model("nowhere", placement={"gfxTargets": ["gfx950"]}))
+    not_ready = wait_for("Ready=False", lambda: (c := condition(kube, "nowhere", "Ready")) and c, 60)
+    assert (not_ready["status"], not_ready["reason"]) == ("False", "NoCompatibleNodes")
+    before = operator.total("specdec_reconcile_total")
+    time.sleep(10)
+    after = operator.total("specdec_reconcile_total")
+    # Every model reconciles once per 5 s interval plus nudges; a hot loop would be hundreds.
+    assert after - before < 60, (before, after)
+
+
+def test_spec_change_rolls_and_revert_returns_to_the_same_revision(kube: Kube, operator: OperatorProcess) -> None:
+    body = model("rolling", placement={"gfxTargets": ["gfx942"]}, speculation={"initialK": 3, "minK": 0, "maxK": 8},
+                 drafters=[{"method": "ngram"}])
+    body["spec"]["speculation"]["autotune"] = {"enabled": False}
+    kube.apply(body)
+
+    def revision() -> str:
+        labels = kube.get("deployment", "rolling-gfx942")["spec"]["template"]["metadata"]["labels"]
+        return str(labels["specdec.io/revision"])
+
+    first = wait_for("deployment", lambda: kube.get("deployment", "rolling-gfx942") and revision(), 60)
+    body["spec"]["model"]["maxModelLen"] = 8192
+    kube.apply(body)
+    second = wait_for("a new revision", lambda: (r := revision()) != first and r, 60)
+    del body["spec"]["model"]["maxModelLen"]
+    kube.apply(body)
+    wait_for("the first revision again", lambda: revision() == first, 60)
+    assert second != first
+
+
+def test_manual_edit_of_an_owned_deployment_is_reverted(kube: Kube, operator: OperatorProcess) -> None:
+    kube.apply(example("ngram-w7900.yaml"))
+    wait_for("deployment", lambda: kube.get("deployment", "qwen-coder-ngram-gfx1100"), 60)
+    ready(kube, "qwen-coder-ngram")
+    kube.run("scale", "deployment", "qwen-coder-ngram-gfx1100", "--replicas=5")
+    kube.run("set", "image", "deployment/qwen-coder-ngram-gfx1100", "vllm=example.invalid/hand-edited:1")
+    wait_for("replicas and image restored", lambda: (d := kube.get("deployment", "qwen-coder-ngram-gfx1100"))
+             and d["spec"]["replicas"] == 2
+             and d["spec"]["template"]["spec"]["containers"][0]["image"].startswith("ghcr.io/specdec/"), 60)
+
+
+def test_deleting_the_model_garbage_collects_children(kube: Kube, operator: OperatorProcess) -> None:
+    kube.apply(example("eagle3-mi300x.yaml"))
+    ready(kube, "llama8b-eagle3")
+    kube.run("delete", "sm", "llama8b-eagle3", "--wait=true", "--timeout=60s")
+    for kind in ("deployments", "configmaps", "poddisruptionbudgets", "services"):
+        wait_for(f"{kind} collected", lambda k=kind: not kube.items(k, "specdec.io/model=llama8b-eagle3"), 60)
