@@ -1,4 +1,4 @@
-"""Render the chart with the helm binary: found via $SPECDEC_HELM, then PATH; tests skip without one."""
+"""Render the chart with helm: $SPECDEC_HELM, else PATH, else the one hack/cluster built; skip without one."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from localcluster.versions import KUBERNETES_VERSION
+from localcluster.build import binary_dir
+from localcluster.versions import BUILDS, KUBERNETES_VERSION
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CHART_DIR = REPO_ROOT / "charts" / "specdec-operator"
@@ -21,10 +22,17 @@ RELEASE_NAMESPACE = "specdec-system"
 Manifest = dict[str, Any]
 
 
+def _built_helm() -> str | None:
+    # Looked up, never built: building takes minutes and belongs to `hack/cluster build`.
+    (helm_build,) = [build for build in BUILDS if build.name == "helm"]
+    path = binary_dir(helm_build) / "helm"
+    return str(path) if path.exists() else None
+
+
 def find_helm() -> str:
-    candidate = os.environ.get("SPECDEC_HELM") or shutil.which("helm")
+    candidate = os.environ.get("SPECDEC_HELM") or shutil.which("helm") or _built_helm()
     if not candidate or not os.access(candidate, os.X_OK):
-        pytest.skip("helm not found: set SPECDEC_HELM or put helm on PATH (hack/cluster build provides one)")
+        pytest.skip("helm not found: set SPECDEC_HELM, put helm on PATH or run `hack/cluster build`")
     return candidate
 
 
