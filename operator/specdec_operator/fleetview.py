@@ -220,13 +220,18 @@ def status_main(argv: Sequence[str], prog: str = "specdec-operator status") -> i
 
 
 def kubectl_plugin_main() -> None:
-    """`kubectl specdec [status ...]`: kubectl runs the `kubectl-specdec` executable with the remaining words."""
+    """`kubectl specdec [status] [flags]`: kubectl runs the `kubectl-specdec` executable with the remaining words.
+
+    Bare `kubectl specdec` shows every namespace; flags without a command go to `status`, the only one.
+    """
     argv = sys.argv[1:]
     if not argv:
-        sys.exit(status_main(["-A"], prog="kubectl specdec status"))
-    if argv[0] in ("-h", "--help"):
-        sys.stdout.write("usage: kubectl specdec [status [-n NS | -A] [--watch] [--interval S]]\n")
+        argv = ["status", "-A"]
+    elif argv[0] in ("-h", "--help"):
+        sys.stdout.write("usage: kubectl specdec [status] [-n NS | -A] [--watch] [--interval S]\n")
         sys.exit(0)
+    elif argv[0].startswith("-"):
+        argv = ["status", *argv]
     if argv[0] != "status":
         sys.stderr.write(f"error: unknown command {argv[0]!r}; the plugin knows `status`\n")
         sys.exit(2)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from specdec_operator import fleetview
 from specdec_operator.fleetview import COLUMNS, render_table, status_main
 
 NOW = "2026-11-29T08:00:00Z"
@@ -295,3 +296,39 @@ def _wait_for_line(process: subprocess.Popen[str], pattern: str) -> None:
         if re.search(pattern, line):
             return
     raise AssertionError(f"no line matches {pattern!r} in:\n{''.join(seen[-40:])}")
+
+
+@pytest.mark.parametrize(
+    ("words", "status_argv"),
+    [
+        ([], ["-A"]),
+        (["status"], []),
+        (["status", "-n", "demo", "--watch"], ["-n", "demo", "--watch"]),
+        (["-n", "demo"], ["-n", "demo"]),
+    ],
+)
+def test_kubectl_plugin_dispatches_to_status(
+    monkeypatch: pytest.MonkeyPatch, words: list[str], status_argv: list[str]
+) -> None:
+    calls: list[list[str]] = []
+
+    def fake_status_main(argv: list[str], prog: str) -> int:
+        calls.append(list(argv))
+        return 3
+
+    monkeypatch.setattr(fleetview, "status_main", fake_status_main)
+    monkeypatch.setattr(sys, "argv", ["kubectl-specdec", *words])
+    with pytest.raises(SystemExit) as exited:
+        fleetview.kubectl_plugin_main()
+    assert exited.value.code == 3
+    assert calls == [status_argv]
+
+
+def test_kubectl_plugin_rejects_unknown_commands(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["kubectl-specdec", "scale"])
+    with pytest.raises(SystemExit) as exited:
+        fleetview.kubectl_plugin_main()
+    assert exited.value.code == 2
+    assert "unknown command 'scale'" in capsys.readouterr().err
