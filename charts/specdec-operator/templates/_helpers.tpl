@@ -113,7 +113,7 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
   verbs: ["create"]
 {{- end -}}
 
-{{/* Fail early on combinations that would run two active operators or none. */}}
+{{/* Fail early on values that would run two active operators at once. */}}
 {{- define "specdec-operator.validate" -}}
 {{- if and (not .Values.peering.enabled) (gt (int .Values.replicaCount) 1) -}}
 {{- fail "peering.enabled=false runs every replica as an active operator: set replicaCount to 1 or enable peering" -}}
