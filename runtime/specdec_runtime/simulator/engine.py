@@ -140,6 +140,7 @@ class Engine:
         self._running = 0
         self._tokens_in_flight = 0  # generated tokens of running requests not yet summed into a finish
         self._next_step_s: float | None = None  # a step drawn but not yet finished, kept to avoid bias
+        self.steps = 0
 
     @property
     def running(self) -> int:
@@ -204,6 +205,7 @@ class Engine:
 
     def _commit(self, run: _Run, now: float, steps: int, elapsed: float, single_bucket: bool, low: float) -> None:
         self.now = now
+        self.steps += steps
         run.steps += steps
         run.elapsed += elapsed
         if single_bucket and steps:

@@ -150,3 +150,10 @@ def test_entrypoint_execs_the_simulator_which_serves_on_loopback(tmp_path: Path)
         output = process.communicate(timeout=10)[0].decode()
     assert process.returncode == 0, output
     assert f"exec {sys.executable} -m specdec_runtime.simulator serve" in output
+
+
+def test_simulate_subcommand_hands_every_argument_to_the_simulator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "serve", "m", "--profile", str(tmp_path / "absent.yaml")]) == 2
+    assert f"profile {tmp_path}/absent.yaml: cannot read" in capsys.readouterr().err
