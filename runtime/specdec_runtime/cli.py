@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from specdec_runtime.launcher import DEFAULT_CONFIG_PATH, LaunchError, build_command, launch, load_runtime_config
-from specdec_runtime.simulator.profile import PACKAGED_PROFILES_DIR
+from specdec_runtime.simulator.profile import DEFAULT_PROFILE, PACKAGED_PROFILES_DIR
 
 PROG = "specdec-runtime"
 
@@ -33,10 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     driver.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     driver.add_argument("--profiles-dir", type=Path, default=PACKAGED_PROFILES_DIR)
     driver.add_argument("--log-dir", type=Path, default=Path("fleet-logs"))
+    driver.add_argument(
+        "--default-profile", default=DEFAULT_PROFILE, help="for pods with neither annotation nor simulator_profile"
+    )
     return parser
 
 
-def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, log_dir: Path) -> int:
+def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, log_dir: Path, default_profile: str) -> int:
     # Imported here: the launcher runs in every GPU pod and has no use for the Kubernetes client.
     from specdec_runtime.fleet_driver import run_fleet_driver
 
@@ -45,7 +48,7 @@ def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, log_dir: Path)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_fleet_driver(kubeconfig, profiles_dir, log_dir, stop)
+        await run_fleet_driver(kubeconfig, profiles_dir, log_dir, stop, default_profile=default_profile)
 
     asyncio.run(run())
     return 0
@@ -70,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         return 2
-    return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.log_dir)
+    return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.log_dir, options.default_profile)

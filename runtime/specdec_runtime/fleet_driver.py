@@ -23,6 +23,7 @@ from typing import IO, Protocol
 
 from specdec_runtime.fleet_kube import RuntimePod, kube_pod_source
 from specdec_runtime.launcher import LaunchError, build_command
+from specdec_runtime.simulator.profile import DEFAULT_PROFILE
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +55,16 @@ class _Running:
 class FleetSupervisor:
     """Owns the simulator processes, keyed by pod UID."""
 
-    def __init__(self, profiles_dir: Path, log_dir: Path, spawn: Spawn = spawn_in_own_group) -> None:
+    def __init__(
+        self,
+        profiles_dir: Path,
+        log_dir: Path,
+        spawn: Spawn = spawn_in_own_group,
+        default_profile: str = DEFAULT_PROFILE,
+    ) -> None:
         self.profiles_dir = profiles_dir
         self.log_dir = log_dir
+        self.default_profile = default_profile
         self._spawn = spawn
         self._running: dict[str, _Running] = {}
         self._refused: set[str] = set()
@@ -97,7 +105,8 @@ class FleetSupervisor:
         # The pod's own args, bound to its IP, with the simulator in place of vLLM.
         config = pod.config.model_copy(update={"host": pod.pod_ip, "engine": "simulator"})
         try:
-            return build_command(config, profiles_dir=self.profiles_dir, profile=pod.profile)
+            profile = pod.profile or config.simulator_profile or self.default_profile
+            return build_command(config, profiles_dir=self.profiles_dir, profile=profile)
         except LaunchError as err:
             logger.error("not simulating pod %s: %s", where, err)
             return None
@@ -152,6 +161,14 @@ async def drive(source: PodSource, supervisor: FleetSupervisor, stop: asyncio.Ev
         await supervisor.stop_all()
 
 
-async def run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, log_dir: Path, stop: asyncio.Event) -> None:
+async def run_fleet_driver(
+    kubeconfig: str | None,
+    profiles_dir: Path,
+    log_dir: Path,
+    stop: asyncio.Event,
+    *,
+    default_profile: str = DEFAULT_PROFILE,
+) -> None:
+    """Profile per pod: its annotation, else its config's simulator_profile, else default_profile."""
     async with kube_pod_source(kubeconfig) as source:
-        await drive(source, FleetSupervisor(profiles_dir, log_dir), stop)
+        await drive(source, FleetSupervisor(profiles_dir, log_dir, default_profile=default_profile), stop)

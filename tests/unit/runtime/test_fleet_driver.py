@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
@@ -72,6 +73,19 @@ async def test_processes_follow_pods_and_restart_on_replacement(tmp_path: Path) 
     await supervisor.stop_all()
     assert supervisor.processes == {}
     assert len(recorder.commands) == 3
+
+
+async def test_profile_comes_from_annotation_then_config_then_driver_default(tmp_path: Path) -> None:
+    recorder = Recorder()
+    supervisor = FleetSupervisor(PACKAGED_PROFILES_DIR, tmp_path, spawn=recorder, default_profile="quick")
+    annotated = make_pod("a", "uid-a")
+    configured = make_pod("b", "uid-b", ip="127.0.100.6")
+    configured = replace(configured, profile=None, config=configured.config.model_copy(
+        update={"simulator_profile": "default"}))
+    bare = replace(make_pod("c", "uid-c", ip="127.0.100.7"), profile=None)
+    await supervisor.reconcile([annotated, configured, bare])
+    await supervisor.stop_all()
+    assert [Path(command[-1]).stem for command in recorder.commands] == ["quick", "default", "quick"]
 
 
 async def test_exited_process_is_restarted(tmp_path: Path) -> None:
