@@ -1,0 +1,197 @@
+"""Step-time model of one pool, learned online from what vLLM's metrics show.
+
+One engine step with K draft tokens and B running sequences is modelled as
+
+    step(B, K) = base + per_token * B * (K + 1) + K * (draft_base + draft_per_token * B)
+
+(a fixed cost of reading the weights, verification compute per token, and K sequential draft passes).
+The observations are per-interval means: step time from `inter_token_latency` (vLLM observes one
+latency per running request per step), B from the same histogram over wall time, at the K the pods
+ran. One K at one load cannot separate the four coefficients, so per-gfx and per-drafter priors on
+their ratios fill the directions the data does not reach; with more K values and loads the data wins.
+The model never sees a simulator profile: only scraped numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# (B*(K+1) tokens at which verification compute equals the fixed step cost). Roughly peak dense
+# bf16 FLOP/s over HBM bytes/s of each part, derated for attention and kernel overheads.
+RIDGE_TOKENS_BY_GFX: dict[str, float] = {
+    "gfx90a": 100.0,
+    "gfx942": 200.0,
+    "gfx950": 260.0,
+    "gfx1100": 120.0,
+    "gfx1101": 120.0,
+    "gfx1150": 80.0,
+    "gfx1151": 80.0,
+    "gfx1200": 150.0,
+    "gfx1201": 150.0,
+}
+DEFAULT_RIDGE_TOKENS = 150.0
+
+# Cost of one draft pass relative to one target pass: (fixed part, per-token part). A draft head
+# (eagle, mtp) is about one target layer plus launch overheads; a separate draft model is larger;
+# n-gram matching runs on the CPU and costs almost nothing on the GPU.
+DRAFT_RATIOS_BY_METHOD: dict[str, tuple[float, float]] = {
+    "ngram": (0.01, 0.0),
+    "ngram_gpu": (0.02, 0.005),
+    "suffix": (0.02, 0.0),
+    "eagle": (0.08, 0.03),
+    "eagle3": (0.08, 0.03),
+    "mtp": (0.08, 0.03),
+    "draft_model": (0.12, 0.06),
+    "dflash": (0.10, 0.04),
+    "dspark": (0.10, 0.04),
+}
+DEFAULT_DRAFT_RATIOS = (0.10, 0.05)
+
+# How unsure the slope of step time in K is, relative to itself: only priors (one K seen) or data.
+SLOPE_DOUBT_PRIOR_ONLY = 0.3
+SLOPE_DOUBT_LEARNED = 0.1
+_PRIOR_WEIGHT = 1.0  # each prior ratio counts like one interval of data
+
+
+@dataclass(frozen=True)
+class StepCoefficients:
+    base_s: float
+    per_token_s: float
+    draft_base_s: float
+    draft_per_token_s: float
+
+    def seconds(self, batch: float, k: int) -> float:
+        return (
+            self.base_s + self.per_token_s * batch * (k + 1) + k * (self.draft_base_s + self.draft_per_token_s * batch)
+        )
+
+    def draft_slope(self, batch: float) -> float:
+        """How much one more draft token lengthens a step at this batch size."""
+        return self.per_token_s * batch + self.draft_base_s + self.draft_per_token_s * batch
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    seconds: float
+    relative_sd: float
+
+
+_SIZE = 4
+
+
+class StepCostModel:
+    """Weighted least squares over every per-interval observation, old ones forgotten exponentially, regularised
+    by ratio priors. The normal equations are kept as running sums, so a fit costs the same after hours."""
+
+    def __init__(self, gfx_target: str, method: str, *, half_life_s: float = 7200.0) -> None:
+        self.ridge_tokens = RIDGE_TOKENS_BY_GFX.get(gfx_target, DEFAULT_RIDGE_TOKENS)
+        self.draft_ratios = DRAFT_RATIOS_BY_METHOD.get(method, DEFAULT_DRAFT_RATIOS)
+        self.half_life_s = half_life_s
+        self._at: float | None = None
+        self._gram = [[0.0] * _SIZE for _ in range(_SIZE)]
+        self._moment = [0.0] * _SIZE
+        self._step_sum = 0.0
+        self._rows = 0.0
+        self._rows_by_k: dict[int, float] = {}
+
+    def observe(self, at: float, k: int, batch: float, step_s: float) -> None:
+        if not (batch > 0 and step_s > 0 and math.isfinite(batch) and math.isfinite(step_s)):
+            return
+        self._forget_until(at)
+        # Divided by the observed step, so that every row counts by its relative error.
+        features = [1.0 / step_s, batch * (k + 1) / step_s, k / step_s, k * batch / step_s]
+        for i in range(_SIZE):
+            self._moment[i] += features[i]
+            for j in range(_SIZE):
+                self._gram[i][j] += features[i] * features[j]
+        self._step_sum += step_s
+        self._rows += 1.0
+        self._rows_by_k[k] = self._rows_by_k.get(k, 0.0) + 1.0
+
+    def observed_ks(self) -> set[int]:
+        """K values with at least half an interval of unforgotten data."""
+        return {k for k, rows in self._rows_by_k.items() if rows >= 0.5}
+
+    def fit(self) -> StepCoefficients:
+        """Coefficients in seconds. With no data the scale is arbitrary (base 1 s), the ratios are the priors."""
+        scale = self._step_sum / self._rows if self._rows > 0 else 1.0
+        gram = [list(row) for row in self._gram]
+        moment = list(self._moment)
+        fixed_ratio, token_ratio = self.draft_ratios
+        priors = [
+            [1.0, -self.ridge_tokens, 0.0, 0.0],  # base = ridge * per_token
+            [-fixed_ratio, 0.0, 1.0, 0.0],  # draft_base = ratio * base
+            [0.0, -token_ratio, 0.0, 1.0],  # draft_per_token = ratio * per_token
+        ]
+        if self._rows <= 0:
+            priors.append([1.0, 0.0, 0.0, 0.0])  # pins the arbitrary scale: base = 1 s
+            moment[0] += _PRIOR_WEIGHT / scale
+        for prior in priors:
+            for i in range(_SIZE):
+                for j in range(_SIZE):
+                    gram[i][j] += _PRIOR_WEIGHT * prior[i] * prior[j] / (scale * scale)
+        base, per_token, draft_base, draft_per_token = _nonnegative_least_squares(gram, moment)
+        return StepCoefficients(base, per_token, draft_base, draft_per_token)
+
+    def predict(self, coefficients: StepCoefficients, batch: float, k: int) -> StepPrediction:
+        """Step time at (batch, k); its doubt grows with the distance from the K values measured."""
+        seconds = coefficients.seconds(batch, k)
+        observed = self.observed_ks()
+        if not observed:
+            return StepPrediction(seconds, SLOPE_DOUBT_PRIOR_ONLY)
+        # Step time is linear in K, so between two measured K values the fit interpolates; doubt grows
+        # only outside the measured range.
+        distance = max(0, min(observed) - k, k - max(observed))
+        doubt = SLOPE_DOUBT_PRIOR_ONLY if len(observed) < 2 else SLOPE_DOUBT_LEARNED
+        spread = doubt * coefficients.draft_slope(batch) * distance
+        # A floor for step jitter and load drift between measurement and decision.
+        return StepPrediction(seconds, 0.01 + spread / seconds)
+
+    def _forget_until(self, at: float) -> None:
+        if self._at is not None and at > self._at:
+            factor = 0.5 ** ((at - self._at) / self.half_life_s)
+            self._gram = [[value * factor for value in row] for row in self._gram]
+            self._moment = [value * factor for value in self._moment]
+            self._step_sum *= factor
+            self._rows *= factor
+            self._rows_by_k = {k: rows * factor for k, rows in self._rows_by_k.items()}
+        if self._at is None or at > self._at:
+            self._at = at
+
+
+def _nonnegative_least_squares(gram: list[list[float]], moment: list[float]) -> list[float]:
+    """Solve the normal equations with every coefficient >= 0: fix negative ones at zero and refit the rest."""
+    free = list(range(len(moment)))
+    while True:
+        values = _gauss_solve([[gram[i][j] for j in free] for i in free], [moment[i] for i in free])
+        solution = [0.0] * len(moment)
+        for position, index in enumerate(free):
+            solution[index] = values[position]
+        negative = [i for i in free if solution[i] < 0]
+        if not negative:
+            return solution
+        free = [i for i in free if i not in negative]
+
+
+def _gauss_solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting; a tiny ridge keeps rank-deficient systems solvable."""
+    n = len(vector)
+    rows = [[*matrix[i], vector[i]] for i in range(n)]
+    for i in range(n):
+        rows[i][i] += 1e-12 * (1.0 + abs(rows[i][i]))
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        if rows[col][col] == 0:
+            continue
+        for r in range(col + 1, n):
+            factor = rows[r][col] / rows[col][col]
+            for c in range(col, n + 1):
+                rows[r][c] -= factor * rows[col][c]
+    solution = [0.0] * n
+    for i in reversed(range(n)):
+        if rows[i][i] == 0:
+            continue
+        solution[i] = (rows[i][n] - sum(rows[i][c] * solution[c] for c in range(i + 1, n))) / rows[i][i]
+    return solution

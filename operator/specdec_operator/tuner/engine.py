@@ -1,0 +1,227 @@
+"""`TunerState`: the tuner of one SpeculativeModel, fed scrapes and asked for decisions by the reconciler.
+
+It ties the counter windows, the acceptance estimator, each pool's step-cost model and the policy
+together. Everything it remembers is either re-learnable from the counters (they simply re-window
+after an operator restart) or kept in status: the effective K per pool (handed in on every call),
+the last change time (cooldown) and the last decision (hysteresis), see `from_status`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from specdec_operator.api.spec import Speculation
+from specdec_operator.api.status import PoolSpeculationStats, SpeculationStatus, TuningDecision
+from specdec_operator.tuner.costmodel import StepCostModel
+from specdec_operator.tuner.estimator import estimate_acceptance, position_rates
+from specdec_operator.tuner.policy import PoolEvidence, decide
+from specdec_operator.tuner.samples import ScrapeResult
+from specdec_operator.tuner.window import CounterWindows, WindowDelta, WindowReport
+
+# Acceptance follows the traffic mix, which can shift within minutes; older evidence halves this fast.
+ACCEPTANCE_HALF_LIFE_S = 180.0
+# Step costs depend on hardware and batch size only, so they are remembered much longer.
+COST_HALF_LIFE_S = 7200.0
+
+
+@dataclass(frozen=True)
+class PoolContext:
+    """What the reconciler knows about a pool when it asks the tuner."""
+
+    name: str
+    gfx_target: str
+    drafter_method: str
+    effective_k: int
+    drafter_model: str | None = None
+    replicas: int = 1
+    gpus_per_replica: int = 1
+    rolling: bool = False  # the pool's pods are still being replaced (a K change in flight)
+
+
+@dataclass(frozen=True)
+class TunerReport:
+    stats: tuple[PoolSpeculationStats, ...]
+    decisions: tuple[TuningDecision, ...]  # one per pool, holds included, each with its evidence
+    decision: TuningDecision | None  # the single Change or Explore to carry out now, if any
+    scrape_events: Mapping[str, int]  # outcomes and window events since the last evaluation
+
+
+@dataclass
+class _PoolHistory:
+    drafter: tuple[str, str | None]
+    cost: StepCostModel
+    by_k: dict[int, WindowDelta] = field(default_factory=dict)  # decayed acceptance evidence
+    recent: dict[int, WindowDelta] = field(default_factory=dict)  # since the last evaluation
+    k: int | None = None  # effective K the samples below belong to
+    samples: float = 0.0  # drafts (engine steps at K=0) at `k` since it took effect
+    previous_k: int | None = None
+    decayed_at: float | None = None
+
+
+class TunerState:
+    def __init__(
+        self,
+        *,
+        last_change_at: float | None = None,
+        previous_k: Mapping[str, int] | None = None,
+        acceptance_half_life_s: float = ACCEPTANCE_HALF_LIFE_S,
+        cost_half_life_s: float = COST_HALF_LIFE_S,
+    ) -> None:
+        self.last_change_at = last_change_at
+        self._previous_k = dict(previous_k or {})
+        self._acceptance_half_life_s = acceptance_half_life_s
+        self._cost_half_life_s = cost_half_life_s
+        self._windows = CounterWindows()
+        self._pools: dict[str, _PoolHistory] = {}
+        self._events: Counter[str] = Counter()
+        self._recent_since: float | None = None
+
+    @classmethod
+    def from_status(cls, status: SpeculationStatus) -> TunerState:
+        """Rebuild after an operator restart: cooldown and hysteresis come back from status."""
+        last_change = _parse_time(status.last_change_time) if status.last_change_time else None
+        decision = status.last_decision
+        previous = {decision.pool: decision.from_k} if decision and decision.action != "Hold" else {}
+        return cls(last_change_at=last_change, previous_k=previous)
+
+    def observe(self, pools: Sequence[PoolContext], results: Sequence[ScrapeResult]) -> WindowReport:
+        """Take one round of scrapes. Bad scrapes are counted and otherwise ignored."""
+        report = self._windows.observe(results)
+        self._events.update(report.events)
+        self._windows.forget_except(result.target.uid for result in results)
+        if not results:
+            return report
+        at = max(result.at for result in results)
+        if self._recent_since is None:
+            self._recent_since = min(result.at for result in results)
+        contexts = {pool.name: pool for pool in pools}
+        for key, delta in sorted(report.deltas.items()):
+            context = contexts.get(key.pool)
+            if context is None:
+                self._events["unknown_pool"] += 1
+                continue
+            history = self._history(context)
+            self._forget(history, at)
+            history.by_k[key.k] = history.by_k[key.k].plus(delta) if key.k in history.by_k else delta
+            history.recent[key.k] = history.recent[key.k].plus(delta) if key.k in history.recent else delta
+            if delta.mean_batch is not None and delta.mean_step_s is not None:
+                history.cost.observe(at, key.k, delta.mean_batch, delta.mean_step_s)
+            if key.k == history.k:
+                history.samples += delta.drafts if key.k > 0 else delta.itl_count
+        return report
+
+    def evaluate(self, now: float, pools: Sequence[PoolContext], speculation: Speculation) -> TunerReport:
+        """Per-pool stats and at most one decision. A returned Change/Explore is taken as carried out."""
+        evidence = [self._evidence(pool, speculation) for pool in pools]
+        outcome = decide(evidence, speculation, now=now, last_change_at=self.last_change_at)
+        recommended = {a.pool: a.recommended_k for a in outcome.assessments}
+        span = now - self._recent_since if self._recent_since is not None else 0.0
+        stats = tuple(self._stats(pool, recommended.get(pool.name), span) for pool in pools)
+        report = TunerReport(
+            stats=stats,
+            decisions=tuple(a.decision for a in outcome.assessments),
+            decision=outcome.decision,
+            scrape_events=dict(self._events),
+        )
+        if outcome.decision is not None:
+            self._changed(outcome.decision, now)
+        for history in self._pools.values():
+            history.recent = {}
+        self._events = Counter()
+        self._recent_since = now
+        return report
+
+    def _changed(self, decision: TuningDecision, now: float) -> None:
+        history = self._pools.get(decision.pool)
+        self.last_change_at = now
+        self._previous_k[decision.pool] = decision.from_k
+        if history is not None:
+            history.previous_k, history.k, history.samples = decision.from_k, decision.to_k, 0.0
+
+    def _history(self, pool: PoolContext) -> _PoolHistory:
+        drafter = (pool.drafter_method, pool.drafter_model)
+        history = self._pools.get(pool.name)
+        if history is None or history.drafter != drafter:
+            # A different drafter accepts differently and costs differently: start over.
+            cost = StepCostModel(pool.gfx_target, pool.drafter_method, half_life_s=self._cost_half_life_s)
+            history = self._pools[pool.name] = _PoolHistory(drafter, cost, k=pool.effective_k)
+        if history.k != pool.effective_k:
+            # K changed outside our decisions (a spec edit, or status restored after a restart).
+            history.previous_k, history.k, history.samples = history.k, pool.effective_k, 0.0
+        return history
+
+    def _forget(self, history: _PoolHistory, at: float) -> None:
+        if history.decayed_at is not None and at > history.decayed_at:
+            factor = 0.5 ** ((at - history.decayed_at) / self._acceptance_half_life_s)
+            history.by_k = {k: delta.scaled(factor) for k, delta in history.by_k.items()}
+        if history.decayed_at is None or at > history.decayed_at:
+            history.decayed_at = at
+
+    def _evidence(self, pool: PoolContext, speculation: Speculation) -> PoolEvidence:
+        history = self._history(pool)
+        recent = _sum(history.recent.values())
+        batch = recent.mean_batch if recent is not None else None
+        coefficients = history.cost.fit()
+        steps = (
+            {k: history.cost.predict(coefficients, batch, k) for k in range(speculation.min_k, speculation.max_k + 1)}
+            if batch is not None
+            else {}
+        )
+        previous = history.previous_k if history.previous_k is not None else self._previous_k.get(pool.name)
+        return PoolEvidence(
+            pool=pool.name,
+            current_k=pool.effective_k,
+            samples_at_k=history.samples,
+            batch=batch,
+            acceptance=estimate_acceptance(history.by_k, pool.drafter_method),
+            steps=steps,
+            previous_k=previous,
+            weight=float(pool.replicas * pool.gpus_per_replica),
+            rolling=pool.rolling,
+        )
+
+    def _stats(self, pool: PoolContext, recommended_k: int | None, span: float) -> PoolSpeculationStats:
+        history = self._history(pool)
+        k = pool.effective_k
+        at_k = history.recent.get(k) or history.by_k.get(k)
+        everything = _sum(history.recent.values())
+        tokens_per_second = everything.generation_tokens / span if everything is not None and span > 0 else None
+        if at_k is None or at_k.drafts <= 0:
+            return PoolSpeculationStats(
+                pool=pool.name,
+                k=k,
+                drafts=int(history.samples) if k > 0 else 0,
+                tokens_per_second=_round(tokens_per_second),
+                recommended_k=recommended_k,
+            )
+        return PoolSpeculationStats(
+            pool=pool.name,
+            k=k,
+            drafts=int(history.samples),
+            acceptance_rate=_round(at_k.accepted / at_k.draft_tokens if at_k.draft_tokens > 0 else None),
+            mean_accepted_length=_round(1 + at_k.accepted / at_k.drafts),
+            per_position_acceptance=[round(rate, 4) for rate in position_rates(at_k)],
+            tokens_per_second=_round(tokens_per_second),
+            recommended_k=recommended_k,
+        )
+
+
+def _sum(deltas: Iterable[WindowDelta]) -> WindowDelta | None:
+    total: WindowDelta | None = None
+    for delta in deltas:
+        total = delta if total is None else total.plus(delta)
+    return total
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _parse_time(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

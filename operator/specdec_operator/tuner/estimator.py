@@ -1,0 +1,157 @@
+"""Acceptance estimates from vLLM's per-position counters, with their uncertainty.
+
+For chain drafters (eagle, eagle3, mtp, draft_model, ngram) the counters give the mean accepted
+length E(K') of every K' <= K exactly: E(K') = 1 + sum_{i<K'} A_i / N, with N drafts and A_i the drafts
+whose first i+1 tokens were accepted. Beyond the observed K we extrapolate with the last conditional
+acceptance and say how unsure that is. Block drafters (dflash, dspark) propose a block at once, so
+their position counters say nothing about another K: only K values actually measured are known.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from specdec_operator.api.vocabulary import BLOCK_DRAFTERS
+from specdec_operator.tuner.window import WindowDelta
+
+Z_95 = 1.96
+# Extra standard deviation of the conditional acceptance assumed at positions never observed. Real
+# drafters' acceptance usually decays with depth, so carrying the last position forward is a guess.
+EXTRAPOLATION_SD = 0.08
+# Below this share of full-length drafts (draft_tokens / (drafts * K)) drafts are "short": n-gram
+# misses or grammar cut them, so deeper positions were rarely even proposed.
+FULL_DRAFT_SHARE = 0.98
+# A position counts as observed only while the windows that reach it hold at least this share of all
+# (decayed) drafts. After K is lowered, the deeper positions live on only in old windows; once those
+# have faded they describe a traffic mix that may be gone, and extrapolating from fresh shallow
+# positions is the better guess.
+FRESH_COVERAGE = 0.2
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+
+    @property
+    def sd(self) -> float:
+        return (self.high - self.low) / (2 * Z_95)
+
+
+def wilson_interval(successes: float, trials: float, z: float = Z_95) -> Interval:
+    """Wilson score interval of a proportion; counts may be fractional (decayed evidence)."""
+    if trials <= 0:
+        return Interval(0.5, 0.0, 1.0)
+    p = min(max(successes / trials, 0.0), 1.0)
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+
+
+@dataclass(frozen=True)
+class AcceptanceEstimate:
+    """Conditional acceptance per position, pooled over every K observed, and what it implies for E(K')."""
+
+    conditional: tuple[Interval, ...]  # alpha_i = P(accept i | accepted 0..i-1)
+    drafts: float
+    draft_share: float  # draft_tokens / (drafts * K) at the observed K values; 1.0 means full-length drafts
+    opaque: bool  # block drafter: positions are not a chain
+    measured_lengths: Mapping[int, Interval]  # E(K) measured directly at each K observed
+
+    @property
+    def observed_k(self) -> int:
+        return len(self.conditional)
+
+    @property
+    def short_drafts(self) -> bool:
+        return self.draft_share < FULL_DRAFT_SHARE
+
+    def expected_length(self, k: int) -> Interval | None:
+        """E(k) with a 95% interval, or None when the counters cannot tell (opaque, or refused extrapolation)."""
+        if k == 0:
+            return Interval(1.0, 1.0, 1.0)
+        if self.opaque:
+            return self.measured_lengths.get(k)
+        if k > self.observed_k and (self.short_drafts or self.observed_k == 0):
+            # Drafts already fall short of the K we run: proposing more tokens mostly adds empty slots,
+            # and the positions we would need were barely sampled. Refuse rather than guess.
+            return None
+        return _chain_length(self.conditional, k)
+
+
+def _chain_length(conditional: tuple[Interval, ...], k: int) -> Interval:
+    """E(k) = 1 + sum_i prod_{j<=i} alpha_j, and its sd by the delta method (numerical gradient)."""
+    observed = len(conditional)
+    means = [conditional[min(i, observed - 1)].mean for i in range(k)]
+
+    def length(alphas: list[float]) -> float:
+        total, survive = 1.0, 1.0
+        for alpha in alphas:
+            survive *= alpha
+            total += survive
+        return total
+
+    centre = length(means)
+    variance = 0.0
+    step = 1e-4
+    for j in range(min(k, observed)):
+        bumped = list(means)
+        bumped[j] += step
+        if j == observed - 1:
+            # The last observed alpha is also carried to every extrapolated position: move them together.
+            bumped[observed:] = [means[j] + step] * (k - observed)
+        variance += ((length(bumped) - centre) / step * conditional[j].sd) ** 2
+    if k > observed:
+        bumped = means[:observed] + [value + step for value in means[observed:]]
+        variance += ((length(bumped) - centre) / step * EXTRAPOLATION_SD) ** 2
+    sd = math.sqrt(variance)
+    return Interval(centre, max(1.0, centre - Z_95 * sd), min(1.0 + k, centre + Z_95 * sd))
+
+
+def estimate_acceptance(by_k: Mapping[int, WindowDelta], method: str) -> AcceptanceEstimate:
+    """Pool the evidence of every K observed: position i's conditional acceptance uses all windows with K > i."""
+    windows = {k: delta for k, delta in by_k.items() if k > 0 and delta.drafts > 0}
+    all_drafts = sum(delta.drafts for delta in windows.values())
+    deepest = max(windows, default=0)
+    conditional: list[Interval] = []
+    for position in range(deepest):
+        reaching = sum(delta.drafts for k, delta in windows.items() if k > position)
+        if reaching < FRESH_COVERAGE * all_drafts:
+            break
+        accepted = trials = 0.0
+        for k, delta in windows.items():
+            counts = delta.accepted_per_position
+            if k <= position or len(counts) <= position:
+                continue
+            accepted += counts[position]
+            trials += counts[position - 1] if position > 0 else delta.drafts
+        conditional.append(wilson_interval(accepted, trials))
+    proposed = sum(delta.draft_tokens for delta in windows.values())
+    capacity = sum(delta.drafts * k for k, delta in windows.items())
+    measured = {k: _measured_length(delta) for k, delta in windows.items()}
+    return AcceptanceEstimate(
+        conditional=tuple(conditional),
+        drafts=all_drafts,
+        draft_share=proposed / capacity if capacity > 0 else 1.0,
+        opaque=method in BLOCK_DRAFTERS,
+        measured_lengths=measured,
+    )
+
+
+def _measured_length(delta: WindowDelta) -> Interval:
+    """E(K) measured as 1 + accepted/drafts; sd from the per-draft variance bound (accepted <= K per draft)."""
+    mean = 1 + delta.accepted / delta.drafts
+    k = max(len(delta.accepted_per_position), 1)
+    sd = math.sqrt((mean - 1) * (k + 1 - mean) / max(delta.drafts, 1e-9))
+    return Interval(mean, max(1.0, mean - Z_95 * sd), mean + Z_95 * sd)
+
+
+def position_rates(delta: WindowDelta) -> list[float]:
+    """A_i / N: the share of drafts whose first i+1 tokens were accepted (what status shows)."""
+    if delta.drafts <= 0:
+        return []
+    return [count / delta.drafts for count in delta.accepted_per_position]

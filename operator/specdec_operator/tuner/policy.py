@@ -1,0 +1,255 @@
+"""The K policy: a pure function from per-pool evidence to at most one K change per model.
+
+For every K in [minK, maxK] it predicts the objective from the acceptance estimate (tokens per step)
+and the step-time model (seconds per step): tokens/s per pod = B * E(K) / step(B, K), and time per
+output token = step(B, K) / E(K). A restart costs minutes of serving, so it acts only with enough
+samples, a predicted gain above the threshold, a confidence that the gain is real, and the cooldown
+elapsed. When the doubt alone blocks a promising move it explores one K step towards it instead,
+which turns the doubt into a measurement. Going back to the K it just left needs twice the gain.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Literal
+
+from specdec_operator.api.spec import Speculation
+from specdec_operator.api.status import TuningDecision
+from specdec_operator.tuner.costmodel import StepPrediction
+from specdec_operator.tuner.estimator import AcceptanceEstimate, Interval
+
+# Probability that the gain is positive needed to change K outright; below it the tuner explores.
+CONFIDENT = 0.9
+# Going back to the K a pool just left needs this multiple of min_gain (hysteresis against flapping).
+RETURN_GAIN_FACTOR = 2.0
+
+Action = Literal["Hold", "Change", "Explore"]
+
+
+@dataclass(frozen=True)
+class PoolEvidence:
+    """Everything the policy knows about one pool."""
+
+    pool: str
+    current_k: int
+    samples_at_k: float  # drafts (or engine steps at K=0) measured since K last changed
+    batch: float | None  # running sequences per pod, recent
+    acceptance: AcceptanceEstimate
+    steps: Mapping[int, StepPrediction]  # predicted step time for every K in range, at `batch`
+    previous_k: int | None = None  # the K this pool ran before its last change
+    weight: float = 1.0  # share of the model's GPUs: ties go to the pool that matters more
+    rolling: bool = False  # its pods are still being replaced
+
+
+@dataclass(frozen=True)
+class Candidate:
+    k: int
+    expected_length: Interval
+    step: StepPrediction
+    tokens_per_s: float  # per pod
+    tpot_s: float
+    log_sd: float  # sd of log(objective), from acceptance and step-time doubt
+
+
+@dataclass(frozen=True)
+class Assessment:
+    pool: str
+    candidates: tuple[Candidate, ...]
+    recommended_k: int | None
+    decision: TuningDecision
+
+
+@dataclass(frozen=True)
+class PolicyOutcome:
+    assessments: tuple[Assessment, ...]
+    decision: TuningDecision | None  # the one Change/Explore to carry out, if any
+
+
+def rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def decide(
+    pools: Sequence[PoolEvidence], speculation: Speculation, *, now: float, last_change_at: float | None
+) -> PolicyOutcome:
+    assessments = [_assess(pool, speculation, now, last_change_at) for pool in pools]
+    if any(pool.rolling for pool in pools):
+        rolling = ", ".join(pool.pool for pool in pools if pool.rolling)
+        assessments = [_demote(a, f"rollout of pool {rolling} still in progress") for a in assessments]
+    acting = [a for a in assessments if a.decision.action != "Hold"]
+    if not acting:
+        return PolicyOutcome(tuple(assessments), None)
+    weights = {pool.pool: pool.weight for pool in pools}
+    chosen = max(acting, key=lambda a: (a.decision.predicted_gain * weights[a.pool], a.pool))
+    final = [a if a is chosen else _demote(a, f"one pool at a time: {chosen.pool} goes first") for a in assessments]
+    return PolicyOutcome(tuple(final), chosen.decision)
+
+
+def _demote(assessment: Assessment, why: str) -> Assessment:
+    decision = assessment.decision
+    if decision.action == "Hold":
+        return assessment
+    held = decision.model_copy(
+        update={"to_k": decision.from_k, "action": "Hold", "reason": f"{why}; wanted: {decision.reason}"}
+    )
+    return replace(assessment, decision=held)
+
+
+@dataclass(frozen=True)
+class _Verdicts:
+    """Builds one pool's Assessment around a decision, so every exit carries the same evidence."""
+
+    pool: PoolEvidence
+    now: float
+    candidates: tuple[Candidate, ...] = ()
+    recommended: int | None = None
+
+    def give(
+        self, action: Action, reason: str, to_k: int | None = None, gain: float = 0.0, confidence: float = 0.0
+    ) -> Assessment:
+        k = self.pool.current_k
+        decision = TuningDecision(
+            time=rfc3339(self.now),
+            pool=self.pool.pool,
+            from_k=k,
+            to_k=k if action == "Hold" or to_k is None else to_k,
+            action=action,
+            reason=reason,
+            predicted_gain=round(gain, 4),
+            confidence=round(confidence, 3),
+        )
+        return Assessment(self.pool.pool, self.candidates, self.recommended, decision)
+
+
+def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_change_at: float | None) -> Assessment:
+    autotune = speculation.autotune
+    k = pool.current_k
+    if not speculation.min_k <= k <= speculation.max_k:
+        bounded = min(max(k, speculation.min_k), speculation.max_k)
+        reason = f"K={k} is outside spec bounds [{speculation.min_k}, {speculation.max_k}]"
+        return _Verdicts(pool, now, (), bounded).give("Change", reason, bounded, confidence=1.0)
+    candidates = _candidates(pool, speculation)
+    current = next((c for c in candidates if c.k == k), None)
+    best = _best(candidates, autotune.objective, autotune.tpot_target_ms)
+    verdicts = _Verdicts(pool, now, candidates, best.k if best else None)
+    cooldown_left = 0.0 if last_change_at is None else max(0.0, last_change_at + autotune.cooldown_seconds - now)
+
+    if not autotune.enabled:
+        return verdicts.give("Hold", "autotune disabled")
+    if pool.batch is None or current is None:
+        return verdicts.give("Hold", "no usable metrics yet at the current K")
+    if pool.samples_at_k < autotune.min_samples:
+        return verdicts.give("Hold", f"{pool.samples_at_k:.0f} of {autotune.min_samples} samples at K={k}")
+    if k == 0 and not pool.acceptance.observed_k and not pool.acceptance.measured_lengths and speculation.max_k:
+        # Speculation is off and acceptance was never measured: only trying K=1 can tell whether it pays.
+        reason = f"no acceptance measured at any K; {_describe(current, pool)}"
+        if cooldown_left > 0:
+            return verdicts.give("Hold", f"cooldown {cooldown_left:.0f}s left: {reason}")
+        return verdicts.give("Explore", f"exploring K=1: {reason}", 1)
+    if best is None or best.k == k:
+        return verdicts.give("Hold", f"K={k} is best: {_describe(current, pool)}")
+    gain = _gain(current, best, autotune.objective, autotune.tpot_target_ms)
+    threshold = autotune.min_gain * (RETURN_GAIN_FACTOR if best.k == pool.previous_k else 1.0)
+    confidence = _confidence(gain, current, best)
+    evidence = (
+        f"{_describe(current, pool)} -> {_describe(best, pool)}, predicted {gain:+.1%}, confidence {confidence:.2f}"
+    )
+    if gain < threshold:
+        return verdicts.give("Hold", f"gain below {threshold:.1%}: {evidence}")
+    if cooldown_left > 0:
+        return verdicts.give("Hold", f"cooldown {cooldown_left:.0f}s left: {evidence}")
+    if confidence >= CONFIDENT:
+        return verdicts.give("Change", evidence, best.k, gain, confidence)
+    cautious = _cautious_best(candidates, current, autotune.objective, autotune.tpot_target_ms)
+    if cautious is not None and cautious.k != k:
+        cautious_gain = _gain(current, cautious, autotune.objective, autotune.tpot_target_ms)
+        cautious_confidence = _confidence(cautious_gain, current, cautious)
+        if cautious_gain >= threshold and cautious_confidence >= CONFIDENT:
+            reason = (
+                f"K={cautious.k} is best by its lower bound ({_describe(cautious, pool)}, {cautious_gain:+.1%}, "
+                f"confidence {cautious_confidence:.2f}); the mean favours: {evidence}"
+            )
+            return verdicts.give("Change", reason, cautious.k, cautious_gain, cautious_confidence)
+    step_k = k + (1 if best.k > k else -1)
+    step = next((c for c in candidates if c.k == step_k), None)
+    if step is None:
+        return verdicts.give("Hold", f"uncertain and no explorable neighbour: {evidence}")
+    step_gain = _gain(current, step, autotune.objective, autotune.tpot_target_ms)
+    if step_gain <= 0:
+        return verdicts.give("Hold", f"uncertain, and one step to K={step_k} is predicted {step_gain:+.1%}: {evidence}")
+    reason = f"exploring K={step_k} (confidence {confidence:.2f} < {CONFIDENT}): {evidence}"
+    return verdicts.give("Explore", reason, step_k, step_gain, _confidence(step_gain, current, step))
+
+
+def _candidates(pool: PoolEvidence, speculation: Speculation) -> tuple[Candidate, ...]:
+    if pool.batch is None:
+        return ()
+    found = []
+    for k in range(speculation.min_k, speculation.max_k + 1):
+        length, step = pool.acceptance.expected_length(k), pool.steps.get(k)
+        if length is None or step is None or step.seconds <= 0:
+            continue
+        log_sd = math.hypot(length.sd / length.mean, step.relative_sd)
+        found.append(
+            Candidate(k, length, step, pool.batch * length.mean / step.seconds, step.seconds / length.mean, log_sd)
+        )
+    return tuple(found)
+
+
+def _score(candidate: Candidate, objective: str, tpot_target_ms: float | None) -> tuple[bool, float]:
+    """Ordering key: throughput objective ranks by tokens/s; latency ranks targets met first, then tokens/s,
+    and among misses the lowest TPOT."""
+    if objective == "Latency" and tpot_target_ms is not None:
+        if candidate.tpot_s * 1000 <= tpot_target_ms:
+            return True, candidate.tokens_per_s
+        return False, 1.0 / candidate.tpot_s
+    return True, candidate.tokens_per_s
+
+
+def _best(candidates: Sequence[Candidate], objective: str, tpot_target_ms: float | None) -> Candidate | None:
+    # Ties go to the smaller K: fewer wasted draft tokens for the same result.
+    return max(candidates, key=lambda c: (_score(c, objective, tpot_target_ms), -c.k), default=None)
+
+
+def _cautious_best(
+    candidates: Sequence[Candidate], current: Candidate, objective: str, tpot_target_ms: float | None
+) -> Candidate | None:
+    """The K whose pessimistic outcome (the mean gain less 1.28 sd, a 10th percentile) is best."""
+
+    def pessimistic(candidate: Candidate) -> float:
+        sd = math.hypot(current.log_sd, candidate.log_sd)
+        return math.log1p(_gain(current, candidate, objective, tpot_target_ms)) - 1.2816 * sd
+
+    return max(candidates, key=pessimistic, default=None)
+
+
+def _gain(current: Candidate, other: Candidate, objective: str, tpot_target_ms: float | None) -> float:
+    met_now, value_now = _score(current, objective, tpot_target_ms)
+    met_other, value_other = _score(other, objective, tpot_target_ms)
+    if met_now == met_other:
+        return value_other / value_now - 1
+    # Crossing the TPOT target: express the move as the latency improvement (or loss).
+    return current.tpot_s / other.tpot_s - 1
+
+
+def _confidence(gain: float, current: Candidate, other: Candidate) -> float:
+    """P(gain > 0) under a log-normal approximation of both predictions."""
+    sd = math.hypot(current.log_sd, other.log_sd)
+    if gain <= -1:
+        return 0.0
+    if sd <= 0:
+        return 1.0 if gain > 0 else 0.0
+    return 0.5 * (1 + math.erf(math.log1p(gain) / (sd * math.sqrt(2))))
+
+
+def _describe(candidate: Candidate, pool: PoolEvidence) -> str:
+    e = candidate.expected_length
+    extrapolated = " extrapolated" if candidate.k > pool.acceptance.observed_k and candidate.k else ""
+    return (
+        f"K={candidate.k} E={e.mean:.2f}[{e.low:.2f},{e.high:.2f}]{extrapolated} "
+        f"step={candidate.step.seconds * 1000:.1f}ms B={pool.batch:.1f} "
+        f"{candidate.tokens_per_s:.0f}tok/s/pod TPOT={candidate.tpot_s * 1000:.1f}ms"
+    )

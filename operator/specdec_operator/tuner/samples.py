@@ -1,0 +1,259 @@
+"""One scrape of a runtime pod's `/metrics`, parsed into the numbers the tuner uses.
+
+Pure: no I/O. `parse_metrics` either returns a `PodSample` (possibly marked incomplete, with the
+reasons) or raises `MetricsParseError`; it never raises anything else, because a pod's output is
+untrusted input and a bad scrape must never crash the operator or move K.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Literal
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+# vLLM 0.33 metric families (vllm/v1/spec_decode/metrics.py, vllm/v1/metrics/loggers.py).
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+GENERATION_TOKENS = "vllm:generation_tokens"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"
+
+_SPEC_FAMILIES = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POSITION)
+_HISTOGRAMS = (INTER_TOKEN_LATENCY, TIME_PER_OUTPUT_TOKEN)
+# Labels that split one logical series; every other label (model_name, engine) is summed over,
+# so a data-parallel pod with several engines reads as one pod.
+_KEY_LABELS = ("position", "le")
+
+
+class MetricsParseError(ValueError):
+    """The text is not Prometheus exposition we can trust at all (garbage, truncated mid-line, empty)."""
+
+
+@dataclass(frozen=True)
+class HistogramSnapshot:
+    """A cumulative histogram: (upper bound, cumulative count) ascending and ending at +Inf, plus sum and count."""
+
+    buckets: tuple[tuple[float, float], ...]
+    total: float
+    count: float
+
+    def minus(self, earlier: HistogramSnapshot) -> HistogramSnapshot | None:
+        """The observations between `earlier` and this one; None when the bucket layouts differ."""
+        if [bound for bound, _ in self.buckets] != [bound for bound, _ in earlier.buckets]:
+            return None
+        pairs = zip(self.buckets, earlier.buckets, strict=True)
+        buckets = tuple((bound, now - then) for (bound, now), (_, then) in pairs)
+        return HistogramSnapshot(buckets, self.total - earlier.total, self.count - earlier.count)
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """vLLM's spec-decode counters. `accepted_per_position[i]` counts drafts whose first i+1 tokens were accepted."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    accepted_per_position: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class PodSample:
+    """The counters and gauges of one scrape. `spec` is None when the pod runs without speculation."""
+
+    spec: SpecCounters | None
+    generation_tokens: float | None
+    requests_running: float | None
+    inter_token_latency: HistogramSnapshot | None
+    time_per_output_token: HistogramSnapshot | None
+    # Process start as vLLM reports it through the counters' `_created` series; None with the
+    # multiprocess collector, which omits `_created`. A change means the counters restarted.
+    created: float | None
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
+    @property
+    def k(self) -> int:
+        """K the pod runs, as vLLM reveals it: one position series per draft position."""
+        return len(self.spec.accepted_per_position) if self.spec else 0
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """One Ready runtime pod to scrape, with what the operator knows about it."""
+
+    pod: str  # namespace/name, for messages
+    uid: str
+    ip: str
+    port: int
+    pool: str
+    revision: str
+    k: int
+    restart_count: int = 0
+
+
+ScrapeOutcome = Literal["ok", "incomplete", "parse_error", "timeout", "http_error", "refused"]
+
+
+@dataclass(frozen=True)
+class ScrapeResult:
+    """What one scrape produced. `sample` is set for outcomes ok and incomplete only."""
+
+    target: ScrapeTarget
+    at: float
+    outcome: ScrapeOutcome
+    sample: PodSample | None = None
+    error: str = ""
+    duration_s: float = 0.0
+
+
+def parse_metrics(text: str) -> PodSample:
+    """Parse vLLM's `/metrics` text. Raises only `MetricsParseError`."""
+    if not text.strip():
+        raise MetricsParseError("empty /metrics body")
+    if not text.endswith("\n"):
+        # A body cut mid-line can still parse, with a shortened number that looks like a counter
+        # reset; the exposition format always ends lines with a newline, so refuse it.
+        raise MetricsParseError("truncated /metrics body: no final newline")
+    try:
+        wanted = "".join(line + "\n" for line in text.splitlines() if _line_name(line) in _WANTED_NAMES)
+        series = _collect(s for family in text_string_to_metric_families(wanted) for s in family.samples)
+    except MetricsParseError:
+        raise
+    except Exception as err:  # the parser raises ValueError, IndexError, TypeError... on garbage
+        raise MetricsParseError(f"not Prometheus text: {type(err).__name__}: {err}"[:300]) from err
+    return _build_sample(series)
+
+
+# Every sample name the tuner reads; the parser sees only these lines. A production vLLM serves many
+# more histograms (TTFT, e2e, queue, prefill...), and parsing them on every scrape of every pod would
+# cost the operator most of its CPU for nothing. Comment lines name the family with or without _total.
+_WANTED_NAMES = frozenset(
+    [f"{name}{suffix}" for name in (*_SPEC_FAMILIES, GENERATION_TOKENS) for suffix in ("", "_total")]
+    + [DRAFTS + "_created", GENERATION_TOKENS + "_created", REQUESTS_RUNNING]
+    + [f"{name}{suffix}" for name in _HISTOGRAMS for suffix in ("", "_bucket", "_sum", "_count")]
+)
+
+
+def _line_name(line: str) -> str:
+    """The metric name a line is about: a sample's name, or the name a # HELP / # TYPE comment describes."""
+    if line.startswith("#"):
+        parts = line.split(None, 3)
+        return parts[2] if len(parts) > 2 and parts[1] in ("HELP", "TYPE") else ""
+    end = len(line)
+    for separator in ("{", " ", "\t"):
+        found = line.find(separator)
+        if 0 <= found < end:
+            end = found
+    return line[:end]
+
+
+# Summed series: sample name -> {key label values -> value}.
+_Series = dict[str, dict[tuple[str, ...], float]]
+
+
+def _collect(samples: Iterable[Sample]) -> _Series:
+    series: _Series = {}
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+    for sample in samples:
+        identity = (sample.name, frozenset(sample.labels.items()))
+        if identity in seen:
+            raise MetricsParseError(f"duplicate series {sample.name}{dict(sample.labels)}")
+        seen.add(identity)
+        key = tuple(sample.labels.get(label, "") for label in _KEY_LABELS)
+        by_key = series.setdefault(sample.name, {})
+        by_key[key] = by_key.get(key, 0.0) + float(sample.value)
+    return series
+
+
+def _total(series: _Series, name: str) -> float | None:
+    values = series.get(name)
+    return None if values is None else sum(values.values())
+
+
+def _build_sample(series: _Series) -> PodSample:
+    problems: list[str] = []
+    spec = _spec_counters(series, problems)
+    generation = _total(series, GENERATION_TOKENS + "_total")
+    if generation is None:
+        problems.append(f"{GENERATION_TOKENS}_total missing")
+    histograms = {name: _histogram(series, name, problems) for name in _HISTOGRAMS}
+    numbers: list[float] = [value for by_key in series.values() for value in by_key.values()]
+    if not all(math.isfinite(value) and value >= 0 for value in numbers):
+        problems.append("negative or non-finite value")
+    created = [value for name in (GENERATION_TOKENS, DRAFTS) if (value := _earliest_created(series, name)) is not None]
+    return PodSample(
+        spec=spec,
+        generation_tokens=generation,
+        requests_running=_total(series, REQUESTS_RUNNING),
+        inter_token_latency=histograms[INTER_TOKEN_LATENCY],
+        time_per_output_token=histograms[TIME_PER_OUTPUT_TOKEN],
+        created=min(created) if created else None,
+        problems=tuple(problems),
+    )
+
+
+def _earliest_created(series: _Series, family: str) -> float | None:
+    values = series.get(family + "_created")
+    # Each engine's series carries its own start time; the earliest is the process's.
+    return None if not values else min(values.values())
+
+
+def _spec_counters(series: _Series, problems: list[str]) -> SpecCounters | None:
+    present = [name for name in _SPEC_FAMILIES if name + "_total" in series]
+    if not present:
+        return None
+    if len(present) < len(_SPEC_FAMILIES):
+        missing = sorted(set(_SPEC_FAMILIES) - set(present))
+        problems.append(f"partial spec-decode counters: missing {', '.join(missing)}")
+        return None
+    per_position = _per_position(series[ACCEPTED_PER_POSITION + "_total"], problems)
+    drafts, draft_tokens, accepted = (_total(series, name + "_total") or 0.0 for name in _SPEC_FAMILIES[:3])
+    return SpecCounters(drafts, draft_tokens, accepted, per_position)
+
+
+def _per_position(values: Mapping[tuple[str, ...], float], problems: list[str]) -> tuple[float, ...]:
+    by_position: dict[int, float] = {}
+    for (position, _), value in values.items():
+        if not position.isdigit():
+            problems.append(f"bad position label {position!r}")
+            return ()
+        by_position[int(position)] = value
+    expected = list(range(len(by_position)))
+    if sorted(by_position) != expected:
+        problems.append(f"missing positions: have {sorted(by_position)}")
+        return ()
+    return tuple(by_position[i] for i in expected)
+
+
+def _histogram(series: _Series, name: str, problems: list[str]) -> HistogramSnapshot | None:
+    bucket_values = series.get(name + "_bucket")
+    total, count = _total(series, name + "_sum"), _total(series, name + "_count")
+    if bucket_values is None or total is None or count is None:
+        problems.append(f"{name} histogram missing or partial")
+        return None
+    try:
+        buckets = tuple(sorted((float(le), value) for (_, le), value in bucket_values.items()))
+    except ValueError:
+        problems.append(f"{name}: bad le label")
+        return None
+    cumulative = [value for _, value in buckets]
+    if (
+        not buckets
+        or buckets[-1][0] != math.inf
+        or any(later < earlier for earlier, later in pairwise(cumulative))
+        or cumulative[-1] != count
+    ):
+        problems.append(f"{name}: buckets not cumulative up to +Inf == count")
+        return None
+    return HistogramSnapshot(buckets, total, count)

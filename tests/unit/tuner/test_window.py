@@ -1,0 +1,146 @@
+"""CounterWindows: deltas between scrapes, resets recognised, bad scrapes never counted."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, parse_metrics
+from specdec_operator.tuner.window import CounterWindows, WindowDelta, WindowKey
+from tests.unit.tuner.factories import metrics_text, ok, target
+
+
+def test_the_first_scrape_is_a_baseline_and_the_second_gives_the_increase() -> None:
+    windows = CounterWindows()
+    first = windows.observe([ok(metrics_text(drafts=1000, per_position=(800, 600, 450)), at=0.0)])
+    assert first.deltas == {}
+    assert first.events["baseline"] == 1
+    second = windows.observe([ok(metrics_text(drafts=3000, per_position=(2400, 1800, 1350)), at=15.0)])
+    delta = second.deltas[WindowKey("p", "r1", 3)]
+    assert (delta.drafts, delta.draft_tokens, delta.accepted) == (2000, 6000, 3700)
+    assert delta.accepted_per_position == (1600, 1200, 900)
+    assert delta.pod_seconds == 15.0
+    assert delta.mean_step_s == pytest.approx(0.03)
+    assert delta.generation_tokens == 5700
+
+
+def _scrape(drafts: float, at: float, *, k: int = 3, restart_count: int = 0, created: float = 100.0) -> ScrapeResult:
+    per_position = tuple(drafts * rate for rate in (0.8, 0.6, 0.45, 0.3)[:k])
+    return ok(
+        metrics_text(drafts=drafts, per_position=per_position, created=created),
+        at,
+        target(k=k, restart_count=restart_count),
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({}, "reset_counter_decrease"),
+        ({"created": 200.0}, "reset_created"),
+        ({"restart_count": 1}, "reset_restart_count"),
+        ({"k": 2}, "reset_k_changed"),
+    ],
+    ids=["counter-decrease", "created-changed", "restart-count", "k-changed"],
+)
+def test_a_reset_sets_a_new_baseline_and_the_next_scrape_counts_from_it(changes: dict[str, float], reason: str) -> None:
+    windows = CounterWindows()
+    windows.observe([_scrape(1000, 0.0)])
+    restarted = windows.observe([_scrape(100, 30.0, **changes)])  # type: ignore[arg-type]
+    assert restarted.deltas == {}
+    assert restarted.events[reason] == 1
+    later = windows.observe([_scrape(150, 45.0, **changes)])  # type: ignore[arg-type]
+    assert [delta.drafts for delta in later.deltas.values()] == [50]
+
+
+def test_a_new_pod_uid_starts_its_own_baseline() -> None:
+    windows = CounterWindows()
+    windows.observe([ok(metrics_text(drafts=1000), 0.0, target("a"))])
+    report = windows.observe([ok(metrics_text(drafts=50), 15.0, target("b"))])
+    assert report.deltas == {}
+    assert report.events["baseline"] == 1
+
+
+def test_failed_and_incomplete_scrapes_keep_the_baseline_so_the_next_delta_spans_the_gap() -> None:
+    windows = CounterWindows()
+    windows.observe([ok(metrics_text(drafts=1000), 0.0)])
+    broken = parse_metrics(metrics_text(drafts=9_999_999).replace('position="1"', 'position="7"'))
+    report = windows.observe(
+        [
+            ScrapeResult(target(), 15.0, "timeout", error="slow"),
+            ScrapeResult(target(), 20.0, "incomplete", broken),
+        ]
+    )
+    assert report.deltas == {}
+    assert report.events["timeout"] == 1 and report.events["incomplete"] == 1
+    later = windows.observe([ok(metrics_text(drafts=4000, per_position=(3200, 2400, 1800)), 30.0)])
+    assert later.deltas[WindowKey("p", "r1", 3)].drafts == 3000
+    assert later.deltas[WindowKey("p", "r1", 3)].pod_seconds == 30.0
+
+
+def test_pods_of_one_key_are_summed_and_pool_and_revision_split_keys() -> None:
+    windows = CounterWindows()
+    pods = [target("a"), target("b"), target("c", revision="r2")]
+    windows.observe([ok(metrics_text(drafts=100), 0.0, pod) for pod in pods])
+    report = windows.observe([ok(metrics_text(drafts=300), 15.0, pod) for pod in pods])
+    assert report.deltas[WindowKey("p", "r1", 3)].drafts == 400
+    assert report.deltas[WindowKey("p", "r2", 3)].drafts == 200
+
+
+def test_forget_except_drops_pods_that_are_gone() -> None:
+    windows = CounterWindows()
+    windows.observe([ok(metrics_text(drafts=100), 0.0, target("a"))])
+    windows.forget_except([])
+    assert windows.observe([ok(metrics_text(drafts=300), 15.0, target("a"))]).events["baseline"] == 1
+
+
+def test_scaling_and_adding_deltas() -> None:
+    delta = WindowDelta(drafts=10, accepted_per_position=(4.0, 2.0), pod_seconds=10, itl_sum=80, itl_count=100)
+    assert delta.scaled(0.5).drafts == 5
+    assert delta.plus(WindowDelta(drafts=1, accepted_per_position=(1.0,))).accepted_per_position == (5.0, 2.0)
+    assert delta.mean_batch == 8.0
+    assert WindowDelta(pod_seconds=10, running_seconds=30).mean_batch == 3.0
+    assert WindowDelta().mean_batch is None
+
+
+_TEXTS = st.one_of(
+    st.builds(lambda d: metrics_text(drafts=d, per_position=(d * 0.8, d * 0.6, d * 0.45)), st.integers(0, 10**6)),
+    st.builds(lambda d: metrics_text(drafts=d, per_position=(d * 0.5,)), st.integers(0, 10**6)),
+    st.builds(lambda cut: metrics_text()[:cut], st.integers(0, 4000)),
+    st.text(max_size=200),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_TEXTS, st.sampled_from(["ok", "timeout", "http_error"]), st.integers(0, 2)), max_size=12))
+def test_any_sequence_of_scrapes_never_raises_and_never_yields_negative_counts(
+    scrapes: list[tuple[str, str, int]],
+) -> None:
+    windows = CounterWindows()
+    for step, (text, outcome, restarts) in enumerate(scrapes):
+        try:
+            sample = parse_metrics(text)
+        except MetricsParseError:
+            result = ScrapeResult(target(restart_count=restarts), float(step), "parse_error")
+        else:
+            status = "ok" if outcome == "ok" and sample.complete else ("incomplete" if outcome == "ok" else outcome)
+            result = ScrapeResult(
+                target(restart_count=restarts, k=sample.k),
+                float(step),
+                status,  # type: ignore[arg-type]
+                sample if outcome == "ok" else None,
+            )
+        for delta in windows.observe([result]).deltas.values():
+            assert (
+                min(
+                    delta.drafts,
+                    delta.accepted,
+                    delta.generation_tokens,
+                    delta.itl_count,
+                    *delta.accepted_per_position,
+                    0.0,
+                )
+                >= 0.0
+            )
+            assert delta.pod_seconds > 0
