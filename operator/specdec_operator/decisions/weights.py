@@ -32,8 +32,9 @@ def params_from_name(name: str) -> float | None:
     matches = _PARAMS_IN_NAME.findall(tail.replace("_", "-"))
     if not matches:
         return None
-    number, unit = matches[-1]
-    return float(number) * (1e9 if unit.lower() == "b" else 1e6)
+    # Names may carry other counts too, such as the 1M-token context of Qwen2.5-7B-Instruct-1M: the
+    # largest is the parameter count, and over-estimating memory is the safe side.
+    return max(float(number) * (1e9 if unit.lower() == "b" else 1e6) for number, unit in matches)
 
 
 def target_weights(name: str, declared_gib: float | None) -> WeightsEstimate | None:
