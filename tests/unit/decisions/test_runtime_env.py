@@ -1,0 +1,141 @@
+"""Per-gfx runtime environment: AITER, HSA_OVERRIDE_GFX_VERSION only where the image lacks the card, visible devices."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_operator.api.vocabulary import GFX_TARGETS
+from specdec_operator.decisions.runtime_env import RuntimeEnvError, attention_backend, hsa_version, plan_runtime
+from specdec_operator.settings import (
+    CDNA_IMAGE,
+    DEFAULT_IMAGE_TARGETS,
+    DEFAULT_IMAGES,
+    RDNA3_IMAGE,
+)
+
+
+@pytest.mark.parametrize(
+    ("gfx", "version"),
+    [
+        ("gfx90a", "9.0.10"),
+        ("gfx908", "9.0.8"),
+        ("gfx942", "9.4.2"),
+        ("gfx950", "9.5.0"),
+        ("gfx1100", "11.0.0"),
+        ("gfx1101", "11.0.1"),
+        ("gfx1151", "11.5.1"),
+        ("gfx1200", "12.0.0"),
+        ("gfx1201", "12.0.1"),
+    ],
+)
+def test_hsa_version(gfx: str, version: str) -> None:
+    assert hsa_version(gfx) == version
+
+
+def default_plan(gfx: str, user_env: dict[str, str] | None = None) -> dict[str, str]:
+    image = DEFAULT_IMAGES[gfx]
+    return plan_runtime(gfx, image, DEFAULT_IMAGE_TARGETS[image], user_env or {}).env
+
+
+@pytest.mark.parametrize(
+    ("gfx", "env"),
+    [
+        ("gfx90a", {}),
+        ("gfx942", {"VLLM_ROCM_USE_AITER": "1"}),
+        ("gfx950", {"VLLM_ROCM_USE_AITER": "1"}),
+        ("gfx1100", {}),
+        ("gfx1101", {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}),
+        ("gfx1150", {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}),
+        ("gfx1151", {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}),
+        ("gfx1200", {}),
+        ("gfx1201", {}),
+    ],
+)
+def test_env_on_the_default_image_of_each_target(gfx: str, env: dict[str, str]) -> None:
+    assert default_plan(gfx) == env
+
+
+def test_every_accepted_gfx_target_has_a_default_image() -> None:
+    assert set(DEFAULT_IMAGES) == set(GFX_TARGETS)
+
+
+@pytest.mark.parametrize(
+    ("gfx", "image", "targets", "override", "note"),
+    [
+        ("gfx1101", RDNA3_IMAGE, ["gfx1100"], "11.0.0", "lacks gfx1101; running gfx1100 code objects"),
+        ("gfx1101", "custom:rdna3-full", ["gfx1100", "gfx1101"], None, None),
+        ("gfx1101", CDNA_IMAGE, ["gfx90a", "gfx942", "gfx950"], None, "no code objects for gfx1101 or a sibling"),
+        ("gfx1200", "custom:rdna4-1201", ["gfx1201"], "12.0.1", "running gfx1201 code objects"),
+        ("gfx942", "custom:mi250-only", ["gfx90a"], None, None),  # never an override on datacenter targets
+        ("gfx90a", "custom:mi300-only", ["gfx942"], None, None),
+        ("gfx950", "custom:mi300-only", ["gfx942"], None, None),
+        ("gfx1101", "my.registry/vllm:dev", None, None, "not in the image table"),
+    ],
+    ids=[
+        "gfx1101-on-rdna3-build",
+        "gfx1101-image-has-it",
+        "gfx1101-on-cdna-image",
+        "gfx1200-on-gfx1201-build",
+        "gfx942-never",
+        "gfx90a-never",
+        "gfx950-never",
+        "unknown-image",
+    ],
+)
+def test_hsa_override_only_where_the_image_lacks_the_card(
+    gfx: str, image: str, targets: list[str] | None, override: str | None, note: str | None
+) -> None:
+    plan = plan_runtime(gfx, image, targets, {})
+    assert plan.env.get("HSA_OVERRIDE_GFX_VERSION") == override
+    assert plan.image == image
+    if note is not None:
+        assert any(note in line for line in plan.notes), plan.notes
+
+
+@pytest.mark.parametrize("gfx", ["gfx90a", "gfx942", "gfx950"])
+def test_user_hsa_override_is_ignored_on_datacenter_targets(gfx: str) -> None:
+    image = DEFAULT_IMAGES[gfx]
+    plan = plan_runtime(gfx, image, DEFAULT_IMAGE_TARGETS[image], {"HSA_OVERRIDE_GFX_VERSION": "9.4.2"})
+    assert "HSA_OVERRIDE_GFX_VERSION" not in plan.env
+    assert any("ignored spec.runtime.env HSA_OVERRIDE_GFX_VERSION" in note for note in plan.notes)
+
+
+def test_user_hsa_override_passes_through_on_rdna() -> None:
+    assert default_plan("gfx1100", {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}) == {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}
+
+
+@pytest.mark.parametrize(
+    ("user_env", "visible"),
+    [
+        ({"HIP_VISIBLE_DEVICES": "0,1"}, "0,1"),
+        ({"CUDA_VISIBLE_DEVICES": "2"}, "2"),
+        ({"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "0"}, "0"),
+        ({}, None),
+    ],
+    ids=["hip-only", "cuda-only", "both-equal", "neither"],
+)
+def test_visible_devices_are_mirrored(user_env: dict[str, str], visible: str | None) -> None:
+    env = default_plan("gfx942", user_env)
+    assert env.get("HIP_VISIBLE_DEVICES") == env.get("CUDA_VISIBLE_DEVICES") == visible
+
+
+def test_conflicting_visible_devices_are_rejected_naming_the_field() -> None:
+    with pytest.raises(RuntimeEnvError, match=r"^spec\.runtime\.env: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES"):
+        default_plan("gfx942", {"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "1"})
+
+
+def test_other_user_env_passes_through() -> None:
+    assert default_plan("gfx90a", {"NCCL_DEBUG": "INFO", "HF_HUB_OFFLINE": "1"}) == {
+        "NCCL_DEBUG": "INFO",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+@pytest.mark.parametrize(
+    ("gfx", "backend"),
+    [("gfx942", "ROCM_AITER_FA"), ("gfx950", "ROCM_AITER_FA"), ("gfx90a", "TRITON_ATTN"), ("gfx1100", "TRITON_ATTN")],
+)
+def test_attention_backend_supports_k_above_1(gfx: str, backend: str) -> None:
+    assert attention_backend(gfx) == backend
+    assert plan_runtime(gfx, "img", None, {}).attention_backend == backend
+
