@@ -28,6 +28,7 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = OperatorSettings()
     namespaces = settings.namespaces
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the operator (settings from SPECDEC_* environment variables)")
     run.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    run.add_argument("--verbose", action="store_true", help="debug logging")
     run.set_defaults(func=_run)
     return parser
 

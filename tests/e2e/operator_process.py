@@ -74,6 +74,11 @@ class OperatorProcess:
                 self.process.wait(5)
         self.pid_file.unlink(missing_ok=True)
 
+    def restart(self, sig: int = signal.SIGTERM) -> OperatorProcess:
+        """Stop (SIGTERM, or SIGKILL to simulate a crash) and start again with a fresh metrics registry."""
+        self.stop(sig)
+        return self.start()
+
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 

@@ -49,7 +49,19 @@ async def gather(
     )
 
 
-async def write(ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) -> bool:
+def changed_paths(old: Any, new: Any, path: str = "status") -> list[str]:
+    """Leaf paths whose values differ, for a log line that says why a status write happened."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [p for key in sorted(old.keys() | new.keys()) for p in changed_paths(old.get(key), new.get(key),
+                                                                                     f"{path}.{key}")]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [p for i, (a, b) in enumerate(zip(old, new, strict=True)) for p in changed_paths(a, b, f"{path}[{i}]")]
+    return [] if old == new else [path]
+
+
+async def write(
+    ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan, logger: Logger
+) -> bool:
     """Apply, delete, then status; returns whether the status changed."""
     for obj in plan.apply:
         await ctx.api.apply(obj)
@@ -60,6 +72,7 @@ async def write(ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, 
     new_status = plan.status.to_wire()
     if new_status == dict(observed.status):
         return False
+    logger.info("status changed: %s", changed_paths(dict(observed.status), new_status))
     await ctx.api.patch_status(KIND, observed.namespace, observed.name, new_status)
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
@@ -73,7 +86,7 @@ async def reconcile(
     try:
         observed = await gather(ctx, body, nodes)
         plan = evaluate(observed, ctx.evaluation_settings, utc_now())
-        changed = await write(ctx, body, observed, plan)
+        changed = await write(ctx, body, observed, plan, logger)
     except Exception:
         RECONCILES.labels(result="error").inc()
         raise

@@ -105,7 +105,9 @@ class KubeApi:
         result = await self._call(
             "GET", self._path(kind, namespace), query=[("labelSelector", label_selector)]
         )
-        return list(result.get("items", []))
+        # List responses omit apiVersion and kind on items; restore them so items compare like single GETs.
+        api_version = RESOURCES[kind][0].split("/", 1)[1]
+        return [{"apiVersion": api_version, "kind": kind, **item} for item in result.get("items", [])]
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply with force: we are the only writer of the fields we declare."""

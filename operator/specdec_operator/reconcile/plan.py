@@ -90,7 +90,15 @@ def evaluate(
         spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
     except ValidationError as error:
         return _invalid(observed, previous, validation_message(error), now)
-    placement = plan_placement(spec, observed.nodes, settings.kv_headroom_fraction)
+    if not observed.nodes and previous.pools:
+        # No node at all is far likelier a watch that has not synced than a fleet that vanished: hold.
+        message = "node inventory is empty; keeping existing pools until nodes are observed again"
+        held = build_status(observed, previous, previous.pools,
+                            [ConditionUpdate("Ready", None, "NodeInventoryEmpty", message)], now)
+        return ReconcilePlan(status=held)
+    placement = plan_placement(
+        spec, observed.nodes, settings.kv_headroom_fraction, existing_pools={p.gfx_target for p in previous.pools}
+    )
     previous_k = {p.name: p.effective_k for p in previous.pools}
     previous_k.update(k_overrides or {})
     try:

@@ -48,9 +48,12 @@ DRAFT_RATIOS_BY_METHOD: dict[str, tuple[float, float]] = {
 }
 DEFAULT_DRAFT_RATIOS = (0.10, 0.05)
 
-# How unsure the slope of step time in K is, relative to itself: only priors (one K seen) or data.
-SLOPE_DOUBT_PRIOR_ONLY = 0.3
-SLOPE_DOUBT_LEARNED = 0.1
+# The priors are trusted to within this factor either way, read as two standard deviations. The
+# doubt of a prediction is how far it moves when each prior ratio is pushed by this factor: large
+# where only the priors speak (K values and loads never measured), negligible where data does.
+PRIOR_FACTOR = 2.0
+# A floor for step jitter and load drift between measurement and decision.
+MIN_RELATIVE_SD = 0.01
 _PRIOR_WEIGHT = 1.0  # each prior ratio counts like one interval of data
 
 
@@ -65,10 +68,6 @@ class StepCoefficients:
         return (
             self.base_s + self.per_token_s * batch * (k + 1) + k * (self.draft_base_s + self.draft_per_token_s * batch)
         )
-
-    def draft_slope(self, batch: float) -> float:
-        """How much one more draft token lengthens a step at this batch size."""
-        return self.per_token_s * batch + self.draft_base_s + self.draft_per_token_s * batch
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,6 @@ class StepCostModel:
         self._moment = [0.0] * _SIZE
         self._step_sum = 0.0
         self._rows = 0.0
-        self._rows_by_k: dict[int, float] = {}
 
     def observe(self, at: float, k: int, batch: float, step_s: float) -> None:
         if not (batch > 0 and step_s > 0 and math.isfinite(batch) and math.isfinite(step_s)):
@@ -107,20 +105,19 @@ class StepCostModel:
                 self._gram[i][j] += features[i] * features[j]
         self._step_sum += step_s
         self._rows += 1.0
-        self._rows_by_k[k] = self._rows_by_k.get(k, 0.0) + 1.0
 
-    def observed_ks(self) -> set[int]:
-        """K values with at least half an interval of unforgotten data."""
-        return {k for k, rows in self._rows_by_k.items() if rows >= 0.5}
+    def fit(self, ratio_factors: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> StepCoefficients:
+        """Coefficients in seconds. With no data the scale is arbitrary (base 1 s), the ratios are the priors.
 
-    def fit(self) -> StepCoefficients:
-        """Coefficients in seconds. With no data the scale is arbitrary (base 1 s), the ratios are the priors."""
+        `ratio_factors` scale the three prior ratios (ridge, draft fixed, draft per token), to measure
+        how much a prediction depends on them."""
         scale = self._step_sum / self._rows if self._rows > 0 else 1.0
         gram = [list(row) for row in self._gram]
         moment = list(self._moment)
-        fixed_ratio, token_ratio = self.draft_ratios
+        ridge = self.ridge_tokens * ratio_factors[0]
+        fixed_ratio, token_ratio = self.draft_ratios[0] * ratio_factors[1], self.draft_ratios[1] * ratio_factors[2]
         priors = [
-            [1.0, -self.ridge_tokens, 0.0, 0.0],  # base = ridge * per_token
+            [1.0, -ridge, 0.0, 0.0],  # base = ridge * per_token
             [-fixed_ratio, 0.0, 1.0, 0.0],  # draft_base = ratio * base
             [0.0, -token_ratio, 0.0, 1.0],  # draft_per_token = ratio * per_token
         ]
@@ -134,19 +131,25 @@ class StepCostModel:
         base, per_token, draft_base, draft_per_token = _nonnegative_least_squares(gram, moment)
         return StepCoefficients(base, per_token, draft_base, draft_per_token)
 
-    def predict(self, coefficients: StepCoefficients, batch: float, k: int) -> StepPrediction:
-        """Step time at (batch, k); its doubt grows with the distance from the K values measured."""
-        seconds = coefficients.seconds(batch, k)
-        observed = self.observed_ks()
-        if not observed:
-            return StepPrediction(seconds, SLOPE_DOUBT_PRIOR_ONLY)
-        # Step time is linear in K, so between two measured K values the fit interpolates; doubt grows
-        # only outside the measured range.
-        distance = max(0, min(observed) - k, k - max(observed))
-        doubt = SLOPE_DOUBT_PRIOR_ONLY if len(observed) < 2 else SLOPE_DOUBT_LEARNED
-        spread = doubt * coefficients.draft_slope(batch) * distance
-        # A floor for step jitter and load drift between measurement and decision.
-        return StepPrediction(seconds, 0.01 + spread / seconds)
+    def predict(self, batch: float, ks: range) -> dict[int, StepPrediction]:
+        """Step time at `batch` for every K in `ks`, each with its doubt from the priors' sensitivity."""
+        central = self.fit()
+        shifted: list[tuple[StepCoefficients, StepCoefficients]] = []
+        for index in range(3):
+            up, down = [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]
+            up[index], down[index] = PRIOR_FACTOR, 1 / PRIOR_FACTOR
+            shifted.append((self.fit((up[0], up[1], up[2])), self.fit((down[0], down[1], down[2]))))
+        predictions = {}
+        for k in ks:
+            seconds = central.seconds(batch, k)
+            if seconds <= 0:
+                continue
+            variance = 0.0
+            for up_fit, down_fit in shifted:
+                swing = max(abs(up_fit.seconds(batch, k) / seconds - 1), abs(down_fit.seconds(batch, k) / seconds - 1))
+                variance += (swing / 2) ** 2  # the factor is two standard deviations
+            predictions[k] = StepPrediction(seconds, math.hypot(MIN_RELATIVE_SD, math.sqrt(variance)))
+        return predictions
 
     def _forget_until(self, at: float) -> None:
         if self._at is not None and at > self._at:
@@ -155,7 +158,6 @@ class StepCostModel:
             self._moment = [value * factor for value in self._moment]
             self._step_sum *= factor
             self._rows *= factor
-            self._rows_by_k = {k: rows * factor for k, rows in self._rows_by_k.items()}
         if self._at is None or at > self._at:
             self._at = at
 

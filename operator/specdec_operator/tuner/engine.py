@@ -164,12 +164,8 @@ class TunerState:
         history = self._history(pool)
         recent = _sum(history.recent.values())
         batch = recent.mean_batch if recent is not None else None
-        coefficients = history.cost.fit()
-        steps = (
-            {k: history.cost.predict(coefficients, batch, k) for k in range(speculation.min_k, speculation.max_k + 1)}
-            if batch is not None
-            else {}
-        )
+        k_range = range(speculation.min_k, speculation.max_k + 1)
+        steps = history.cost.predict(batch, k_range) if batch is not None else {}
         previous = history.previous_k if history.previous_k is not None else self._previous_k.get(pool.name)
         return PoolEvidence(
             pool=pool.name,

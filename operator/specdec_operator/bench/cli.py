@@ -1,0 +1,132 @@
+"""`specdec-operator bench tuner`: the K tuner in closed loop against virtual-time simulator replicas.
+
+For each profile it runs the real tuner (scraping Prometheus text at the production interval) and the
+same fleet held at every static K in [min-k, max-k], and prints the tokens of each, so the tuner is
+judged against the best K chosen with hindsight and against the common hand-picked K=5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from specdec_operator.api.vocabulary import GFX_TARGETS, SPECULATIVE_METHODS
+from specdec_operator.bench.closedloop import BenchOptions, TunerRun, run_static, run_tuner
+from specdec_operator.bench.report import ProfileResult, format_table, summarise
+from specdec_runtime.simulator import profile as profile_format
+from specdec_runtime.simulator.profile import Profile, ProfileError, load_profile
+
+# Located through a module file: the package directory itself may be a namespace path in editable installs.
+PROFILES_DIR = Path(profile_format.__file__).resolve().parents[1] / "profiles"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec-operator bench", description=__doc__)
+    sub = parser.add_subparsers(dest="benchmark", required=True)
+    tuner = sub.add_parser("tuner", help="closed-loop K tuner against static K, on simulator profiles")
+    tuner.add_argument(
+        "--profile",
+        action="append",
+        metavar="FILE[:DRAFTER[:GFX]]",
+        help="simulator profile (repeatable); optionally the drafter method and gfx target of the pool. "
+        "Default: every bench-*.yaml shipped in specdec_runtime/profiles",
+    )
+    tuner.add_argument("--min-k", type=int, default=0)
+    tuner.add_argument("--max-k", type=int, default=10)
+    tuner.add_argument("--initial-k", type=int, default=5, help="K the tuned pool starts at (default 5)")
+    tuner.add_argument("--drafter", default="eagle3", choices=SPECULATIVE_METHODS, help="default drafter method")
+    tuner.add_argument("--gfx", default="gfx942", choices=GFX_TARGETS, help="default gfx target of the pool")
+    tuner.add_argument("--duration", type=float, help="seconds to replay (default: one pass of the load)")
+    tuner.add_argument("--seed", type=int, default=1)
+    tuner.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    tuner.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    tuner.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
+    return parser
+
+
+def _parse_profile_arg(text: str, drafter: str, gfx: str) -> tuple[Path, str, str]:
+    path, _, rest = text.partition(":")
+    method, _, target = rest.partition(":")
+    method, target = method or drafter, target or gfx
+    if method not in SPECULATIVE_METHODS:
+        raise ProfileError(f"{text}: unknown drafter method {method!r}")
+    if target not in GFX_TARGETS:
+        raise ProfileError(f"{text}: unknown gfx target {target!r}")
+    return Path(path), method, target
+
+
+# The committed bench profiles and the pool each is meant for (their header comments say the same).
+_COMMITTED_SETUPS = {"bench-ngram.yaml": ("ngram", "gfx942"), "bench-load-shift.yaml": ("eagle3", "gfx90a")}
+
+
+def _default_profiles() -> list[str]:
+    found = []
+    for path in sorted(PROFILES_DIR.glob("bench-*.yaml")):
+        method, gfx = _COMMITTED_SETUPS.get(path.name, ("", ""))
+        found.append(f"{path}:{method}:{gfx}" if method else str(path))
+    return found
+
+
+def bench_main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    if not args.min_k <= args.initial_k <= args.max_k or args.max_k > 16 or args.min_k < 0:
+        sys.stderr.write("error: need 0 <= --min-k <= --initial-k <= --max-k <= 16\n")
+        return 2
+    base = BenchOptions(
+        min_k=args.min_k,
+        max_k=args.max_k,
+        initial_k=args.initial_k,
+        seed=args.seed,
+        drafter=args.drafter,
+        gfx_target=args.gfx,
+        duration_s=args.duration,
+    )
+    try:
+        setups = [_parse_profile_arg(text, args.drafter, args.gfx) for text in args.profile or _default_profiles()]
+        loaded = [(path, load_profile(path), replace(base, drafter=m, gfx_target=g)) for path, m, g in setups]
+    except ProfileError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    started = time.perf_counter()
+    results = _run_all(loaded, args.jobs)
+    summary = summarise(results)
+    if args.json:
+        sys.stdout.write(json.dumps({"profiles": [r.to_json() for r in results], "summary": summary}, indent=2))
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_table(results, summary))
+        sys.stdout.write(f"replayed in {time.perf_counter() - started:.1f} s wall with {args.jobs} worker(s)\n")
+    return 1 if args.check and not summary["targets_met"] else 0
+
+
+def _run_all(loaded: list[tuple[Path, Profile, BenchOptions]], jobs: int) -> list[ProfileResult]:
+    with _executor(jobs) as pool:
+        tuned: list[Future[TunerRun]] = [pool.submit(run_tuner, profile, options) for _, profile, options in loaded]
+        static: list[dict[int, Future[int]]] = [
+            {k: pool.submit(run_static, profile, k, options) for k in range(options.min_k, options.max_k + 1)}
+            for _, profile, options in loaded
+        ]
+        return [
+            ProfileResult.build(path.name, options, profile, run.result(), {k: f.result() for k, f in by_k.items()})
+            for (path, profile, options), run, by_k in zip(loaded, tuned, static, strict=True)
+        ]
+
+
+class _InlineExecutor(Executor):
+    """Runs each job at submit time: for --jobs 1, tests and profilers, with no worker processes."""
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        future: Future[object] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def _executor(jobs: int) -> Executor:
+    return ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _InlineExecutor()
