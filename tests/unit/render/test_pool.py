@@ -1,0 +1,288 @@
+"""The rendered pool: runtime config and vLLM 0.33 args for every method, the pod template, and its revision."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from specdec_operator.api.spec import Drafter
+from specdec_operator.api.vocabulary import SPECULATIVE_METHODS
+from specdec_operator.render.pool import STARTUP_PROBE_BUDGET_S, revision_of
+from specdec_runtime import contract
+from specdec_runtime.config import RuntimeConfig, serve_args
+from tests.unit.api.specfactories import drafter_wire, spec
+from tests.unit.render.renderfactories import MODEL, NAMESPACE, UID, rendered_pool
+
+VLLM_SPECULATIVE_KEYS = {
+    "method",
+    "num_speculative_tokens",
+    "model",
+    "draft_tensor_parallel_size",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+}
+REMOVED_FLAGS = ("--speculative-model", "--num-speculative-tokens", "--speculative-draft-tensor-parallel-size")
+DRAFTER_MODELS = {
+    "draft_model": "meta-llama/Llama-3.2-1B-Instruct",
+    "eagle": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
+    "eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+    "dflash": "z-lab/Llama-3.1-8B-DFlash",
+    "dspark": "org/Llama-3.1-8B-DSpark",
+    "custom_class": "org/custom-proposer",
+}
+
+
+def flag_value(args: list[str], flag: str) -> str:
+    assert args.count(flag) == 1, f"{flag} appears {args.count(flag)} times in {args}"
+    return args[args.index(flag) + 1]
+
+
+def method_drafter(method: str) -> dict[str, Any]:
+    extra: dict[str, Any] = {"promptLookupMin": 2, "promptLookupMax": 5} if method in ("ngram", "ngram_gpu") else {}
+    if method == "draft_model":
+        extra["draftTensorParallelSize"] = 1
+    return drafter_wire(method, DRAFTER_MODELS.get(method), **extra)
+
+
+@pytest.mark.parametrize("method", SPECULATIVE_METHODS)
+def test_every_method_renders_vllm_033_args(method: str) -> None:
+    model = spec(
+        model={"servedName": "llama-3.1-8b", "maxModelLen": 16384},
+        drafters=[method_drafter(method)],
+        speculation={"initialK": 4},
+    )
+    pool = rendered_pool(model)
+    args = serve_args(pool.config)
+    assert args[:2] == ["serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert flag_value(args, "--served-model-name") == "llama-3.1-8b"
+    assert flag_value(args, "--tensor-parallel-size") == "1"
+    assert flag_value(args, "--port") == "8000"
+    assert flag_value(args, "--max-model-len") == "16384"
+    assert flag_value(args, "--attention-backend") == "ROCM_AITER_FA"
+    assert not set(REMOVED_FLAGS) & set(args)
+    speculative = json.loads(flag_value(args, "--speculative-config"))
+    assert set(speculative) <= VLLM_SPECULATIVE_KEYS
+    assert (speculative["method"], speculative["num_speculative_tokens"]) == (method, 4)
+    assert speculative.get("model") == DRAFTER_MODELS.get(method)
+    if method in ("ngram", "ngram_gpu"):
+        assert (speculative["prompt_lookup_min"], speculative["prompt_lookup_max"]) == (2, 5)
+    else:
+        assert not {"prompt_lookup_min", "prompt_lookup_max"} & set(speculative)
+    if method == "draft_model":
+        assert speculative["draft_tensor_parallel_size"] == 1
+
+
+def test_k_zero_renders_no_speculative_config() -> None:
+    pool = rendered_pool(spec(drafters=[method_drafter("eagle3")], speculation={"initialK": 0}))
+    assert pool.config.speculative is None and pool.config.k == 0
+    args = serve_args(pool.config)
+    assert "--speculative-config" not in args
+    assert "speculative" not in json.loads(pool.config_map["data"][contract.CONFIG_KEY])
+
+
+def test_config_map_carries_the_exact_runtime_config() -> None:
+    pool = rendered_pool(spec(drafters=[method_drafter("eagle3")]))
+    assert RuntimeConfig.from_json(pool.config_map["data"][contract.CONFIG_KEY]) == pool.config
+    assert pool.config_map["immutable"] is True
+    assert re.fullmatch(rf"{MODEL}-gfx942-[0-9a-f]{{10}}", pool.config_map["metadata"]["name"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "model_arg", "served"),
+    [
+        ({}, "meta-llama/Llama-3.1-8B-Instruct", MODEL),
+        ({"model": {"source": {"pvcName": "weights"}}}, "/models/meta-llama/Llama-3.1-8B-Instruct", MODEL),
+        ({"model": {"source": {"pvcName": "weights", "path": "llama31"}}}, "/models/llama31", MODEL),
+        ({"model": {"servedName": "chat"}}, "meta-llama/Llama-3.1-8B-Instruct", "chat"),
+    ],
+    ids=["hub-id", "pvc-default-path", "pvc-path", "served-name"],
+)
+def test_model_argument_and_served_name(overrides: dict[str, Any], model_arg: str, served: str) -> None:
+    args = serve_args(rendered_pool(spec(**overrides)).config)
+    assert args[1] == model_arg
+    assert flag_value(args, "--served-model-name") == served
+
+
+def test_tensor_parallel_size_and_gpu_resources_follow_tp() -> None:
+    pool = rendered_pool(spec(model={"tensorParallelSize": 4}))
+    assert flag_value(serve_args(pool.config), "--tensor-parallel-size") == "4"
+    resources = pool.container["resources"]
+    assert resources["requests"]["amd.com/gpu"] == resources["limits"]["amd.com/gpu"] == "4"
+
+
+def test_user_resources_are_kept_but_cannot_change_the_gpu_count() -> None:
+    model = spec(
+        model={"tensorParallelSize": 2},
+        runtime={"resources": {"requests": {"cpu": "16", "amd.com/gpu": "1"}, "limits": {"memory": "256Gi"}}},
+    )
+    resources = rendered_pool(model).container["resources"]
+    assert resources == {
+        "requests": {"cpu": "16", "amd.com/gpu": "2"},
+        "limits": {"memory": "256Gi", "amd.com/gpu": "2"},
+    }
+
+
+def test_extra_args_pass_through_after_ours() -> None:
+    args = serve_args(rendered_pool(spec(runtime={"extraArgs": ["--gpu-memory-utilization=0.92"]})).config)
+    assert args[-1] == "--gpu-memory-utilization=0.92"
+
+
+def test_simulate_switches_the_engine() -> None:
+    pool = rendered_pool(spec(runtime={"simulate": True, "simulatorProfile": "chat"}))
+    assert (pool.config.engine, pool.config.simulator_profile) == ("simulator", "chat")
+    assert pool.template["metadata"]["annotations"][contract.ANNOTATION_SIMULATOR_PROFILE] == "chat"
+
+
+@pytest.mark.parametrize(
+    "tolerations",
+    [
+        [{"key": "amd-gpu-unhealthy", "operator": "Exists"}],
+        [{"key": "amd-gpu-driver-upgrade", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+        [{"key": "amd-dcm", "operator": "Exists", "effect": "NoExecute"}],
+        [{"operator": "Exists"}],
+    ],
+    ids=["unhealthy", "driver-upgrade", "dcm", "wildcard"],
+)
+def test_no_toleration_for_amd_transient_taints_even_if_asked(tolerations: list[dict[str, str]]) -> None:
+    pod = rendered_pool(spec(placement={"gfxTargets": ["gfx942"], "tolerations": tolerations})).pod
+    assert "tolerations" not in pod
+
+
+def test_user_tolerations_are_kept() -> None:
+    wanted = {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"}
+    model = spec(placement={"gfxTargets": ["gfx942"], "tolerations": [wanted, {"key": "amd-gpu-unhealthy"}]})
+    assert rendered_pool(model).pod["tolerations"] == [wanted]
+
+
+def test_dev_shm_is_a_memory_empty_dir() -> None:
+    pool = rendered_pool(spec())
+    shm = next(v for v in pool.pod["volumes"] if v.get("emptyDir"))
+    assert shm["emptyDir"] == {"medium": "Memory"}
+    assert {"name": shm["name"], "mountPath": "/dev/shm"} in pool.container["volumeMounts"]
+
+
+def test_probes_on_health_with_a_long_startup_budget() -> None:
+    container = rendered_pool(spec()).container
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": contract.PORT_NAME}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= STARTUP_PROBE_BUDGET_S >= 1800
+    assert container["ports"] == [{"name": contract.PORT_NAME, "containerPort": 8000, "protocol": "TCP"}]
+
+
+def test_prometheus_scrape_annotations_point_at_the_metrics_port() -> None:
+    annotations = rendered_pool(spec()).template["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8000",
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def test_launcher_reads_the_mounted_config() -> None:
+    pool = rendered_pool(spec())
+    config_volume = {"name": contract.CONFIG_VOLUME, "configMap": {"name": pool.config_map["metadata"]["name"]}}
+    assert config_volume in pool.pod["volumes"]
+    assert pool.container["command"] == ["specdec-runtime", "launch"]
+    assert pool.container["args"] == ["--config", f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"]
+
+
+@pytest.mark.parametrize(
+    ("gfx", "env"),
+    [
+        ("gfx942", [{"name": "VLLM_ROCM_USE_AITER", "value": "1"}]),
+        ("gfx90a", []),
+        ("gfx1101", [{"name": "HSA_OVERRIDE_GFX_VERSION", "value": "11.0.0"}]),
+    ],
+)
+def test_pod_env_per_gfx_target(gfx: str, env: list[dict[str, str]]) -> None:
+    pool = rendered_pool(spec(placement={"gfxTargets": [gfx]}), gfx=gfx)
+    assert pool.container["env"] == env
+
+
+def test_hub_secret_becomes_hf_token() -> None:
+    model = spec(model={"source": {"hubSecretRef": {"name": "hf"}}})
+    env = rendered_pool(model).container["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in env
+
+
+def test_selectors_match_the_template_labels() -> None:
+    pool = rendered_pool(spec(), replicas=3)
+    labels = pool.template["metadata"]["labels"]
+    deployment = pool.deployment["spec"]
+    assert deployment["replicas"] == 3
+    assert deployment["selector"]["matchLabels"].items() <= labels.items()
+    assert pool.pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert deployment["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_every_owned_object_carries_owner_and_labels() -> None:
+    pool = rendered_pool(spec())
+    for obj in (pool.config_map, pool.deployment, pool.pdb):
+        meta = obj["metadata"]
+        assert meta["namespace"] == NAMESPACE
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "specdec.io/v1alpha1",
+                "kind": "SpeculativeModel",
+                "name": MODEL,
+                "uid": UID,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert meta["labels"][contract.LABEL_MODEL] == MODEL
+        assert meta["labels"][contract.LABEL_MANAGED_BY] == contract.MANAGED_BY
+        assert all(len(v) <= 63 and re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", v)
+                   for v in meta["labels"].values())
+
+
+def test_revision_is_stable_across_renders() -> None:
+    first, second = rendered_pool(spec()), rendered_pool(spec())
+    assert revision_of(first.template) == revision_of(second.template)
+    assert re.fullmatch(r"[0-9a-f]{10}", revision_of(first.template))
+    assert first.deployment == second.deployment
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"speculation": {"initialK": 5}},
+        {"model": {"maxModelLen": 8192}},
+        {"runtime": {"env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}},
+        {"runtime": {"extraArgs": ["--enforce-eager"]}},
+        {"placement": {"nodeSelector": {"zone": "a"}}},
+        {"drafters": [drafter_wire("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")]},
+    ],
+    ids=["initial-k", "max-model-len", "env", "extra-args", "node-selector", "drafter"],
+)
+def test_a_change_rolls_and_reverting_it_returns_the_same_revision(change: dict[str, Any]) -> None:
+    before = revision_of(rendered_pool(spec()).template)
+    changed = revision_of(rendered_pool(spec(**change)).template)
+    after = revision_of(rendered_pool(spec()).template)
+    assert changed != before
+    assert after == before
+
+
+def test_k_change_alone_changes_the_revision() -> None:
+    model = spec(drafters=[drafter_wire("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")])
+    revisions = {k: revision_of(rendered_pool(model, k=k).template) for k in (2, 3, 4, 3)}
+    assert len(set(revisions.values())) == 3
+
+
+def test_stable_and_canary_of_the_same_content_share_the_revision() -> None:
+    stable, canary = rendered_pool(spec(), track="stable"), rendered_pool(spec(), track="canary")
+    assert revision_of(stable.template) == revision_of(canary.template)
+    assert canary.deployment["metadata"]["name"] == f"{MODEL}-gfx942-canary"
+    assert canary.template["metadata"]["labels"][contract.LABEL_TRACK] == "canary"
+
+
+def test_drafter_override_renders_the_chosen_drafter() -> None:
+    model = spec(drafters=[drafter_wire("draft_model", "Qwen/Qwen2.5-14B-Instruct")])
+    pool = rendered_pool(model, gfx="gfx1100", drafter=Drafter(method="ngram"))
+    speculative = json.loads(flag_value(serve_args(pool.config), "--speculative-config"))
+    assert speculative == {"method": "ngram", "num_speculative_tokens": 3}
+    assert flag_value(serve_args(pool.config), "--attention-backend") == "TRITON_ATTN"
