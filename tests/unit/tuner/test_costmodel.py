@@ -1,0 +1,73 @@
+"""The step-cost model: the vLLM step formula fitted online, with priors where data is silent."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_operator.tuner.costmodel import MIN_RELATIVE_SD, StepCoefficients, StepCostModel
+
+TRUE = StepCoefficients(base_s=0.022, per_token_s=0.00012, draft_base_s=0.0022, draft_per_token_s=0.00002)
+
+
+def fed(points: list[tuple[int, float]], rows: int = 30) -> StepCostModel:
+    model = StepCostModel("gfx942", "eagle3")
+    at = 0.0
+    for k, batch in points:
+        for _ in range(rows):
+            at += 15.0
+            model.observe(at, k, batch, TRUE.seconds(batch, k))
+    return model
+
+
+def test_without_data_the_priors_give_the_ratios() -> None:
+    fit = StepCostModel("gfx942", "eagle3").fit()
+    assert fit.base_s == pytest.approx(1.0, rel=1e-3)
+    assert fit.base_s / fit.per_token_s == pytest.approx(200, rel=1e-3)
+    assert fit.draft_base_s / fit.base_s == pytest.approx(0.08, rel=1e-3)
+
+
+@pytest.mark.parametrize(("batch", "tolerance"), [(8, 0.01), (32, 0.01), (64, 0.01), (1, 0.03), (200, 0.03)])
+def test_two_k_values_at_two_loads_recover_the_formula(batch: int, tolerance: float) -> None:
+    # Inside the measured loads the data decides; far outside, the (deliberately weak) priors still pull a little.
+    fit = fed([(5, 8), (2, 8), (2, 64), (5, 64)]).fit()
+    for k in range(11):
+        assert fit.seconds(batch, k) == pytest.approx(TRUE.seconds(batch, k), rel=tolerance)
+
+
+def test_doubt_is_small_where_measured_and_grows_where_only_priors_speak() -> None:
+    predictions = fed([(5, 8)]).predict(8, range(11))
+    assert predictions[5].relative_sd == pytest.approx(MIN_RELATIVE_SD, rel=0.2)
+    assert predictions[0].relative_sd > predictions[3].relative_sd > predictions[5].relative_sd
+    assert fed([(5, 8)]).predict(200, range(6))[5].relative_sd > 0.05
+
+
+def test_two_k_values_at_one_load_pin_every_k_at_that_load() -> None:
+    predictions = fed([(5, 64), (2, 64)]).predict(64, range(11))
+    for k, prediction in predictions.items():
+        assert prediction.seconds == pytest.approx(TRUE.seconds(64, k), rel=1e-3)
+        assert prediction.relative_sd < 0.02
+
+
+def test_old_observations_are_forgotten() -> None:
+    model = StepCostModel("gfx942", "eagle3", half_life_s=60.0)
+    slow = StepCoefficients(0.1, 0.001, 0.01, 0.0001)
+    for at in range(0, 600, 15):
+        model.observe(float(at), 3, 8, slow.seconds(8, 3))
+    for at in range(3600, 4200, 15):
+        model.observe(float(at), 3, 8, TRUE.seconds(8, 3))
+    assert model.fit().seconds(8, 3) == pytest.approx(TRUE.seconds(8, 3), rel=0.01)
+
+
+@pytest.mark.parametrize(("batch", "step"), [(0.0, 0.03), (8.0, 0.0), (float("nan"), 0.03), (8.0, float("inf"))])
+def test_meaningless_observations_are_ignored(batch: float, step: float) -> None:
+    model = StepCostModel("gfx942", "eagle3")
+    model.observe(0.0, 3, batch, step)
+    assert model.fit() == StepCostModel("gfx942", "eagle3").fit()
+
+
+def test_coefficients_never_go_negative() -> None:
+    model = StepCostModel("gfx942", "ngram")
+    for at in range(40):
+        model.observe(float(at), 1 + at % 4, 8, 0.03)  # step time that does not grow with K at all
+    fit = model.fit()
+    assert min(fit.base_s, fit.per_token_s, fit.draft_base_s, fit.draft_per_token_s) >= 0

@@ -1,0 +1,122 @@
+"""TunerState end to end: simulator replicas -> Prometheus text -> parse -> windows -> decisions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specdec_operator.api.spec import Autotune, Speculation
+from specdec_operator.api.status import SpeculationStatus, TuningDecision
+from specdec_operator.bench.closedloop import BenchOptions, run_tuner, settings_for
+from specdec_operator.tuner.engine import PoolContext, TunerState
+from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, parse_metrics
+from specdec_runtime.simulator.profile import load_profile
+from specdec_runtime.simulator.virtual import VirtualReplica
+from tests.unit.tuner.factories import target
+
+PROFILES = Path(__file__).resolve().parents[3] / "runtime" / "specdec_runtime" / "profiles"
+QUICK = Autotune(interval_seconds=15, cooldown_seconds=60, min_samples=1000)
+QUICK_SPEC = Speculation(initial_k=5, min_k=0, max_k=10, autotune=QUICK)
+
+
+@pytest.mark.parametrize(("profile", "optimum"), [("e2e-opt-k2.yaml", 2), ("e2e-opt-k7.yaml", 7)])
+def test_the_e2e_profiles_converge_from_k5_and_stay(profile: str, optimum: int) -> None:
+    options = BenchOptions(duration_s=1200, scrape_interval_s=5.0, autotune=QUICK)
+    run = run_tuner(load_profile(PROFILES / profile), options)
+    assert run.final_k == optimum
+    assert len(run.changes) <= 3
+    intervals_after = (run.duration_s - run.changes[-1].at) / QUICK.interval_seconds
+    assert intervals_after >= 10
+    assert run.scrape_events.get("ok", 0) > 0
+    assert not {"parse_error", "incomplete", "k_mismatch"} & set(run.scrape_events)
+
+
+def _pool(k: int) -> PoolContext:
+    return PoolContext(name="p", gfx_target="gfx942", drafter_method="eagle3", effective_k=k, replicas=1)
+
+
+def _replica(k: int) -> VirtualReplica:
+    return VirtualReplica(load_profile(PROFILES / "e2e-opt-k2.yaml"), settings_for(k, "eagle3"), model_name="m", seed=5)
+
+
+def _scrape(replica: VirtualReplica, t: float, k: int) -> ScrapeResult:
+    replica.advance_to(t)
+    sample = parse_metrics(replica.metrics_text())
+    return ScrapeResult(target(k=k), t, "ok", sample)
+
+
+def test_stats_carry_the_measured_acceptance_and_throughput() -> None:
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 125, 5):
+        state.observe([_pool(3)], [_scrape(replica, float(t), 3)])
+    report = state.evaluate(125.0, [_pool(3)], QUICK_SPEC)
+    (stats,) = report.stats
+    assert stats.k == 3 and stats.drafts > 1000
+    assert stats.mean_accepted_length == pytest.approx(1 + 0.8 + 0.8 * 0.6 + 0.8 * 0.6 * 0.48, rel=0.03)
+    assert len(stats.per_position_acceptance) == 3
+    assert stats.tokens_per_second is not None and stats.tokens_per_second > 0
+    assert stats.recommended_k == 2
+    assert report.decision is not None and report.decision.to_k == 2
+    assert report.scrape_events["ok"] == 24
+
+
+def test_cooldown_and_hysteresis_survive_an_operator_restart_through_status() -> None:
+    decision = TuningDecision(time="1970-01-01T00:00:00Z", pool="p", from_k=3, to_k=5, action="Change", reason="r")
+    status = SpeculationStatus(last_decision=decision, last_change_time="1970-01-01T00:01:40Z")
+    state, replica = TunerState.from_status(status), _replica(5)
+    assert state.last_change_at == 100.0
+    for t in range(105, 145, 5):
+        state.observe([_pool(5)], [_scrape(replica, float(t), 5)])
+    held = state.evaluate(145.0, [_pool(5)], QUICK_SPEC).decisions[0]
+    assert held.action == "Hold" and "cooldown 15s left" in held.reason
+
+
+def _corrupt(text: str, how: int, cut: int) -> str:
+    if how == 0:
+        return text[: cut % len(text)]
+    if how == 1:
+        return "\n".join(line for i, line in enumerate(text.splitlines()) if i % 7 != cut % 7) + "\n"
+    return text.replace('position="1"', 'position="9"')
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["ok", "garbage", "corrupt", "timeout", "reset"]), st.integers(0, 10**6), st.integers(0, 2)
+        ),
+        min_size=20,
+        max_size=60,
+    )
+)
+def test_bad_scrapes_never_raise_and_never_move_k(plan: list[tuple[str, int, int]]) -> None:
+    # The pool runs K=2, its optimum: only bad data could make the tuner move, and bad data must not.
+    state, replica, restarts = TunerState(), _replica(2), 0
+    for step, (kind, noise, how) in enumerate(plan, start=1):
+        t = 5.0 * step
+        replica.advance_to(t)
+        scrape_target = target(k=2, restart_count=restarts)
+        if kind == "reset":
+            restarts += 1
+            replica.restart(settings_for(2, "eagle3"), at=t)
+            continue
+        if kind == "timeout" or not replica.ready:
+            result = ScrapeResult(scrape_target, t, "timeout")
+        else:
+            text = replica.metrics_text()
+            if kind == "garbage":
+                text = str(noise) * (noise % 5) + "\n{" + text[noise % len(text) :]
+            elif kind == "corrupt":
+                text = _corrupt(text, how, noise)
+            try:
+                sample = parse_metrics(text)
+                result = ScrapeResult(scrape_target, t, "ok" if sample.complete else "incomplete", sample)
+            except MetricsParseError as err:
+                result = ScrapeResult(scrape_target, t, "parse_error", error=str(err))
+        state.observe([_pool(2)], [result])
+        if step % 3 == 0:
+            report = state.evaluate(t, [_pool(2)], QUICK_SPEC)
+            assert report.decision is None, report.decision

@@ -1,0 +1,100 @@
+"""Acceptance estimates: exact E(K') for K' <= K, honest uncertainty beyond, refusals where counters cannot tell."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_operator.tuner.estimator import (
+    FRESH_COVERAGE,
+    Interval,
+    estimate_acceptance,
+    position_rates,
+    wilson_interval,
+)
+from specdec_operator.tuner.window import WindowDelta
+from tests.unit.tuner.factories import chain_delta
+
+ACCEPTANCE = [0.8, 0.7, 0.6, 0.5]
+
+
+def analytic_length(acceptance: list[float], k: int) -> float:
+    total, survive = 1.0, 1.0
+    for i in range(k):
+        survive *= acceptance[min(i, len(acceptance) - 1)]
+        total += survive
+    return total
+
+
+@pytest.mark.parametrize(
+    ("successes", "trials", "low", "high"),
+    [(0, 0, 0.0, 1.0), (50, 100, 0.404, 0.596), (100, 100, 0.963, 1.0), (0, 100, 0.0, 0.037), (5, 10, 0.237, 0.763)],
+)
+def test_wilson_interval(successes: float, trials: float, low: float, high: float) -> None:
+    interval = wilson_interval(successes, trials)
+    assert (interval.low, interval.high) == (pytest.approx(low, abs=1e-3), pytest.approx(high, abs=1e-3))
+
+
+@pytest.mark.parametrize("k_prime", [0, 1, 2, 3, 4])
+def test_lengths_up_to_the_observed_k_are_exact(k_prime: int) -> None:
+    estimate = estimate_acceptance({4: chain_delta(ACCEPTANCE, 4)}, "eagle3")
+    length = estimate.expected_length(k_prime)
+    assert length is not None
+    assert length.mean == pytest.approx(analytic_length(ACCEPTANCE, k_prime), rel=1e-9)
+    assert length.high - length.low < 0.03
+
+
+def test_extrapolation_carries_the_last_acceptance_with_a_widening_interval() -> None:
+    estimate = estimate_acceptance({4: chain_delta(ACCEPTANCE, 4)}, "eagle3")
+    at_4, at_6, at_8 = (estimate.expected_length(k) for k in (4, 6, 8))
+    assert at_4 is not None and at_6 is not None and at_8 is not None
+    assert at_6.mean == pytest.approx(analytic_length(ACCEPTANCE, 6))
+    assert (at_4.high - at_4.low) < (at_6.high - at_6.low) < (at_8.high - at_8.low)
+
+
+def test_evidence_from_several_k_is_pooled_per_position() -> None:
+    estimate = estimate_acceptance(
+        {2: chain_delta(ACCEPTANCE, 2, 50_000), 4: chain_delta(ACCEPTANCE, 4, 50_000)}, "eagle3"
+    )
+    assert estimate.observed_k == 4
+    assert [c.mean for c in estimate.conditional] == pytest.approx(ACCEPTANCE)
+    assert estimate.drafts == 100_000
+
+
+def test_short_drafts_refuse_extrapolation_but_keep_exact_lengths() -> None:
+    delta = chain_delta(ACCEPTANCE, 4)
+    short = WindowDelta(**{**delta.__dict__, "draft_tokens": delta.drafts * 4 * 0.7})
+    estimate = estimate_acceptance({4: short}, "ngram")
+    assert estimate.short_drafts
+    assert estimate.draft_share == pytest.approx(0.7)
+    assert estimate.expected_length(3) is not None
+    assert estimate.expected_length(5) is None
+
+
+def test_block_drafters_are_opaque_only_measured_k_values_are_known() -> None:
+    estimate = estimate_acceptance({4: chain_delta(ACCEPTANCE, 4)}, "dflash")
+    assert estimate.opaque
+    measured = estimate.expected_length(4)
+    assert measured is not None and measured.mean == pytest.approx(analytic_length(ACCEPTANCE, 4))
+    assert estimate.expected_length(3) is None
+    assert estimate.expected_length(0) == Interval(1.0, 1.0, 1.0)
+
+
+def test_without_evidence_only_k0_is_known() -> None:
+    estimate = estimate_acceptance({}, "eagle3")
+    assert estimate.expected_length(0) == Interval(1.0, 1.0, 1.0)
+    assert estimate.expected_length(1) is None
+
+
+def test_faded_deep_positions_are_extrapolated_from_fresh_shallow_ones() -> None:
+    # K was 4 under an old traffic mix, and is now 2 under a new one; the old window has faded.
+    old = chain_delta([0.3], 4, 100_000).scaled(FRESH_COVERAGE / 2)
+    fresh = chain_delta([0.9], 2, 100_000)
+    estimate = estimate_acceptance({4: old, 2: fresh}, "eagle3")
+    assert estimate.observed_k == 2
+    at_4 = estimate.expected_length(4)
+    assert at_4 is not None and at_4.mean > analytic_length([0.9], 4) * 0.9
+
+
+def test_position_rates_are_shares_of_drafts() -> None:
+    assert position_rates(chain_delta([0.5], 2, 1000)) == pytest.approx([0.5, 0.25])
+    assert position_rates(WindowDelta()) == []
