@@ -52,10 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.set_defaults(func=_run)
+    # `status` and `bench` parse their own flags (see main); listed here for --help.
+    sub.add_parser("status", help="fleet view of every SpeculativeModel (`status --help`)", add_help=False)
+    sub.add_parser("bench", help="benchmarks, e.g. `bench tuner --profile FILE` (`bench tuner --help`)", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["status"]:
+        from specdec_operator.fleetview import status_main
+
+        return status_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from specdec_operator.bench.cli import bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     result: int = args.func(args)
     return result
