@@ -127,6 +127,8 @@ def parse_metrics(text: str) -> PodSample:
         raise MetricsParseError("truncated /metrics body: no final newline")
     try:
         wanted = "".join(line + "\n" for line in text.splitlines() if _line_name(line) in _WANTED_NAMES)
+        if not wanted:
+            raise MetricsParseError("no vLLM metrics in the body")
         series = _collect(s for family in text_string_to_metric_families(wanted) for s in family.samples)
     except MetricsParseError:
         raise

@@ -1,0 +1,148 @@
+"""The scraper against a real aiohttp server on 127.0.0.1: every outcome, the bound, and the loopback rule."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from specdec_operator.metrics import REGISTRY
+from specdec_operator.tuner.samples import ScrapeTarget
+from specdec_operator.tuner.scraper import scrape, scrape_url
+from tests.unit.tuner.factories import metrics_text
+
+GOOD = metrics_text()
+PARTIAL = "".join(line + "\n" for line in GOOD.splitlines() if "generation_tokens" not in line)
+
+
+class Pods:
+    """One loopback server whose path /<name>/metrics answers like a pod in state <name>."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.02)
+            kind = request.match_info["kind"]
+            if kind == "slow":
+                await asyncio.sleep(5)
+            if kind == "error":
+                return web.Response(status=500, text="boom")
+            bodies = {"ok": GOOD, "slow": GOOD, "garbage": "\x00\x01 not metrics {{{\n", "partial": PARTIAL}
+            return web.Response(text=bodies[kind])
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[Pods, int]]:
+    pods = Pods()
+    app = web.Application()
+    app.router.add_get("/{kind}/metrics", pods.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    yield pods, port
+    await runner.cleanup()
+
+
+def _target(kind: str, port: int, ip: str = "127.0.0.1") -> ScrapeTarget:
+    return ScrapeTarget(pod=f"ns/{kind}", uid=kind, ip=ip, port=port, pool="p", revision="r", k=3)
+
+
+class _PathSession:
+    """Routes each pod's URL to /<kind>/metrics on the one test server, as if every pod had its own IP."""
+
+    def __init__(self, session: aiohttp.ClientSession, kinds: dict[int, str]) -> None:
+        self._session, self._kinds = session, kinds
+
+    def get(self, url: str, **kwargs: object) -> object:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        return self._session.get(url.replace("/metrics", f"/{self._kinds[port]}/metrics"), **kwargs)  # type: ignore[arg-type]
+
+
+async def _scrape_kinds(port: int, kinds: list[str], **options: object) -> dict[str, str]:
+    async with aiohttp.ClientSession() as session:
+        results = []
+        for kind in kinds:
+            routed = _PathSession(session, {port: kind})
+            results += await scrape([_target(kind, port)], session=routed, **options)  # type: ignore[arg-type]
+    return {result.target.uid: result.outcome for result in results}
+
+
+async def test_every_outcome_is_a_result_and_nothing_raises(server: tuple[Pods, int]) -> None:
+    _, port = server
+    outcomes = await _scrape_kinds(port, ["ok", "error", "slow", "garbage", "partial"], timeout_s=0.5, concurrency=4)
+    assert outcomes == {
+        "ok": "ok",
+        "error": "http_error",
+        "slow": "timeout",
+        "garbage": "parse_error",
+        "partial": "incomplete",
+    }
+
+
+async def test_a_closed_port_is_an_http_error() -> None:
+    async with aiohttp.ClientSession() as session:
+        (result,) = await scrape([_target("ok", 1)], timeout_s=1, concurrency=1, session=session)
+    assert result.outcome == "http_error"
+    assert result.sample is None
+
+
+async def test_samples_come_back_parsed_and_timed(server: tuple[Pods, int]) -> None:
+    _, port = server
+    async with aiohttp.ClientSession() as session:
+        (result,) = await scrape(
+            [_target("ok", port)],
+            timeout_s=2,
+            concurrency=1,
+            session=_PathSession(session, {port: "ok"}),  # type: ignore[arg-type]
+            clock=lambda: 42.0,
+        )
+    assert result.outcome == "ok" and result.at == 42.0
+    assert result.sample is not None and result.sample.k == 3
+    assert result.duration_s > 0
+
+
+async def test_concurrency_is_bounded(server: tuple[Pods, int]) -> None:
+    pods, port = server
+    async with aiohttp.ClientSession() as session:
+        results = await scrape(
+            [_target("ok", port)] * 12, timeout_s=2, concurrency=3, session=_PathSession(session, {port: "ok"})
+        )  # type: ignore[arg-type]
+    assert [r.outcome for r in results] == ["ok"] * 12
+    assert pods.most_in_flight == 3
+
+
+@pytest.mark.parametrize("ip", ["10.0.0.7", "192.168.1.1", "::1", "not-an-ip", "128.0.0.1"])
+async def test_non_loopback_targets_are_refused_without_connecting(ip: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        (result,) = await scrape([_target("ok", 8000, ip)], timeout_s=0.1, concurrency=1, session=session)
+    assert result.outcome == "refused"
+
+
+def test_production_clusters_may_opt_into_pod_ips() -> None:
+    assert scrape_url(_target("ok", 8000, "10.1.2.3"), allow_non_loopback=True) == "http://10.1.2.3:8000/metrics"
+    assert scrape_url(_target("ok", 8000, "fd00::1"), allow_non_loopback=True) == "http://[fd00::1]:8000/metrics"
+    with pytest.raises(ValueError, match=r"not a 127\.0\.0\.0/8"):
+        scrape_url(_target("ok", 8000, "10.1.2.3"), allow_non_loopback=False)
+
+
+async def test_outcomes_are_counted_in_the_operator_metrics(server: tuple[Pods, int]) -> None:
+    _, port = server
+
+    def count() -> float:
+        return REGISTRY.get_sample_value("specdec_scrapes_total", {"result": "parse_error"}) or 0.0
+
+    before = count()
+    await _scrape_kinds(port, ["garbage"], timeout_s=1, concurrency=1)
+    assert count() == before + 1
