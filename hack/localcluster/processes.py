@@ -31,6 +31,8 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
 
 def check_port_free(port: int, owner: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # Like the servers themselves: connections lingering in TIME_WAIT do not make a port busy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections.abc import Sequence
 
@@ -34,6 +35,8 @@ def _run(args: argparse.Namespace) -> int:
         namespaces=namespaces,
         standalone=settings.standalone,
         peering_name=None if settings.standalone else settings.peering_name,
+        # Equal priorities make every kopf replica pause; a random one lets exactly one act.
+        priority=random.randint(1, 10_000),
         liveness_endpoint=args.liveness,
     )
     return 0

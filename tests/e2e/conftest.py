@@ -12,7 +12,7 @@ import pytest
 
 from localcluster.cluster import LocalCluster
 from tests.e2e.kube import Kube, wait_for
-from tests.e2e.operator_process import OperatorProcess
+from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,6 +41,13 @@ def operator(cluster: LocalCluster, crds: None) -> Iterator[OperatorProcess]:
     process = OperatorProcess(cluster).start()
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="session")
+def fleet_driver(cluster: LocalCluster) -> Iterator[FleetDriverProcess]:
+    driver = FleetDriverProcess(cluster).start()
+    yield driver
+    driver.stop()
 
 
 @pytest.fixture

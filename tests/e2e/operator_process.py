@@ -11,8 +11,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from localcluster.cluster import LocalCluster
 from prometheus_client.parser import text_string_to_metric_families
+
+from localcluster.cluster import LocalCluster
 
 E2E_SETTINGS = {
     "SPECDEC_STANDALONE": "true",
@@ -28,6 +29,39 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+class FleetDriverProcess:
+    """The kubelet stand-in that runs a simulator for every runtime pod on its loopback pod IP."""
+
+    def __init__(self, cluster: LocalCluster, default_profile: str = "quick") -> None:
+        self.cluster = cluster
+        self.log_dir = cluster.paths.logs / "simulators"
+        self.command = [str(Path(sys.executable).parent / "specdec-runtime"), "fleet-driver",
+                        "--kubeconfig", str(cluster.paths.kubeconfig), "--log-dir", str(self.log_dir),
+                        "--default-profile", default_profile]
+        self.pid_file = cluster.paths.pids / "fleet-driver.pid"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> FleetDriverProcess:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with (self.cluster.paths.logs / "fleet-driver.log").open("ab") as sink:
+            self.process = subprocess.Popen(self.command, stdout=sink, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        self.pid_file.write_text(str(self.process.pid))
+        time.sleep(1)
+        if self.process.poll() is not None:
+            raise RuntimeError("fleet driver exited at start; see fleet-driver.log")
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.pid_file.unlink(missing_ok=True)
 
 
 class OperatorProcess:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster.cluster import LocalCluster
 
+from localcluster.cluster import LocalCluster
 from tests.e2e.audit import operator_writes_since
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import OperatorProcess

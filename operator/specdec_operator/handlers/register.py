@@ -37,9 +37,24 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     settings.watching.server_timeout = 300
     api = await KubeApi.connect(operator_settings.field_manager)
     memo.context = OperatorContext(settings=operator_settings, api=api)
+    if not operator_settings.standalone:
+        await ensure_peering(api, operator_settings)
     if operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))
+
+
+async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
+    """Kopf only patches its peering object; without one every replica stays paused. Create it once."""
+    if settings.namespaces:
+        peerings = [{"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+                     "metadata": {"name": settings.peering_name, "namespace": namespace}}
+                    for namespace in settings.namespaces]
+    else:
+        peerings = [{"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+                     "metadata": {"name": settings.peering_name}}]
+    for peering in peerings:
+        await api.create_if_absent(peering)
 
 
 @kopf.on.cleanup()

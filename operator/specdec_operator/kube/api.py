@@ -24,7 +24,10 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Pod": ("api/v1", "pods"),
     "HTTPRoute": ("apis/gateway.networking.k8s.io/v1", "httproutes"),
     "SpeculativeModel": ("apis/specdec.io/v1alpha1", "speculativemodels"),
+    "KopfPeering": ("apis/kopf.dev/v1", "kopfpeerings"),
+    "ClusterKopfPeering": ("apis/kopf.dev/v1", "clusterkopfpeerings"),
 }
+CLUSTER_SCOPED = frozenset({"ClusterKopfPeering"})
 
 
 class KubeApiError(Exception):
@@ -59,7 +62,7 @@ class KubeApi:
     @staticmethod
     def _path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
         prefix, plural = RESOURCES[kind]
-        path = f"/{prefix}/namespaces/{namespace}/{plural}"
+        path = f"/{prefix}/{plural}" if kind in CLUSTER_SCOPED else f"/{prefix}/namespaces/{namespace}/{plural}"
         if name:
             path += f"/{name}"
         if subresource:
@@ -121,6 +124,21 @@ class KubeApi:
             content_type="application/apply-patch+yaml",
         )
         return result
+
+    async def create_if_absent(self, obj: Mapping[str, Any]) -> bool:
+        """Create an object nobody else owns the content of; True if we created it, False if it existed."""
+        meta = obj["metadata"]
+        namespace = meta.get("namespace", "")
+        if await self.get(obj["kind"], namespace, meta["name"]) is not None:
+            return False
+        API_WRITES.labels(kind=obj["kind"], verb="create").inc()
+        try:
+            await self._call("POST", self._path(obj["kind"], namespace), body=dict(obj))
+        except KubeApiError as error:
+            if error.status != 409:  # another replica created it between our GET and POST: same outcome
+                raise
+            return False
+        return True
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         API_WRITES.labels(kind=kind, verb="delete").inc()

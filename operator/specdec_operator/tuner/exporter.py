@@ -1,0 +1,36 @@
+"""Publish a TunerReport in the operator's own Prometheus metrics (per model and pool)."""
+
+from __future__ import annotations
+
+from specdec_operator.metrics import (
+    ACCEPTANCE_RATE,
+    EFFECTIVE_K,
+    K_CHANGES,
+    MEAN_ACCEPTED_LENGTH,
+    POSITION_ACCEPTANCE,
+    RECOMMENDED_K,
+    TOKENS_PER_SECOND,
+    TUNER_DECISIONS,
+)
+from specdec_operator.tuner.engine import TunerReport
+
+
+def publish(namespace: str, model: str, report: TunerReport) -> None:
+    """Set the per-pool gauges from the stats and count the decisions; a Change or Explore counts as a K change."""
+    for stats in report.stats:
+        labels = (namespace, model, stats.pool)
+        EFFECTIVE_K.labels(*labels).set(stats.k)
+        if stats.recommended_k is not None:
+            RECOMMENDED_K.labels(*labels).set(stats.recommended_k)
+        if stats.acceptance_rate is not None:
+            ACCEPTANCE_RATE.labels(*labels).set(stats.acceptance_rate)
+        if stats.mean_accepted_length is not None:
+            MEAN_ACCEPTED_LENGTH.labels(*labels).set(stats.mean_accepted_length)
+        if stats.tokens_per_second is not None:
+            TOKENS_PER_SECOND.labels(*labels).set(stats.tokens_per_second)
+        for position, rate in enumerate(stats.per_position_acceptance):
+            POSITION_ACCEPTANCE.labels(*labels, str(position)).set(rate)
+    for decision in report.decisions:
+        TUNER_DECISIONS.labels(namespace, model, decision.pool, decision.action).inc()
+    if report.decision is not None and report.decision.to_k != report.decision.from_k:
+        K_CHANGES.labels(namespace, model, report.decision.pool).inc()
