@@ -120,3 +120,22 @@ def test_bad_scrapes_never_raise_and_never_move_k(plan: list[tuple[str, int, int
         if step % 3 == 0:
             report = state.evaluate(t, [_pool(2)], QUICK_SPEC)
             assert report.decision is None, report.decision
+
+
+def test_a_report_is_published_in_the_operator_metrics() -> None:
+    from specdec_operator.metrics import REGISTRY
+    from specdec_operator.tuner.exporter import publish
+
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 125, 5):
+        state.observe([_pool(3)], [_scrape(replica, float(t), 3)])
+    report = state.evaluate(125.0, [_pool(3)], QUICK_SPEC)
+    publish("ns", "llama", report)
+    labels = {"namespace": "ns", "model": "llama", "pool": "p"}
+    assert REGISTRY.get_sample_value("specdec_effective_k", labels) == 3
+    assert REGISTRY.get_sample_value("specdec_recommended_k", labels) == 2
+    assert REGISTRY.get_sample_value("specdec_k_changes_total", labels) == 1
+    assert REGISTRY.get_sample_value("specdec_position_acceptance", {**labels, "position": "0"}) == pytest.approx(
+        0.8, abs=0.03
+    )
+    assert REGISTRY.get_sample_value("specdec_tuner_decisions_total", {**labels, "action": "Change"}) == 1
