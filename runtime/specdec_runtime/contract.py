@@ -19,6 +19,8 @@ LABEL_TRACK = "specdec.io/track"  # "stable" or "canary"
 
 ANNOTATION_SIMULATOR_PROFILE = "specdec.io/simulator-profile"
 ANNOTATION_RUNTIME_CONFIG_HASH = "specdec.io/runtime-config-hash"
+# The pod's proposal length, so scrapers know which K a pod's counters belong to without reading its config.
+ANNOTATION_K = "specdec.io/num-speculative-tokens"
 
 CONTAINER_NAME = "vllm"
 PORT_NAME = "http"  # vLLM serves the API, /health and /metrics on one port

@@ -110,7 +110,7 @@ def _tolerations(spec: SpeculativeModelSpec) -> list[dict[str, Any]]:
 
 
 def pod_template(
-    ctx: PoolContext, spec: SpeculativeModelSpec, runtime: RuntimePlan, config_map_name: str, track: str
+    ctx: PoolContext, spec: SpeculativeModelSpec, runtime: RuntimePlan, config_map_name: str, track: str, k: int
 ) -> dict[str, Any]:
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in sorted(runtime.env.items())]
     source = spec.model.source
@@ -136,6 +136,7 @@ def pod_template(
     }
     if spec.runtime.simulator_profile:
         annotations[contract.ANNOTATION_SIMULATOR_PROFILE] = spec.runtime.simulator_profile
+    annotations[contract.ANNOTATION_K] = str(k)
     container = {
         "name": contract.CONTAINER_NAME,
         "image": runtime.image,

@@ -311,7 +311,7 @@ def test_placement_and_the_rendered_pod_agree_on_every_taint(tolerations: list[d
 
 def render_tolerations(model: SpeculativeModelSpec) -> list[dict[str, Any]]:
     ctx = PoolContext("ns", "m", "uid", "m-gfx942", "gfx942")
-    template = pod_template(ctx, model, RuntimePlan("img", {}, "ROCM_AITER_FA"), "cm", "stable")
+    template = pod_template(ctx, model, RuntimePlan("img", {}, "ROCM_AITER_FA"), "cm", "stable", 3)
     return list(template["spec"].get("tolerations", []))
 
 

@@ -58,7 +58,7 @@ def rendered_pool(
         runtime.attention_backend,
     )
     config_map = render.config_map(ctx, config)
-    template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], track)
+    template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], track, 3)
     return RenderedPool(
         config=config,
         config_map=config_map,

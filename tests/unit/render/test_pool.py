@@ -179,6 +179,7 @@ def test_prometheus_scrape_annotations_point_at_the_metrics_port() -> None:
         "prometheus.io/scrape": "true",
         "prometheus.io/port": "8000",
         "prometheus.io/path": "/metrics",
+        contract.ANNOTATION_K: "3",
     }
 
 
