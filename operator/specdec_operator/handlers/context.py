@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import aiohttp
 
 from specdec_operator.kube.api import KubeApi
 from specdec_operator.reconcile.observed import Settings
 from specdec_operator.settings import OperatorSettings
+
+if TYPE_CHECKING:
+    from specdec_operator.handlers.tuning import ModelTuner
 
 Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -18,7 +23,9 @@ Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
 class OperatorContext:
     settings: OperatorSettings
     api: KubeApi
+    http: aiohttp.ClientSession
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    tuners: dict[tuple[str, str], ModelTuner] = field(default_factory=dict)
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())

@@ -8,13 +8,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
 from specdec_operator import KIND
+from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
+from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES
 from specdec_operator.reconcile.observed import ObservedModel
-from specdec_operator.reconcile.plan import ReconcilePlan, evaluate
+from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status
+from specdec_operator.reconcile.tuning_inputs import rolling_pools
 from specdec_runtime import contract
 
 OWNED_KINDS = ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget")
@@ -79,13 +84,32 @@ async def write(
     return True
 
 
+async def _tune(ctx: OperatorContext, observed: ObservedModel, logger: Logger) -> TuningOutcome:
+    """Tuning needs a valid spec and pools that exist; anything else is the plan's business to report."""
+    try:
+        spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
+    except ValidationError:
+        return TuningOutcome()
+    previous = parse_previous_status(observed.status)
+    rolling = rolling_pools(observed.children_of_kind("Deployment"))
+    try:
+        return await tuning_step(ctx, ctx.http, observed, spec, previous, rolling)
+    except KubeApiError as error:
+        logger.warning("tuning skipped this round: %s", error)
+        return TuningOutcome()
+
+
 async def reconcile(
     ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger
 ) -> ReconcilePlan:
     started = time.monotonic()
     try:
         observed = await gather(ctx, body, nodes)
-        plan = evaluate(observed, ctx.evaluation_settings, utc_now())
+        tuning = await _tune(ctx, observed, logger)
+        plan = evaluate(
+            observed, ctx.evaluation_settings, utc_now(), k_overrides=tuning.k_overrides, speculation=tuning.speculation
+        )
+        plan.events.extend(tuning.events)
         changed = await write(ctx, body, observed, plan, logger)
     except Exception:
         RECONCILES.labels(result="error").inc()

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import kopf
 from prometheus_client import start_http_server
 
@@ -36,7 +37,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     settings.posting.level = logging.WARNING  # kopf's own log lines stay out of the model's events
     settings.watching.server_timeout = 300
     api = await KubeApi.connect(operator_settings.field_manager)
-    memo.context = OperatorContext(settings=operator_settings, api=api)
+    # One pooled HTTP client for every scrape; vLLM answers /metrics on plain HTTP.
+    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=operator_settings.scrape_concurrency))
+    memo.context = OperatorContext(settings=operator_settings, api=api, http=http)
     if not operator_settings.standalone:
         await ensure_peering(api, operator_settings)
     if operator_settings.metrics_port:
@@ -60,6 +63,7 @@ async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
 @kopf.on.cleanup()
 async def close(memo: Any, **_: Any) -> None:
     context: OperatorContext = memo.context
+    await context.http.close()
     await context.api.close()
 
 
@@ -116,7 +120,8 @@ async def reconcile_loop(
     gpu_nodes: kopf.Index[str, NodeGpus] = kwargs["gpu_nodes"]  # the node index, by its handler's name
     context: OperatorContext = memo.context
     wakeup = context.wakeup(namespace, name)
-    interval = context.settings.reconcile_interval_seconds
+    # Scrapes ride on the loop, so it ticks at the faster of the two periods; reads only, no writes.
+    interval = min(context.settings.reconcile_interval_seconds, context.settings.scrape_interval_seconds)
     try:
         while not stopped:
             nodes = [facts for store in gpu_nodes.values() for facts in store]
@@ -131,3 +136,4 @@ async def reconcile_loop(
             await asyncio.sleep(DEBOUNCE_S)
     finally:
         context.wakeups.pop((namespace, name), None)
+        context.tuners.pop((namespace, name), None)

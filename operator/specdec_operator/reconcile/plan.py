@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specdec_operator.api.spec import SpeculativeModelSpec
-from specdec_operator.api.status import SpeculativeModelStatus
+from specdec_operator.api.status import SpeculationStatus, SpeculativeModelStatus
 from specdec_operator.conditions import ConditionUpdate
 from specdec_operator.decisions.placement import plan_placement
 from specdec_operator.decisions.runtime_env import RuntimeEnvError
@@ -84,6 +84,7 @@ def evaluate(
     settings: Settings,
     now: str,
     k_overrides: Mapping[str, int] | None = None,
+    speculation: SpeculationStatus | None = None,
 ) -> ReconcilePlan:
     previous = parse_previous_status(observed.status)
     try:
@@ -118,7 +119,7 @@ def evaluate(
     wanted = {(obj["kind"], obj["metadata"]["name"]) for obj in desired}
     pool_statuses = [pool_status(pool, live_deployments.get(pool.name)) for pool in pools]
     status = build_status(
-        observed, previous, pool_statuses, placement_conditions(placement, pools, live_deployments), now
+        observed, previous, pool_statuses, placement_conditions(placement, pools, live_deployments), now, speculation
     )
     return ReconcilePlan(
         apply=to_apply,

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specdec_operator.api.status import DrafterChoice, PoolStatus, SpeculativeModelStatus, Summary
+from specdec_operator.api.status import (
+    DrafterChoice,
+    PoolStatus,
+    SpeculationStatus,
+    SpeculativeModelStatus,
+    Summary,
+)
 from specdec_operator.conditions import ConditionUpdate, apply_updates
 from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.reconcile.desired import DesiredPool
@@ -108,8 +114,11 @@ def build_status(
     pools: Sequence[PoolStatus],
     updates: Sequence[ConditionUpdate],
     now: str,
+    speculation: SpeculationStatus | None = None,
 ) -> SpeculativeModelStatus:
     status = previous.model_copy(deep=True)
+    if speculation is not None:
+        status.speculation = speculation
     status.observed_generation = observed.generation
     status.pools = list(pools)
     status.conditions = apply_updates(previous.conditions, updates, observed.generation, now)

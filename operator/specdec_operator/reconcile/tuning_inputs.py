@@ -1,0 +1,104 @@
+"""What the tuner is fed, built from observed pods and the last status (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from specdec_operator.api.status import PoolSpeculationStats, PoolStatus, SpeculationStatus, TuningDecision
+from specdec_operator.tuner.engine import PoolContext
+from specdec_operator.tuner.samples import ScrapeTarget
+from specdec_runtime import contract
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status", {})
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
+    )
+
+
+def scrape_targets(pods: Iterable[Mapping[str, Any]]) -> list[ScrapeTarget]:
+    """Ready runtime pods with an IP and our labels; anything else has no counters worth reading."""
+    targets = []
+    for pod in pods:
+        meta = pod.get("metadata", {})
+        labels, annotations = meta.get("labels", {}), meta.get("annotations", {})
+        ip = pod.get("status", {}).get("podIP")
+        if not ip or meta.get("deletionTimestamp") or not _ready(pod):
+            continue
+        try:
+            k = int(annotations.get(contract.ANNOTATION_K, ""))
+        except ValueError:
+            continue
+        restarts = sum(int(c.get("restartCount", 0)) for c in pod.get("status", {}).get("containerStatuses", []))
+        targets.append(ScrapeTarget(
+            pod=f"{meta.get('namespace')}/{meta.get('name')}",
+            uid=str(meta.get("uid", "")),
+            ip=str(ip),
+            port=8000,
+            pool=str(labels.get(contract.LABEL_POOL, "")),
+            revision=str(labels.get(contract.LABEL_REVISION, "")),
+            k=k,
+            restart_count=restarts,
+        ))
+    return targets
+
+
+def pool_contexts(pools: Sequence[PoolStatus], tensor_parallel_size: int, rolling: set[str]) -> list[PoolContext]:
+    return [
+        PoolContext(
+            name=pool.name,
+            gfx_target=pool.gfx_target,
+            drafter_method=pool.drafter.method,
+            drafter_model=pool.drafter.model,
+            effective_k=pool.effective_k,
+            replicas=max(pool.replicas, 1),
+            gpus_per_replica=tensor_parallel_size,
+            rolling=pool.name in rolling,
+        )
+        for pool in pools
+    ]
+
+
+def speculation_status(
+    previous: SpeculationStatus,
+    stats: Sequence[PoolSpeculationStats],
+    decision: TuningDecision | None,
+    change_time: str | None,
+) -> SpeculationStatus:
+    """Model-wide figures weight each pool by its drafts; tokens/s add up across pools."""
+    weighted = [(s.drafts, s) for s in stats if s.drafts > 0]
+    total = sum(drafts for drafts, _ in weighted)
+
+    def mean(field: str) -> float | None:
+        values = [(drafts, getattr(s, field)) for drafts, s in weighted if getattr(s, field) is not None]
+        weight = sum(drafts for drafts, _ in values)
+        return round(sum(d * v for d, v in values) / weight, 4) if weight else None
+
+    rates = [s.tokens_per_second for s in stats if s.tokens_per_second is not None]
+    return SpeculationStatus(
+        acceptance_rate=mean("acceptance_rate") if total else None,
+        mean_accepted_length=mean("mean_accepted_length") if total else None,
+        tokens_per_second=round(sum(rates), 2) if rates else None,
+        pools=list(stats),
+        last_decision=decision or previous.last_decision,
+        last_change_time=change_time or previous.last_change_time,
+    )
+
+
+def rolling_pools(deployments: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Pools whose Deployment has not finished rolling: their counters mix two K values, so the tuner waits."""
+    rolling = set()
+    for deployment in deployments:
+        meta, spec, status = deployment["metadata"], deployment.get("spec", {}), deployment.get("status", {})
+        replicas = int(spec.get("replicas", 0))
+        done = (
+            status.get("observedGeneration", 0) >= meta.get("generation", 0)
+            and int(status.get("updatedReplicas", 0) or 0) >= replicas
+            and int(status.get("readyReplicas", 0) or 0) >= replicas
+            and int(status.get("replicas", 0) or 0) == replicas
+        )
+        if not done:
+            rolling.add(str(meta.get("labels", {}).get(contract.LABEL_POOL, meta["name"])))
+    return rolling

@@ -1,0 +1,77 @@
+"""The closed loop on the local cluster: simulator pods, real scrapes, the real tuner, rolling K changes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.kube import Kube, wait_for
+from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
+
+pytestmark = pytest.mark.e2e
+
+INTERVAL_S = 15
+# Bound on convergence, in tuning intervals: two changes, each waiting out a 60 s cooldown and a rollout.
+CONVERGENCE_INTERVALS = 24
+HOLD_INTERVALS = 10
+
+
+def tuned_model(name: str, profile: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "drafters": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}],
+            "speculation": {
+                "initialK": 5, "minK": 0, "maxK": 10,
+                "autotune": {"intervalSeconds": INTERVAL_S, "minSamples": 2000, "minGain": 0.03,
+                             "cooldownSeconds": 60},
+            },
+            "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": 2},
+            "runtime": {"simulatorProfile": profile},
+        },
+    }
+
+
+def effective_k(kube: Kube, name: str) -> int | None:
+    pools = kube.get("sm", name).get("status", {}).get("pools", [])
+    return pools[0]["effectiveK"] if pools else None
+
+
+def test_k_converges_to_each_profiles_optimum_and_stays(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess
+) -> None:
+    targets = {"tuned-k2": ("e2e-opt-k2", 2), "tuned-k7": ("e2e-opt-k7", 7)}
+    for name, (profile, _) in targets.items():
+        kube.apply(tuned_model(name, profile))
+    started = time.monotonic()
+    converged_after: dict[str, float] = {}
+
+    def converged() -> bool:
+        for name, (_, optimum) in targets.items():
+            if name not in converged_after and effective_k(kube, name) == optimum:
+                converged_after[name] = time.monotonic() - started
+        return len(converged_after) == len(targets)
+
+    wait_for("K at each profile's optimum", converged, CONVERGENCE_INTERVALS * INTERVAL_S, 2)
+    print("\nconverged after " + ", ".join(
+        f"{name}: {seconds:.0f}s ({seconds / INTERVAL_S:.1f} intervals)" for name, seconds in converged_after.items()))
+    deadline = time.monotonic() + HOLD_INTERVALS * INTERVAL_S
+    while time.monotonic() < deadline:
+        for name, (_, optimum) in targets.items():
+            assert effective_k(kube, name) == optimum, f"{name} left K={optimum}"
+        time.sleep(5)
+    for name, (_, optimum) in targets.items():
+        status = kube.get("sm", name)["status"]
+        decision = status["speculation"]["lastDecision"]
+        assert decision["toK"] == optimum and decision["reason"], decision
+        stats = status["speculation"]["pools"][0]
+        assert stats["k"] == optimum and stats["perPositionAcceptance"], stats
+        assert stats["meanAcceptedLength"] > 1.0
+        changes = [e for e in kube.events(name) if e["reason"] in ("KChanged", "KExplore")]
+        assert changes and "predicted gain" in changes[-1]["message"] and "confidence" in changes[-1]["message"]
+        deployment = kube.get("deployment", f"{name}-gfx942")
+        assert deployment["spec"]["template"]["metadata"]["annotations"]["specdec.io/num-speculative-tokens"] == str(
+            optimum)
