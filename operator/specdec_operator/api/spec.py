@@ -13,9 +13,12 @@ from specdec_operator.api.vocabulary import (
     METHODS_REQUIRING_MODEL,
     METHODS_WITHOUT_MODEL,
     OWNED_VLLM_FLAGS,
+    REFUSED_VLLM_FLAGS,
     GfxTarget,
     PartitionMode,
     SpeculativeMethod,
+    refused_flag_reached,
+    vllm_option_key,
 )
 
 
@@ -30,17 +33,15 @@ class SecretKeyRef(ApiModel):
     key: str = Field(default="token", description="Key inside the Secret.", min_length=1)
 
 
+_ONE_WEIGHTS_SOURCE = "spec.model.source: set either pvcName (weights on a volume) or hubSecretRef, not both"
+
+
 class WeightsSource(ApiModel):
     """Where the runtime pod finds the target weights."""
 
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!(has(self.pvcName) && has(self.hubSecretRef))",
-                    "spec.model.source: set either pvcName (weights on a volume) or hubSecretRef, not both",
-                )
-            ]
+            "x-kubernetes-validations": [cel("!(has(self.pvcName) && has(self.hubSecretRef))", _ONE_WEIGHTS_SOURCE)]
         }
     )
 
@@ -51,6 +52,12 @@ class WeightsSource(ApiModel):
     hub_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret with a Hugging Face token, exported to the runtime as HF_TOKEN."
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WeightsSource:
+        if self.pvc_name is not None and self.hub_secret_ref is not None:
+            raise ValueError(_ONE_WEIGHTS_SOURCE)
+        return self
 
 
 class TargetModel(ApiModel):
@@ -71,6 +78,10 @@ class TargetModel(ApiModel):
         "estimated from the parameter count in the name when absent.",
     )
     source: WeightsSource | None = Field(default=None, description="Where the weights come from.")
+
+
+PROMPT_LOOKUP_METHODS = ("ngram", "ngram_gpu")
+_PROMPT_LOOKUP_ONLY_NGRAM = "spec.drafters[].promptLookupMin/Max apply only to methods ngram and ngram_gpu"
 
 
 class Drafter(ApiModel):
@@ -95,8 +106,8 @@ class Drafter(ApiModel):
                 ),
                 cel(
                     "(!has(self.promptLookupMin) && !has(self.promptLookupMax)) "
-                    "|| self.method in ['ngram', 'ngram_gpu']",
-                    "spec.drafters[].promptLookupMin/Max apply only to methods ngram and ngram_gpu",
+                    f"|| self.method in {_cel_list(PROMPT_LOOKUP_METHODS)}",
+                    _PROMPT_LOOKUP_ONLY_NGRAM,
                 ),
             ]
         }
@@ -129,6 +140,9 @@ class Drafter(ApiModel):
             and self.prompt_lookup_min > self.prompt_lookup_max
         ):
             raise ValueError("spec.drafters[].promptLookupMin must not exceed promptLookupMax")
+        has_lookup = self.prompt_lookup_min is not None or self.prompt_lookup_max is not None
+        if has_lookup and self.method not in PROMPT_LOOKUP_METHODS:
+            raise ValueError(_PROMPT_LOOKUP_ONLY_NGRAM)
         return self
 
 
@@ -214,20 +228,18 @@ class Toleration(ApiModel):
     toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
 
 
+_ONE_REPLICA_FIELD = "spec.placement: set replicasPerPool or totalReplicas, not both"
+_GFX_TARGETS_UNIQUE = "spec.placement.gfxTargets must not repeat a target"
+
+
 class Placement(ApiModel):
     """Where runtime pods may run: one pool per allowed gfx target that has capacity."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel(
-                    "!(has(self.replicasPerPool) && has(self.totalReplicas))",
-                    "spec.placement: set replicasPerPool or totalReplicas, not both",
-                ),
-                cel(
-                    "self.gfxTargets.all(g, self.gfxTargets.exists_one(h, h == g))",
-                    "spec.placement.gfxTargets must not repeat a target",
-                ),
+                cel("!(has(self.replicasPerPool) && has(self.totalReplicas))", _ONE_REPLICA_FIELD),
+                cel("self.gfxTargets.all(g, self.gfxTargets.exists_one(h, h == g))", _GFX_TARGETS_UNIQUE),
             ]
         }
     )
@@ -246,6 +258,14 @@ class Placement(ApiModel):
     total_replicas: int | None = Field(
         default=None, ge=0, le=1000, description="Replicas across all pools, split in gfxTargets order by capacity."
     )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Placement:
+        if self.replicas_per_pool is not None and self.total_replicas is not None:
+            raise ValueError(_ONE_REPLICA_FIELD)
+        if len(set(self.gfx_targets)) < len(self.gfx_targets):
+            raise ValueError(_GFX_TARGETS_UNIQUE)
+        return self
 
 
 class EnvVar(ApiModel):
@@ -268,11 +288,15 @@ class Runtime(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                # Mirrors vocabulary.refused_flag_reached: the key vLLM resolves, then argparse's prefixes.
+                # Its cost is bounded by extraArgs' maxItems and maxLength.
                 cel(
-                    f"!has(self.extraArgs) || self.extraArgs.all(a, !{_cel_list(OWNED_VLLM_FLAGS)}"
-                    ".exists(f, a == f || a.startsWith(f + '=')))",
+                    "!has(self.extraArgs) || self.extraArgs.all(a, !a.startsWith('-') || "
+                    f"!{_cel_list(REFUSED_VLLM_FLAGS)}.exists(f, f.startsWith("
+                    "a.split('=')[0].split('.')[0].replace('_', '-'))))",
                     "spec.runtime.extraArgs may not set a flag the operator owns "
-                    "(--speculative-config, --port, --host, --served-model-name, -tp, --attention-backend, ...)",
+                    "(--speculative-config, --port, --host, --served-model-name, -tp, --attention-backend, ...) "
+                    "nor --config, in any spelling vLLM accepts: underscores, --flag.key=value or an abbreviation",
                 )
             ]
         }
@@ -294,9 +318,15 @@ class Runtime(ApiModel):
     @model_validator(mode="after")
     def _no_owned_flags(self) -> Runtime:
         for arg in self.extra_args:
+            refused = refused_flag_reached(arg)
+            if refused is None:
+                continue
             flag = arg.split("=", 1)[0]
-            if flag in OWNED_VLLM_FLAGS:
-                raise ValueError(f"spec.runtime.extraArgs may not set {flag}: the operator owns it")
+            why = "the operator owns it" if refused in OWNED_VLLM_FLAGS else "its file can set any flag"
+            if flag != refused:
+                how = "reads it as" if vllm_option_key(arg) == refused else "can expand it to"
+                why = f"vLLM {how} {refused}, and {why}"
+            raise ValueError(f"spec.runtime.extraArgs may not set {flag}: {why}")
         return self
 
 
@@ -407,8 +437,25 @@ class Rollout(ApiModel):
         return self
 
 
+_DRAFT_TP = "spec.drafters[].draftTensorParallelSize must be 1 or spec.model.tensorParallelSize"
+
+
 class SpeculativeModelSpec(ApiModel):
     """A target model served by vLLM with speculative decoding on AMD GPUs, and how it is tuned and rolled out."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                # vLLM refuses any other drafter TP at start-up; admission says so first.
+                cel(
+                    "!has(self.drafters) || self.drafters.all(d, !has(d.draftTensorParallelSize) "
+                    "|| d.draftTensorParallelSize == 1 || d.draftTensorParallelSize == "
+                    "(has(self.model.tensorParallelSize) ? self.model.tensorParallelSize : 1))",
+                    _DRAFT_TP,
+                )
+            ]
+        }
+    )
 
     model: TargetModel = Field(description="The target model.")
     drafters: list[Drafter] = Field(
@@ -420,3 +467,10 @@ class SpeculativeModelSpec(ApiModel):
     placement: Placement = Field(description="Allowed gfx targets and node constraints.")
     runtime: Runtime = Field(default_factory=Runtime, description="Runtime container settings.")
     rollout: Rollout = Field(default_factory=Rollout, description="Rollout strategy for new revisions.")
+
+    @model_validator(mode="after")
+    def _draft_tp_fits_target(self) -> SpeculativeModelSpec:
+        allowed = (None, 1, self.model.tensor_parallel_size)
+        if any(drafter.draft_tensor_parallel_size not in allowed for drafter in self.drafters):
+            raise ValueError(_DRAFT_TP)
+        return self

@@ -56,5 +56,28 @@ OWNED_VLLM_FLAGS: tuple[str, ...] = (
     "--speculative-model",
     "--num-speculative-tokens",
 )
+# Refused in extraArgs on top of the owned flags: vLLM's `--config FILE` reads any flag from YAML.
+REFUSED_VLLM_FLAGS: tuple[str, ...] = (*OWNED_VLLM_FLAGS, "--config")
+
+
+def vllm_option_key(arg: str) -> str:
+    """The option vLLM 0.33's FlexibleArgumentParser resolves `arg` to, before abbreviation.
+
+    It cuts `=value`, turns `--a_b` into `--a-b` and reads `--json-flag.key=v` as a sub-key of
+    `--json-flag`. The CRD's CEL rule on spec.runtime.extraArgs computes the same key.
+    """
+    return arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+
+
+def refused_flag_reached(arg: str) -> str | None:
+    """The refused flag `arg` names in any spelling, or None.
+
+    argparse also accepts any unambiguous prefix of a long option, so a key that is a prefix of a
+    refused flag is refused too (no vLLM 0.33 flag is itself a strict prefix of one we refuse).
+    """
+    if not arg.startswith("-"):
+        return None  # the value of the previous flag
+    key = vllm_option_key(arg)
+    return next((flag for flag in REFUSED_VLLM_FLAGS if flag.startswith(key)), None)
 
 MAX_K = 16

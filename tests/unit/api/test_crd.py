@@ -96,6 +96,7 @@ def test_vocabularies_are_exactly_vllm_033_methods_and_supported_gfx_targets() -
 
 # (schema path of the rule, a distinctive piece of its message); one row per CEL rule in the CRD.
 EXPECTED_RULES = [
+    ("spec", "draftTensorParallelSize must be 1 or spec.model.tensorParallelSize"),
     ("spec.model.source", "set either pvcName"),
     ("spec.drafters.items", "spec.drafters[].model is required"),
     ("spec.drafters.items", "spec.drafters[].model must not be set"),

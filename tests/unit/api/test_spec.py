@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from specdec_operator.api.crdgen import build_crd
 from specdec_operator.api.spec import Canary, SpeculativeModelSpec
 from specdec_operator.api.vocabulary import GFX_TARGETS, OWNED_VLLM_FLAGS, SPECULATIVE_METHODS
 from specdec_operator.reconcile.plan import validation_message
@@ -154,6 +155,10 @@ def test_missing_placement_is_rejected() -> None:
     assert validation_message(caught.value) == "spec.placement: Field required"
 
 
+def draft_tp(size: int) -> dict[str, Any]:
+    return drafter_wire("eagle3", "x/eagle3-8B", draftTensorParallelSize=size)
+
+
 VALID: list[tuple[str, dict[str, Any]]] = [
     ("speculation-off", {"speculation": {"initialK": 0, "minK": 0, "maxK": 0}}),
     ("k-16", {"speculation": {"initialK": 16, "minK": 16, "maxK": 16}}),
@@ -170,6 +175,11 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("unowned-extra-args", {"runtime": {"extraArgs": ["--gpu-memory-utilization=0.9", "--portable", "-O3"]}}),
     ("weights-source-pvc", {"model": {"source": {"pvcName": "models", "path": "llama"}}}),
     ("total-replicas", {"placement": {"totalReplicas": 5}}),
+    ("zero-replicas", {"placement": {"replicasPerPool": 0}}),
+    ("distinct-gfx-targets", {"placement": {"gfxTargets": ["gfx942", "gfx90a"]}}),
+    ("weights-source-hub", {"model": {"source": {"hubSecretRef": {"name": "hf"}}}}),
+    ("draft-tp-equals-target", {"model": {"tensorParallelSize": 4}, "drafters": [draft_tp(4)]}),
+    ("draft-tp-1-under-tp-4", {"model": {"tensorParallelSize": 4}, "drafters": [draft_tp(1)]}),
 ]
 
 
@@ -185,35 +195,89 @@ def test_every_vllm_033_method_is_accepted_with_or_without_a_model_as_it_needs(m
     assert parsed.drafters[0].method == method
 
 
-# Rules the CRD enforces with CEL at admission but the models do not re-check: the operator trusts the
-# API server for them. Strict xfail, so the day a Python mirror lands these flip and must be moved up.
-CEL_ONLY: list[tuple[str, dict[str, Any]]] = [
-    ("pvc-and-hub-secret", {"model": {"source": {"pvcName": "models", "hubSecretRef": {"name": "hf"}}}}),
-    ("replicas-both-ways", {"placement": {"replicasPerPool": 1, "totalReplicas": 3}}),
-    ("repeated-gfx-target", {"placement": {"gfxTargets": ["gfx942", "gfx942"]}}),
-    ("prompt-lookup-on-eagle", {"drafters": [drafter_wire("eagle", "x/eagle-8B", promptLookupMin=2)]}),
+# Rules the CRD enforces with CEL at admission, re-checked by the models so that an object that skipped
+# admission (an older CRD, a direct etcd restore) gets the same message in status.
+CEL_MIRRORED: list[tuple[str, dict[str, Any], str]] = [
+    ("pvc-and-hub-secret", {"model": {"source": {"pvcName": "models", "hubSecretRef": {"name": "hf"}}}}, "set either"),
+    ("replicas-both-ways", {"placement": {"replicasPerPool": 1, "totalReplicas": 3}}, "not both"),
+    ("repeated-gfx-target", {"placement": {"gfxTargets": ["gfx942", "gfx942"]}}, "must not repeat"),
+    ("prompt-lookup-on-eagle", {"drafters": [drafter_wire("eagle", "x/eagle-8B", promptLookupMin=2)]}, "apply only"),
+    ("draft-tp-not-1-or-target", {"drafters": [drafter_wire("ngram", draftTensorParallelSize=2)]}, "must be 1 or"),
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="enforced only by the CRD's CEL rules, not by the pydantic models")
-@pytest.mark.parametrize("overrides", [o for _, o in CEL_ONLY], ids=[i for i, _ in CEL_ONLY])
-def test_cel_only_rule_is_also_enforced_in_python(overrides: dict[str, Any]) -> None:
+def cel_messages(node: Any) -> list[str]:
+    """Every x-kubernetes-validations message in a schema tree."""
+    if isinstance(node, list):
+        return [message for item in node for message in cel_messages(item)]
+    if not isinstance(node, dict):
+        return []
+    own = [rule["message"] for rule in node.get("x-kubernetes-validations", [])]
+    return own + [message for value in node.values() for message in cel_messages(value)]
+
+
+CEL_MESSAGES = cel_messages(build_crd())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"), [(o, f) for _, o, f in CEL_MIRRORED], ids=[i for i, _, _ in CEL_MIRRORED]
+)
+def test_cel_only_rule_is_also_enforced_in_python(overrides: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ValidationError):
         SpeculativeModelSpec.model_validate(spec_wire(**overrides))
+    message = rejection(**overrides)
+    assert fragment in message
+    assert message in CEL_MESSAGES  # word for word what the API server would have said
 
 
 # vLLM 0.33's FlexibleArgumentParser rewrites `--a_b` to `--a-b`, sets nested keys from `--json-arg.key=v`
-# and pulls any flag from a `--config` YAML file, so these reach owned flags past the denylist.
+# and pulls any flag from a `--config` YAML file, and argparse expands unambiguous prefixes, so these
+# reach owned flags past a literal denylist.
 OWNED_FLAG_SPELLINGS = [
     "--speculative_config={}",
     "--speculative-config.num_speculative_tokens=5",
     "--max_model_len=4096",
     "--config=/etc/vllm.yaml",
+    "--config",
+    "--specul",
+    "--speculative_conf.method=ngram",
+    "--serv",
+    "-t",
+    "-sc.method=ngram",
+    "--",
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="the extraArgs denylist compares the literal flag text only")
 @pytest.mark.parametrize("arg", OWNED_FLAG_SPELLINGS)
 def test_extra_args_may_not_reach_an_owned_flag_by_another_spelling(arg: str) -> None:
     with pytest.raises(ValidationError):
         SpeculativeModelSpec.model_validate(spec_wire(runtime={"extraArgs": [arg]}))
+    assert rejection(runtime={"extraArgs": [arg]}).startswith(f"spec.runtime.extraArgs may not set {arg.split('=')[0]}")
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("--speculative_config={}", "vLLM reads it as --speculative-config, and the operator owns it"),
+        ("-sc.method=ngram", "vLLM reads it as -sc, and the operator owns it"),
+        ("--specul", "vLLM can expand it to --speculative-config, and the operator owns it"),
+        ("--config=/etc/vllm.yaml", "its file can set any flag"),
+        ("--conf", "vLLM can expand it to --config, and its file can set any flag"),
+    ],
+)
+def test_another_spelling_names_the_owned_flag_it_reaches(arg: str, message: str) -> None:
+    flag = arg.split("=")[0]
+    assert rejection(runtime={"extraArgs": [arg]}) == f"spec.runtime.extraArgs may not set {flag}: {message}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--config-format=yaml", "--max-num-seqs", "256"],
+        ["--enable-prefix-caching", "-O3", "--compilation-config.level=3"],
+        ["--gpu-memory-utilization", "-1"],  # a negative value is not a flag
+        ["--kv-cache-dtype=fp8", "--model-impl", "vllm"],
+    ],
+)
+def test_unowned_flags_pass_through(args: list[str]) -> None:
+    assert spec(runtime={"extraArgs": args}).runtime.extra_args == args
