@@ -9,6 +9,7 @@ from specdec_operator.api.spec import Drafter, SpeculativeModelSpec
 from specdec_operator.decisions.runtime_env import RuntimePlan
 from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, GPU_RESOURCE
 from specdec_operator.render.affinity import gfx_node_affinity
+from specdec_operator.render.drift import canonical_quantity
 from specdec_operator.render.names import (
     content_hash,
     deployment_name,
@@ -91,10 +92,17 @@ def _probe(period_s: int, failures: int) -> dict[str, Any]:
 
 
 def _resources(spec: SpeculativeModelSpec) -> dict[str, Any]:
+    """In the server's canonical form ("0.5" -> "500m"), so the stored Deployment reads back as rendered."""
     gpus = str(spec.model.tensor_parallel_size)
-    requests = {k: v for k, v in spec.runtime.resources.requests.items() if k != GPU_RESOURCE}
-    limits = {k: v for k, v in spec.runtime.resources.limits.items() if k != GPU_RESOURCE}
+    resources = spec.runtime.resources
+    requests = {k: canonical_quantity(v) for k, v in resources.requests.items() if k != GPU_RESOURCE}
+    limits = {k: canonical_quantity(v) for k, v in resources.limits.items() if k != GPU_RESOURCE}
     return {"requests": {**requests, GPU_RESOURCE: gpus}, "limits": {**limits, GPU_RESOURCE: gpus}}
+
+
+def _env_var(name: str, value: str) -> dict[str, str]:
+    # core/v1 EnvVar.value is omitempty: the server stores an empty value as no `value` key at all.
+    return {"name": name, "value": value} if value else {"name": name}
 
 
 def _tolerations(spec: SpeculativeModelSpec) -> list[dict[str, Any]]:
@@ -112,7 +120,7 @@ def _tolerations(spec: SpeculativeModelSpec) -> list[dict[str, Any]]:
 def pod_template(
     ctx: PoolContext, spec: SpeculativeModelSpec, runtime: RuntimePlan, config_map_name: str, track: str, k: int
 ) -> dict[str, Any]:
-    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in sorted(runtime.env.items())]
+    env: list[dict[str, Any]] = [_env_var(key, value) for key, value in sorted(runtime.env.items())]
     source = spec.model.source
     if source and source.hub_secret_ref:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {

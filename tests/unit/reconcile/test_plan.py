@@ -296,7 +296,6 @@ def omitted_empty_value(container: dict[str, Any]) -> None:
             del env["value"]  # core/v1 EnvVar.value is omitempty
 
 
-@pytest.mark.xfail(strict=True, reason="drift compares quantities and empty strings literally: a write every reconcile")
 @pytest.mark.parametrize(
     ("runtime", "rewrite"),
     [
