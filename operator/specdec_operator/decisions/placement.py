@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from specdec_operator.api.spec import SpeculativeModelSpec, Toleration
 from specdec_operator.decisions.drafter import DrafterDecision, MemoryBudget, choose_drafter
 from specdec_operator.decisions.weights import WeightsEstimate, target_weights
+from specdec_operator.gpu.devices import device_ids_for_gfx
 from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, NodeGpus, Taint
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
@@ -16,12 +17,15 @@ BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 @dataclass(frozen=True)
 class PoolPlan:
     gfx: str
-    nodes: tuple[str, ...]
-    slots: int  # replicas the eligible nodes can hold at this TP
+    nodes: tuple[str, ...]  # where the pool's replicas can run now (see plan_placement)
+    slots: int  # replicas those nodes can hold at this TP
     replicas: int
     vram_gib_per_gpu: float
     drafter: DrafterDecision
     notes: tuple[str, ...] = ()
+    # Nodes the gfx affinity's labels would admit although the inventory cannot vouch for all their GPUs
+    # (a mixed node with a device id missing from the table); the pod template excludes them by name.
+    excluded_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -39,15 +43,23 @@ class PlacementPlan:
     problems: tuple[str, ...] = field(default=())
 
 
+def honoured_tolerations(tolerations: Sequence[Toleration]) -> list[Toleration]:
+    """The user tolerations runtime pods carry; placement honours exactly these, so both agree.
+
+    A sick or upgrading GPU node is never a place for inference, so tolerations of AMD's transient
+    taints are dropped. A keyless toleration (`operator: Exists` without a key) matches every taint,
+    those included, and Kubernetes cannot say "every taint but these", so it is dropped too: name the
+    taint keys to tolerate instead.
+    """
+    return [t for t in tolerations if t.key and t.key not in AMD_TRANSIENT_TAINTS]
+
+
 def tolerates(taint: Taint, tolerations: Sequence[Toleration]) -> bool:
-    if taint.key in AMD_TRANSIENT_TAINTS:
-        return False  # a sick or upgrading GPU node is never a place for inference
-    for toleration in tolerations:
-        if toleration.effect and toleration.effect != taint.effect:
+    """Whether a runtime pod tolerates `taint`: the scheduler's rule over the honoured tolerations."""
+    for toleration in honoured_tolerations(tolerations):
+        if toleration.key != taint.key or (toleration.effect and toleration.effect != taint.effect):
             continue
-        if toleration.operator == "Exists" and (not toleration.key or toleration.key == taint.key):
-            return True
-        if toleration.key == taint.key and (toleration.value or "") == taint.value:
+        if toleration.operator == "Exists" or (toleration.value or "") == taint.value:
             return True
     return False
 
@@ -77,11 +89,24 @@ def scheduling_block(node: NodeGpus, spec: SpeculativeModelSpec) -> str | None:
     return None
 
 
-def _replicas(spec: SpeculativeModelSpec, slots: int, remaining: int | None) -> int:
+def _wanted_replicas(gfx: str, spec: SpeculativeModelSpec, remaining: int | None) -> tuple[int, str]:
+    """Replicas the spec asks of this pool before capacity, and what to say when that is none."""
+    placement = spec.placement
     if remaining is not None:
-        return min(slots, remaining)
-    wanted = spec.placement.replicas_per_pool if spec.placement.replicas_per_pool is not None else 1
-    return min(slots, wanted)
+        if placement.total_replicas == 0:
+            return 0, f"{gfx}: totalReplicas is 0"
+        return remaining, f"{gfx}: all {placement.total_replicas} of totalReplicas are placed on earlier pools"
+    wanted = placement.replicas_per_pool if placement.replicas_per_pool is not None else 1
+    return wanted, f"{gfx}: replicasPerPool is 0"
+
+
+def unvetted_nodes(nodes: Sequence[NodeGpus], gfx: str) -> tuple[str, ...]:
+    """Mixed nodes whose known GPUs are all `gfx` but which also carry a device id the table lacks.
+
+    The gfx affinity can only exclude device ids it knows (DoesNotExist per id), so its labels admit
+    these nodes while the inventory cannot say what the unknown GPUs are.
+    """
+    return tuple(sorted(n.name for n in nodes if n.unknown_device_ids and n.gfx_targets == {gfx}))
 
 
 def plan_placement(
@@ -92,9 +117,11 @@ def plan_placement(
 ) -> PlacementPlan:
     """Pools for the spec's gfx targets.
 
-    A new pool needs a node it can schedule on now. Capacity and memory come from every node whose labels
-    match, tainted or not, and an existing pool stays while such nodes exist: taints come and go (driver
-    upgrades, late heartbeats) and must not delete or resize pools, only leave pods Pending.
+    A pool's nodes and slots are the matching nodes it can schedule on now: a cordoned or tainted node
+    would only leave a replica Pending. Memory comes from every node whose labels match, tainted or not,
+    since the pods may land there once the taint lifts. Taints come and go (driver upgrades, late
+    heartbeats), so an existing pool with no schedulable node left is kept, sized by its label-matching
+    nodes, rather than deleted; only a new pool needs a node it can schedule on now.
     """
     weights = target_weights(spec.model.name, spec.model.weights_gib)
     if weights is None:
@@ -105,6 +132,11 @@ def plan_placement(
     pools: list[PoolPlan] = []
     skipped: list[SkippedTarget] = []
     for gfx in spec.placement.gfx_targets:
+        if not device_ids_for_gfx(gfx):
+            # No label could ever identify such a node, and an affinity `In []` is invalid.
+            skipped.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes (the device table "
+                                         f"has no AMD device id for {gfx} yet, so no node is recognised as one)"))
+            continue
         matching: list[NodeGpus] = []
         notes: list[str] = []
         for node in nodes:
@@ -116,8 +148,10 @@ def plan_placement(
                 block = scheduling_block(node, spec)
                 if block:
                     notes.append(block)
-        schedulable = [node for node in matching if scheduling_block(node, spec) is None]
-        if not schedulable and not (matching and gfx in existing_pools):
+        hosts = [node for node in matching if scheduling_block(node, spec) is None]
+        if not hosts and matching and gfx in existing_pools:
+            hosts = matching
+        if not hosts:
             detail = "; ".join(notes) or "no node has this gfx target"
             skipped.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes ({detail})"))
             continue
@@ -126,18 +160,19 @@ def plan_placement(
         if decision.drafter is None:
             skipped.append(SkippedTarget(gfx, "InsufficientMemory", decision.reason))
             continue
-        slots = sum(node.allocatable_gpus // tp for node in matching)
-        replicas = _replicas(spec, slots, remaining)
+        slots = sum(node.allocatable_gpus // tp for node in hosts)
+        wanted, none_wanted = _wanted_replicas(gfx, spec, remaining)
+        replicas = min(slots, wanted)
         if remaining is not None:
             remaining -= replicas
         if replicas == 0:
-            skipped.append(SkippedTarget(gfx, "NoReplicas", f"{gfx}: totalReplicas already placed on earlier pools"))
+            skipped.append(SkippedTarget(gfx, "NoReplicas", none_wanted))
             continue
         if replicas < (spec.placement.replicas_per_pool or 0):
             notes.append(f"replicasPerPool {spec.placement.replicas_per_pool} capped to {replicas}: "
-                         f"{len(matching)} nodes hold {slots} replicas at TP {tp}")
-        names = tuple(sorted(n.name for n in matching))
-        pools.append(PoolPlan(gfx, names, slots, replicas, vram, decision, tuple(notes)))
+                         f"{len(hosts)} nodes hold {slots} replicas at TP {tp}")
+        names = tuple(sorted(n.name for n in hosts))
+        pools.append(PoolPlan(gfx, names, slots, replicas, vram, decision, tuple(notes), unvetted_nodes(nodes, gfx)))
     return PlacementPlan(tuple(pools), tuple(skipped), weights)
 
 

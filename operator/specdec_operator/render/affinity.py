@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specdec_operator.gpu.devices import device_ids_for_gfx, known_device_ids
 from specdec_operator.gpu.inventory import PARTITION_LABELS
 
 
-def gfx_node_affinity(gfx: str, partition: str | None, node_selector: Mapping[str, str]) -> dict[str, Any]:
+def gfx_node_affinity(
+    gfx: str, partition: str | None, node_selector: Mapping[str, str], excluded_nodes: Sequence[str] = ()
+) -> dict[str, Any]:
     """Terms are ORed. Homogeneous nodes carry `amd.com/gpu.device-id`; mixed nodes only per-value keys,
     and a mixed node qualifies only if none of its GPUs belongs to another gfx target (amd.com/gpu
-    cannot choose which GPU a pod gets)."""
+    cannot choose which GPU a pod gets).
+
+    Labels cannot rule out a device id the table lacks (no operator matches "any other key"), so a
+    mixed node carrying one is excluded by name: placement lists those nodes (`unvetted_nodes`).
+    Raises ValueError for a gfx target without known device ids, whose `In` list would be empty.
+    """
     ids = device_ids_for_gfx(gfx)
+    if not ids:
+        raise ValueError(f"no AMD device id is known for {gfx}; placement gives it no pool")
     foreign = [device for device in known_device_ids() if device not in ids]
     common: list[dict[str, Any]] = [
         {"key": key, "operator": "In", "values": [value]} for key, value in sorted(node_selector.items())
@@ -27,8 +36,10 @@ def gfx_node_affinity(gfx: str, partition: str | None, node_selector: Mapping[st
     partition_variants: list[list[dict[str, Any]]] = (
         [[{"key": label, "operator": "In", "values": [partition]}] for label in PARTITION_LABELS] if partition else [[]]
     )
+    # The API server allows one value per metadata.name requirement; requirements of a term are ANDed.
+    by_name = [{"key": "metadata.name", "operator": "NotIn", "values": [name]} for name in sorted(excluded_nodes)]
     terms = [
-        {"matchExpressions": base + part + common}
+        {"matchExpressions": base + part + common, **({"matchFields": by_name} if by_name else {})}
         for base in [homogeneous, *mixed_terms]
         for part in partition_variants
     ]

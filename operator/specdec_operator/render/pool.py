@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from specdec_operator.api.spec import Drafter, SpeculativeModelSpec
+from specdec_operator.decisions.placement import honoured_tolerations
 from specdec_operator.decisions.runtime_env import RuntimePlan
-from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, GPU_RESOURCE
+from specdec_operator.gpu.inventory import GPU_RESOURCE
 from specdec_operator.render.affinity import gfx_node_affinity
 from specdec_operator.render.drift import canonical_quantity
 from specdec_operator.render.names import (
@@ -105,21 +107,16 @@ def _env_var(name: str, value: str) -> dict[str, str]:
     return {"name": name, "value": value} if value else {"name": name}
 
 
-def _tolerations(spec: SpeculativeModelSpec) -> list[dict[str, Any]]:
-    """User tolerations, minus any that would let pods onto nodes with AMD's transient GPU taints."""
-    kept = []
-    for toleration in spec.placement.tolerations:
-        if toleration.key in AMD_TRANSIENT_TAINTS:
-            continue
-        if toleration.operator == "Exists" and not toleration.key:
-            continue  # a wildcard toleration would tolerate the AMD taints too
-        kept.append(toleration.to_wire())
-    return kept
-
-
 def pod_template(
-    ctx: PoolContext, spec: SpeculativeModelSpec, runtime: RuntimePlan, config_map_name: str, track: str, k: int
+    ctx: PoolContext,
+    spec: SpeculativeModelSpec,
+    runtime: RuntimePlan,
+    config_map_name: str,
+    track: str,
+    k: int,
+    excluded_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """`excluded_nodes`: the pool plan's nodes that the gfx affinity's labels cannot keep pods off."""
     env: list[dict[str, Any]] = [_env_var(key, value) for key, value in sorted(runtime.env.items())]
     source = spec.model.source
     if source and source.hub_secret_ref:
@@ -159,12 +156,12 @@ def pod_template(
         "livenessProbe": _probe(10, 6),
     }
     spec_body: dict[str, Any] = {
-        "affinity": gfx_node_affinity(ctx.gfx, spec.placement.partition, spec.placement.node_selector),
+        "affinity": gfx_node_affinity(ctx.gfx, spec.placement.partition, spec.placement.node_selector, excluded_nodes),
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,
     }
-    tolerations = _tolerations(spec)
+    tolerations = [toleration.to_wire() for toleration in honoured_tolerations(spec.placement.tolerations)]
     if tolerations:
         spec_body["tolerations"] = tolerations
     labels = {**pool_labels(ctx.model, ctx.pool, ctx.gfx), contract.LABEL_TRACK: track}

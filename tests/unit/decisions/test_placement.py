@@ -21,6 +21,7 @@ from tests.unit.gpu.gpufactories import (
     MI300X,
     MI325X,
     UNHEALTHY,
+    UNLISTED,
     W7900,
     cpu_node,
     demo_fleet,
@@ -59,7 +60,6 @@ def test_pool_lands_on_its_gfx_nodes_only(gfx: str, nodes: tuple[str, ...]) -> N
     assert pools_by_gfx(place(HEALTHY_FLEET, placement={"gfxTargets": [gfx]})) == {gfx: nodes}
 
 
-@pytest.mark.xfail(strict=True, reason="a tainted node's GPUs count as pool capacity, so a replica stays Pending")
 def test_replicas_never_count_a_tainted_nodes_gpus() -> None:
     plan = place(FLEET, model={"tensorParallelSize": 8}, placement={"gfxTargets": ["gfx942"], "replicasPerPool": 6})
     assert "unhealthy-0" not in plan.pools[0].nodes
@@ -292,15 +292,10 @@ TAINTS = [Taint(**t) for t in (UNHEALTHY, DRIVER_UPGRADE, DCM, DEDICATED)]
         [],
         [{"key": "dedicated", "operator": "Exists"}],
         [{"key": "amd-gpu-unhealthy", "operator": "Exists"}, {"key": "dedicated", "value": "inference"}],
-        pytest.param(
-            [{"operator": "Exists"}],
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="placement honours a keyless Exists toleration for user taints, the pod template drops it",
-            ),
-        ),
+        [{"operator": "Exists"}],
+        [{"operator": "Exists", "effect": "NoSchedule"}, {"key": "dedicated", "operator": "Exists"}],
     ],
-    ids=["none", "dedicated", "amd-and-dedicated", "wildcard"],
+    ids=["none", "dedicated", "amd-and-dedicated", "wildcard", "wildcard-and-dedicated"],
 )
 def test_placement_and_the_rendered_pod_agree_on_every_taint(tolerations: list[dict[str, str]]) -> None:
     model = spec(placement={"gfxTargets": ["gfx942"], "tolerations": tolerations})
@@ -326,3 +321,62 @@ def test_an_existing_pool_survives_a_transient_taint_a_new_one_is_not_created(
     assert bool(plan.pools) == kept
     if kept:
         assert "upgrading has taint amd-gpu-driver-upgrade=true:NoSchedule" in plan.pools[0].notes
+
+
+def test_an_existing_pool_with_every_node_tainted_keeps_the_slots_of_its_label_matching_nodes() -> None:
+    nodes = [homogeneous_node(f"upgrading-{i}", MI300X, 8, taints=[DRIVER_UPGRADE]) for i in range(2)]
+    plan = plan_placement(spec(model={"tensorParallelSize": 4}, placement={"replicasPerPool": 9}), nodes,
+                          KV_HEADROOM, existing_pools=("gfx942",))
+    pool = plan.pools[0]
+    assert (pool.nodes, pool.slots, pool.replicas) == (("upgrading-0", "upgrading-1"), 4, 4)
+
+
+def test_a_partly_tainted_fleet_counts_only_its_schedulable_nodes_for_an_existing_pool_too() -> None:
+    nodes = [homogeneous_node("healthy", MI300X, 8), homogeneous_node("sick", MI300X, 8, taints=[UNHEALTHY])]
+    plan = plan_placement(spec(model={"tensorParallelSize": 8}, placement={"replicasPerPool": 2}), nodes,
+                          KV_HEADROOM, existing_pools=("gfx942",))
+    assert (plan.pools[0].nodes, plan.pools[0].replicas) == (("healthy",), 1)
+
+
+@pytest.mark.parametrize(
+    ("placement", "message"),
+    [
+        ({"replicasPerPool": 0}, "gfx942: replicasPerPool is 0"),
+        ({"totalReplicas": 0}, "gfx942: totalReplicas is 0"),
+    ],
+)
+def test_zero_replicas_is_no_replicas_and_says_why(placement: dict[str, int], message: str) -> None:
+    plan = place(FLEET, placement={"gfxTargets": ["gfx942"], **placement})
+    assert plan.pools == ()
+    assert skipped_by_gfx(plan) == {"gfx942": ("NoReplicas", message)}
+
+
+def test_total_replicas_used_up_by_earlier_pools_says_so() -> None:
+    placement = {"gfxTargets": ["gfx942", "gfx90a"], "totalReplicas": 2}
+    plan = place(GPU_NODES, model={"tensorParallelSize": 8}, placement=placement)
+    message = "gfx90a: all 2 of totalReplicas are placed on earlier pools"
+    assert skipped_by_gfx(plan)["gfx90a"] == ("NoReplicas", message)
+
+
+@pytest.mark.parametrize("gfx", ["gfx1150", "gfx1151"])
+def test_a_target_the_device_table_cannot_recognise_gets_no_pool_and_a_clear_reason(gfx: str) -> None:
+    plan = place(FLEET, placement={"gfxTargets": [gfx, "gfx942"]})
+    reason, message = skipped_by_gfx(plan)[gfx]
+    assert reason == "NoCompatibleNodes"
+    assert f"the device table has no AMD device id for {gfx} yet" in message
+    assert list(pools_by_gfx(plan)) == ["gfx942"]
+
+
+def test_a_mixed_node_with_an_unlisted_device_is_excluded_by_name_from_the_pool_it_could_reach() -> None:
+    odd = mixed_node("odd", [(MI300X, 4), (UNLISTED, 4)])
+    plan = place([*HEALTHY_FLEET, odd], placement={"gfxTargets": ["gfx942", "gfx90a"]})
+    excluded = {pool.gfx: pool.excluded_nodes for pool in plan.pools}
+    assert excluded == {"gfx942": ("odd",), "gfx90a": ()}
+    assert "odd" not in plan.pools[0].nodes
+    ctx = PoolContext("ns", "m", "uid", "m-gfx942", "gfx942")
+    template = pod_template(ctx, spec(), RuntimePlan("img", {}, "ROCM_AITER_FA"), "cm", "stable", 3,
+                            excluded_nodes=plan.pools[0].excluded_nodes)
+    terms = template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert all(term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["odd"]}]
+               for term in terms)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from specdec_operator.api.vocabulary import GFX_TARGETS
+from specdec_operator.decisions.placement import unvetted_nodes
 from specdec_operator.render.affinity import gfx_node_affinity
 from tests.unit.gpu.gpufactories import (
     DOCS_PARTITION_LABEL,
@@ -37,12 +38,22 @@ def expression_matches(expression: Mapping[str, Any], labels: Mapping[str, str])
     raise AssertionError(f"unexpected operator {operator}")
 
 
-def affinity_matches(affinity: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """The scheduler's rule: terms are ORed, the expressions of a term ANDed."""
+def field_matches(requirement: Mapping[str, Any], node_name: str) -> bool:
+    assert requirement["key"] == "metadata.name" and len(requirement["values"]) == 1  # the API server's rule
+    assert requirement["operator"] in ("In", "NotIn")
+    return (node_name in requirement["values"]) == (requirement["operator"] == "In")
+
+
+def affinity_matches(affinity: Mapping[str, Any], labels: Mapping[str, str], node_name: str = "") -> bool:
+    """The scheduler's rule: terms are ORed, the expressions and fields of a term ANDed."""
     terms: Sequence[Mapping[str, Any]] = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
-    return any(all(expression_matches(e, labels) for e in term["matchExpressions"]) for term in terms)
+    return any(
+        all(expression_matches(e, labels) for e in term["matchExpressions"])
+        and all(field_matches(f, node_name) for f in term.get("matchFields", []))
+        for term in terms
+    )
 
 
 def matching_nodes(gfx: str, partition: str | None = None, selector: Mapping[str, str] | None = None) -> list[str]:
@@ -72,11 +83,29 @@ def test_affinity_agrees_with_the_inventory_on_every_demo_node(gfx: str) -> None
         assert affinity_matches(affinity, gpus.labels) == (gpus.gfx == gfx), gpus.name
 
 
-@pytest.mark.xfail(strict=True, reason="affinity cannot exclude device ids missing from the table; inventory does")
 def test_affinity_excludes_a_mixed_node_with_an_unlisted_device() -> None:
+    # Labels alone cannot: no operator matches "a per-value key other than these", so placement names the
+    # node and the affinity excludes it with a metadata.name field requirement.
     gpus = mixed_node("odd", [(MI300X, 4), (UNLISTED, 4)])
     assert gpus.gfx is None
-    assert not affinity_matches(gfx_node_affinity("gfx942", None, {}), gpus.labels)
+    assert affinity_matches(gfx_node_affinity("gfx942", None, {}), gpus.labels, gpus.name)
+    excluded = unvetted_nodes([gpus], "gfx942")
+    assert excluded == ("odd",)
+    assert not affinity_matches(gfx_node_affinity("gfx942", None, {}, excluded), gpus.labels, gpus.name)
+
+
+@pytest.mark.parametrize("gfx", ["gfx90a", "gfx942", "gfx1100", "gfx1101"])
+def test_affinity_with_exclusions_agrees_with_the_inventory_on_a_fleet_with_unlisted_devices(gfx: str) -> None:
+    fleet = [*FLEET.values(), mixed_node("odd", [(MI300X, 4), (UNLISTED, 4)]), mixed_node("unlisted", [(UNLISTED, 8)])]
+    affinity = gfx_node_affinity(gfx, None, {}, unvetted_nodes(fleet, gfx))
+    for gpus in fleet:
+        assert affinity_matches(affinity, gpus.labels, gpus.name) == (gpus.gfx == gfx), gpus.name
+
+
+@pytest.mark.parametrize("gfx", ["gfx1150", "gfx1151"])
+def test_a_target_without_device_ids_gets_no_affinity_rather_than_an_empty_in_list(gfx: str) -> None:
+    with pytest.raises(ValueError, match=f"no AMD device id is known for {gfx}"):
+        gfx_node_affinity(gfx, None, {})
 
 
 PARTITIONED = {
