@@ -1,17 +1,52 @@
-"""Names and labels of owned objects."""
+"""Names and labels of owned objects.
+
+A SpeculativeModel's name may be a 253-character DNS subdomain, but label values and Service names
+stop at 63 characters and Service names admit no dots. Names that do not fit are shortened to a
+readable prefix plus a hash of the whole name: deterministic, and distinct for distinct models.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from specdec_operator import API_VERSION, KIND
 from specdec_runtime import contract
 
+MAX_LABEL_LENGTH = 63  # label values, and DNS-1035 labels such as Service names
+_HASH_LENGTH = 10
+_DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def _shortened(prefix: str, whole: str, room: int) -> str:
+    """`prefix` cut to leave room for `-<hash of whole>`, ending on an alphanumeric character."""
+    return f"{prefix[: room - _HASH_LENGTH - 1].rstrip('-.')}-{content_hash(whole, _HASH_LENGTH)}"
+
+
+def label_value(model: str) -> str:
+    """The model's name as a label value (selectors must use this, not the name)."""
+    return model if len(model) <= MAX_LABEL_LENGTH else _shortened(model, model, MAX_LABEL_LENGTH)
+
 
 def pool_name(model: str, gfx: str) -> str:
-    return f"{model}-{gfx}"
+    """`<model>-<gfx>`; also a label value, so at most 63 characters, keeping the gfx suffix readable."""
+    name = f"{model}-{gfx}"
+    if len(name) <= MAX_LABEL_LENGTH:
+        return name
+    return f"{_shortened(model, model, MAX_LABEL_LENGTH - len(gfx) - 1)}-{gfx}"
+
+
+def service_name(model: str, track: str | None = None) -> str:
+    """The model's Service (`<model>`) or a track's (`<model>-<track>`) as a valid DNS-1035 label."""
+    name = model if track is None else f"{model}-{track}"
+    if len(name) <= MAX_LABEL_LENGTH and _DNS_1035_LABEL.fullmatch(name):
+        return name
+    # Subdomain characters are lowercase alphanumerics, '-' and '.'; a label also starts with a letter.
+    readable = re.sub(r"[^a-z0-9-]", "-", model).lstrip("-0123456789") or "sm"
+    suffix = "" if track is None else f"-{track}"
+    return f"{_shortened(readable, model, MAX_LABEL_LENGTH - len(suffix))}{suffix}"
 
 
 def deployment_name(pool: str, track: str) -> str:
@@ -28,8 +63,8 @@ def model_labels(model: str) -> dict[str, str]:
     return {
         contract.LABEL_NAME: contract.RUNTIME_NAME,
         contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
-        contract.LABEL_INSTANCE: model,
-        contract.LABEL_MODEL: model,
+        contract.LABEL_INSTANCE: label_value(model),
+        contract.LABEL_MODEL: label_value(model),
     }
 
 

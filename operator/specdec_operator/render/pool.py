@@ -15,6 +15,7 @@ from specdec_operator.render.drift import canonical_quantity
 from specdec_operator.render.names import (
     content_hash,
     deployment_name,
+    label_value,
     owner_reference,
     pool_labels,
 )
@@ -178,7 +179,7 @@ def revision_of(template: dict[str, Any]) -> str:
 
 def deployment(ctx: PoolContext, template: dict[str, Any], replicas: int, track: str) -> dict[str, Any]:
     selector = {
-        contract.LABEL_MODEL: ctx.model,
+        contract.LABEL_MODEL: label_value(ctx.model),
         contract.LABEL_POOL: ctx.pool,
         contract.LABEL_TRACK: track,
     }
@@ -214,7 +215,7 @@ def pod_disruption_budget(ctx: PoolContext) -> dict[str, Any]:
         },
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": {contract.LABEL_MODEL: ctx.model, contract.LABEL_POOL: ctx.pool}},
+            "selector": {"matchLabels": {contract.LABEL_MODEL: label_value(ctx.model), contract.LABEL_POOL: ctx.pool}},
         },
     }
 
