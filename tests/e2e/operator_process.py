@@ -65,14 +65,16 @@ class FleetDriverProcess:
 
 
 class OperatorProcess:
-    def __init__(self, cluster: LocalCluster, name: str = "operator", **settings: str) -> None:
+    def __init__(self, cluster: LocalCluster, name: str = "operator", kubeconfig: Path | None = None,
+                 **settings: str) -> None:
+        """`kubeconfig` overrides the cluster's admin one, e.g. to act as a ServiceAccount."""
         self.cluster = cluster
         self.name = name
         self.metrics_port = free_port()
         self.env = {
             **os.environ,
             **E2E_SETTINGS,
-            "KUBECONFIG": str(cluster.paths.kubeconfig),
+            "KUBECONFIG": str(kubeconfig or cluster.paths.kubeconfig),
             "SPECDEC_METRICS_PORT": str(self.metrics_port),
             **settings,
         }

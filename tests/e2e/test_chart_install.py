@@ -1,0 +1,95 @@
+"""The chart as a platform team installs it: lint, template, `helm install` into a real API server, uninstall.
+
+Helm installs the files in a chart's crds/ directory only when the CRD is absent, and never upgrades or
+deletes them: uninstalling a release must not delete every SpeculativeModel in the cluster with it. The
+session's `crds` fixture has already applied the same CRD, so here helm skips it and the test checks
+that it survives the uninstall. kopf's peering CRDs are templates, so they come and go with the release
+(unless another release owns them already, see `Release`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from functools import partial
+
+import pytest
+
+from localcluster.cluster import LocalCluster
+from localcluster.versions import KUBERNETES_VERSION
+from tests.e2e.helm import CHART_DIR, SM_CRD, Helm, Manifest, Release, resource_ref, unique_name
+from tests.e2e.kube import Kube, wait_for
+
+pytestmark = pytest.mark.e2e
+
+# What the default values render: one operator Deployment (two peered replicas) and everything around it.
+DEFAULT_KINDS = Counter({
+    "ServiceAccount": 1,
+    "ClusterRole": 2,  # cluster-scoped reads and peering; the workload rules for every namespace
+    "ClusterRoleBinding": 2,
+    "Deployment": 1,
+    "PodDisruptionBudget": 1,
+    "Service": 1,
+    "ConfigMap": 2,  # Grafana dashboard, Argo CD health check
+    "CustomResourceDefinition": 2,  # kopf's ClusterKopfPeering and KopfPeering
+})
+
+
+@pytest.fixture
+def helm(cluster: LocalCluster) -> Helm:
+    return Helm(cluster)
+
+
+def _exists(cluster: LocalCluster, obj: Manifest) -> bool:
+    namespace = obj["metadata"].get("namespace")
+    scope = ["-n", namespace] if namespace else []
+    return bool(cluster.kubectl("get", resource_ref(obj), *scope, "-o", "name", check=False).strip())
+
+
+def _absent(cluster: LocalCluster, obj: Manifest) -> bool:
+    return not _exists(cluster, obj)
+
+
+def test_lint_and_template_pass(helm: Helm) -> None:
+    out = helm.run("lint", str(CHART_DIR), "--strict", "--kube-version", KUBERNETES_VERSION.lstrip("v"))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+    rendered = helm.template("specdec", "specdec-system", {})
+    assert Counter(doc["kind"] for doc in rendered) == DEFAULT_KINDS
+
+
+def test_install_creates_every_object_and_uninstall_removes_them(cluster: LocalCluster, crds: None,
+                                                                 helm: Helm) -> None:
+    # Default values, as the README installs it; the two replicas land on KWOK nodes, which run no
+    # containers, so they never act against this cluster.
+    release = Release(helm, unique_name("chart"), unique_name("e2e-chart-sys"), {})
+    expected = DEFAULT_KINDS.copy()
+    if not release.installs_peering_crds:
+        expected["CustomResourceDefinition"] = 0
+    try:
+        release.install()
+        created = release.manifest()
+        assert Counter(doc["kind"] for doc in created) == +expected
+        # What install created is exactly what template renders for the same values.
+        rendered = helm.template(release.name, release.namespace, release.values)
+        assert sorted(map(resource_ref, created)) == sorted(map(resource_ref, rendered))
+        for obj in created:
+            assert _exists(cluster, obj), f"{resource_ref(obj)} missing after helm install"
+        assert release.status()["info"]["status"] == "deployed"
+
+        kube = Kube(cluster, release.namespace)
+        deployment = next(doc for doc in created if doc["kind"] == "Deployment")
+        live = kube.get("deployment", deployment["metadata"]["name"])
+        assert live["status"].get("availableReplicas") == 2, live["status"]
+        # The API server accepted the locked-down pod spec as rendered.
+        container = live["spec"]["template"]["spec"]["containers"][0]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        for pod in kube.items("pods", "app.kubernetes.io/instance=" + release.name):
+            assert ipaddress.ip_address(pod["status"]["podIP"]).is_loopback
+
+        release.uninstall()
+        for obj in created:
+            wait_for(f"{resource_ref(obj)} deleted", partial(_absent, cluster, obj), 60)
+        # crds/ stays by Helm's design, and with it every SpeculativeModel.
+        assert cluster.kubectl("get", "crd", SM_CRD, "-o", "name", check=False).strip(), f"{SM_CRD} was deleted"
+    finally:
+        release.cleanup()

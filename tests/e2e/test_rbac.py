@@ -1,0 +1,211 @@
+"""RBAC proven: the operator runs as the chart's ServiceAccount, with a TokenRequest token, and still works.
+
+The chart is installed watching one namespace, so its namespaced rules land in a Role there. The
+operator process then authenticates with a token for the chart's ServiceAccount instead of the admin
+certificate, and the placement and tuning scenarios run under that identity. Whatever the role leaves
+out (Secrets, other namespaces) the API server refuses with 403.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localcluster.cluster import LocalCluster
+from tests.e2e.audit import OPERATOR_AGENTS
+from tests.e2e.helm import REPO, Helm, Release, unique_name
+from tests.e2e.kube import Kube, wait_for
+from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
+
+pytestmark = pytest.mark.e2e
+
+TOKEN_TTL = "1h"
+
+
+@dataclass
+class ServiceAccountOperator:
+    """The operator process acting as the chart's ServiceAccount in one watched namespace."""
+
+    workload_namespace: str
+    release: Release
+    account: str
+    token: str
+    kubeconfig: Path
+    process: OperatorProcess
+
+    @property
+    def username(self) -> str:
+        return f"system:serviceaccount:{self.release.namespace}:{self.account}"
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        kubectl = self.release.helm.cluster.binaries["kubectl"]
+        return subprocess.run([str(kubectl), "--kubeconfig", str(self.kubeconfig), *args],
+                              capture_output=True, text=True, timeout=30, check=False)
+
+
+def token_kubeconfig(cluster: LocalCluster, user: str, token: str, path: Path) -> Path:
+    """The admin kubeconfig's server and CA, with a bearer token instead of the admin client certificate."""
+    admin = yaml.safe_load(cluster.paths.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": admin["clusters"][0]["name"], "user": user}}],
+        "current-context": user,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def api_get_status(cluster: LocalCluster, path: str, token: str) -> int:
+    """HTTP status of a GET on the API server (loopback only) with a bearer token."""
+    admin = yaml.safe_load(cluster.paths.kubeconfig.read_text())["clusters"][0]["cluster"]
+    assert admin["server"].startswith("https://127.0.0.1:"), admin["server"]
+    context = ssl.create_default_context(cafile=admin["certificate-authority"])
+    request = urllib.request.Request(admin["server"] + path, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+@pytest.fixture(scope="module")
+def sa_operator(cluster: LocalCluster, crds: None, operator: OperatorProcess) -> Iterator[ServiceAccountOperator]:
+    workload = unique_name("e2e-rbac")
+    cluster.kubectl("create", "namespace", workload)
+    release = Release(Helm(cluster), unique_name("rbac"), unique_name("e2e-rbac-sys"),
+                      # One replica: the chart's pod lands on a KWOK node and never runs; the process below
+                      # stands in for it with the same ServiceAccount.
+                      {"watchNamespaces": [workload], "replicaCount": 1})
+    # The session operator acts cluster-wide without peering and would race the ServiceAccount's operator.
+    operator.stop()
+    process: OperatorProcess | None = None
+    try:
+        release.install()
+        account = next(o for o in release.manifest() if o["kind"] == "ServiceAccount")["metadata"]["name"]
+        token = cluster.kubectl("create", "token", account, "-n", release.namespace, f"--duration={TOKEN_TTL}").strip()
+        kubeconfig = token_kubeconfig(cluster, account, token, cluster.paths.root / f"kubeconfig-{release.name}")
+        # As the chart runs it: peered (it creates its KopfPeering in the namespace), not standalone.
+        process = OperatorProcess(cluster, name=f"operator-{release.name}", kubeconfig=kubeconfig,
+                                  SPECDEC_NAMESPACES=json.dumps([workload]), SPECDEC_STANDALONE="false")
+        process.start()
+        yield ServiceAccountOperator(workload, release, account, token, kubeconfig, process)
+    finally:
+        if process is not None:
+            process.stop()
+        operator.start()
+        cluster.kubectl("delete", "namespace", workload, "--wait=false", check=False)
+        release.cleanup()
+
+
+@pytest.fixture
+def sa_kube(cluster: LocalCluster, sa_operator: ServiceAccountOperator) -> Kube:
+    return Kube(cluster, sa_operator.workload_namespace)
+
+
+def _ready(kube: Kube, name: str) -> dict[str, Any] | None:
+    conditions = kube.get("sm", name).get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "Ready" and c["status"] == "True"), None)
+
+
+def _operator_writes(cluster: LocalCluster, namespace: str) -> list[tuple[str, str, int]]:
+    """(user, verb resource, HTTP code) of every operator write into `namespace`, from the audit log."""
+    writes = []
+    for line in (cluster.paths.logs / "audit.log").read_text(errors="replace").splitlines():
+        entry = json.loads(line)
+        if (entry.get("stage") == "ResponseComplete" and entry.get("objectRef", {}).get("namespace") == namespace
+                and str(entry.get("userAgent", "")).startswith(OPERATOR_AGENTS)):
+            writes.append((entry["user"]["username"], f"{entry['verb']} {entry['objectRef']['resource']}",
+                           entry.get("responseStatus", {}).get("code", 0)))
+    return writes
+
+
+def test_the_chart_grants_a_role_in_the_watched_namespace_only(sa_operator: ServiceAccountOperator) -> None:
+    kinds = {(o["kind"], o["metadata"].get("namespace")) for o in sa_operator.release.manifest()}
+    workload = sa_operator.workload_namespace
+    assert ("Role", workload) in kinds and ("RoleBinding", workload) in kinds
+    assert ("ClusterRole", None) in kinds  # nodes, CRDs: cluster-scoped by nature
+    whoami = json.loads(sa_operator.kubectl("auth", "whoami", "-o", "json").stdout)
+    assert whoami["status"]["userInfo"]["username"] == sa_operator.username
+
+
+def test_placement_under_the_service_account(cluster: LocalCluster, sa_operator: ServiceAccountOperator,
+                                             sa_kube: Kube) -> None:
+    sa_kube.apply((REPO / "examples" / "ngram-w7900.yaml").read_text())
+
+    def running_pods() -> list[dict[str, Any]] | None:
+        pods = [pod for pod in sa_kube.items("pods", "specdec.io/pool=qwen-coder-ngram-gfx1100")
+                if pod["status"].get("phase") == "Running"]
+        return pods if len(pods) == 2 else None
+
+    pods = wait_for("2 Running qwen-coder-ngram pods", running_pods, 90)
+    assert all(pod["spec"]["nodeName"].startswith("w7900-") for pod in pods), [p["spec"]["nodeName"] for p in pods]
+    assert wait_for("qwen-coder-ngram Ready", lambda: _ready(sa_kube, "qwen-coder-ngram"), 60)["reason"] == "PoolsReady"
+    # Every write the operator made here was the ServiceAccount's, and the API server accepted all of them.
+    writes = _operator_writes(cluster, sa_operator.workload_namespace)
+    assert writes and {user for user, _, _ in writes} == {sa_operator.username}, writes
+    assert not [w for w in writes if w[2] >= 400], writes
+
+
+def test_tuning_under_the_service_account(sa_operator: ServiceAccountOperator, sa_kube: Kube,
+                                          fleet_driver: FleetDriverProcess) -> None:
+    sa_kube.apply({
+        "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": "tuned"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "drafters": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}],
+            "speculation": {"initialK": 5, "minK": 0, "maxK": 10,
+                            "autotune": {"intervalSeconds": 15, "minSamples": 2000, "cooldownSeconds": 60}},
+            "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": 2},
+            "runtime": {"simulatorProfile": "e2e-opt-k2"},
+        },
+    })
+
+    def effective_k() -> int | None:
+        pools = sa_kube.get("sm", "tuned").get("status", {}).get("pools", [])
+        return pools[0]["effectiveK"] if pools else None
+
+    wait_for("K tuned from 5 to the profile's optimum 2", lambda: effective_k() == 2, 240, 2)
+    decision = sa_kube.get("sm", "tuned")["status"]["speculation"]["lastDecision"]
+    assert decision["toK"] == 2, decision
+    assert sa_operator.process.total("specdec_scrapes_total") > 0
+
+
+def test_actions_outside_the_role_are_forbidden(cluster: LocalCluster, sa_operator: ServiceAccountOperator) -> None:
+    workload = sa_operator.workload_namespace
+    allowed = sa_operator.kubectl("auth", "can-i", "patch", "deployments", "-n", workload)
+    assert allowed.stdout.strip() == "yes", allowed
+    for verb, resource, namespace in (("get", "secrets", "kube-system"), ("list", "secrets", workload),
+                                      ("create", "deployments", "default"), ("delete", "nodes", None)):
+        scope = ["-n", namespace] if namespace else []
+        answer = sa_operator.kubectl("auth", "can-i", verb, resource, *scope)
+        assert (answer.returncode, answer.stdout.strip()) == (1, "no"), (verb, resource, namespace, answer)
+    # Not just the authorizer's opinion: the real requests come back 403.
+    assert api_get_status(cluster, "/api/v1/namespaces/kube-system/secrets", sa_operator.token) == 403
+    assert api_get_status(cluster, "/api/v1/namespaces/default/configmaps", sa_operator.token) == 403
+    denied = sa_operator.kubectl("get", "secrets", "-n", "default")
+    assert denied.returncode != 0 and "Forbidden" in denied.stderr, denied
+    # ...while the same token reads what the role grants.
+    assert api_get_status(cluster, f"/api/v1/namespaces/{workload}/pods", sa_operator.token) == 200
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "kopf scans namespaces even for an explicit list and retries the 403 for ~54 s before falling back, "
+    "which delays start-up under the namespaced Role; fix: settings.scanning.disabled when "
+    "SPECDEC_NAMESPACES names namespaces without globs (handlers/register.py configure)"))
+def test_the_operator_never_hits_a_403(sa_operator: ServiceAccountOperator) -> None:
+    """Runs after the scenarios above: nothing the operator did needed more than the role grants."""
+    log = sa_operator.process.log_path.read_text(errors="replace")
+    assert "Forbidden" not in log, [line[:200] for line in log.splitlines() if "Forbidden" in line][:3]
