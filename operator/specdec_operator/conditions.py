@@ -45,7 +45,10 @@ def set_condition(
 def apply_updates(
     existing: Sequence[Condition], updates: Sequence[ConditionUpdate], generation: int, now: str
 ) -> list[Condition]:
+    """Apply updates in order; a later update of a type replaces an earlier one before anything is compared,
+    so an intermediate value never resets a condition's lastTransitionTime."""
+    last = {update.type: update for update in updates}
     conditions = list(existing)
-    for update in updates:
+    for update in last.values():
         conditions = set_condition(conditions, update, generation, now)
     return conditions

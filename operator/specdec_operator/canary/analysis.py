@@ -195,9 +195,10 @@ def _comparisons(
     canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis
 ) -> tuple[list[Comparison], list[str]]:
     candidates: list[Comparison | str] = []
-    if canary.k > 0 and stable.k > 0:
-        # With speculation off on one side there is no accepted length to compare; speed and
-        # latency still tell whether the change helps.
+    if canary.k == stable.k > 0:
+        # Accepted length only compares drafters at the same K: a longer K accepts more per step by
+        # construction (a tuner change), and with speculation off there is none. Speed and latency
+        # still tell whether the change helps.
         candidates.append(
             _compare(
                 "accepted length",
@@ -217,8 +218,10 @@ def _comparisons(
             decimals=1,
         )
     )
-    candidates.append(
-        _compare(
+    if canary.tpot_buckets or stable.tpot_buckets:
+        # Without TPOT histograms on either side (a vLLM serving no requests of its own) there is no
+        # latency to gate; with them on one side only, the comparison is reported as missing.
+        candidates.append(_compare(
             "TPOT p90",
             canary.tpot_ms(0.9),
             stable.tpot_ms(0.9),
@@ -226,8 +229,7 @@ def _comparisons(
             higher_is_better=False,
             unit=" ms",
             decimals=1,
-        )
-    )
+        ))
     comparisons = [item for item in candidates if isinstance(item, Comparison)]
     missing = [item for item in candidates if isinstance(item, str)]
     return comparisons, missing

@@ -14,6 +14,7 @@ from specdec_operator import KIND
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.handlers.traffic import clear_manual_action, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES
@@ -107,10 +108,14 @@ async def reconcile(
         observed = await gather(ctx, body, nodes)
         tuning = await _tune(ctx, observed, logger)
         plan = evaluate(
-            observed, ctx.evaluation_settings, utc_now(), k_overrides=tuning.k_overrides, speculation=tuning.speculation
+            observed, ctx.evaluation_settings, utc_now(), k_overrides=tuning.k_overrides,
+            speculation=tuning.speculation, verdicts=tuning.verdicts,
         )
         plan.events.extend(tuning.events)
+        # Traffic moves before Deployments: a canary loses its weight before it is deleted.
+        await sync_route(ctx, body, observed, plan, logger)
         changed = await write(ctx, body, observed, plan, logger)
+        await clear_manual_action(ctx, observed, plan)
     except Exception:
         RECONCILES.labels(result="error").inc()
         raise

@@ -20,7 +20,7 @@ from specdec_operator import GROUP, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, node_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
-from specdec_operator.kube.api import KubeApi
+from specdec_operator.kube.api import KubeApi, KubeApiError
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.settings import OperatorSettings
 from specdec_runtime import contract
@@ -127,6 +127,11 @@ async def reconcile_loop(
             nodes = [facts for store in gpu_nodes.values() for facts in store]
             try:
                 plan = await reconcile(context, body, nodes, logger)
+            except KubeApiError as error:
+                # The API said no (a terminating namespace, a conflict, a missing CRD): retry without a trace.
+                logger.warning("reconcile deferred, retrying in %.0fs: %s", min(interval, 10.0), error)
+                await _sleep_until_nudged(wakeup, stopped, min(interval, 10.0))
+                continue
             except Exception as error:
                 logger.exception("reconcile failed, retrying in %.0fs: %s", min(interval, 10.0), error)
                 await _sleep_until_nudged(wakeup, stopped, min(interval, 10.0))

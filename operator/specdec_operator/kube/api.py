@@ -150,6 +150,13 @@ class KubeApi:
             if error.status != 404:
                 raise
 
+    async def patch_merge(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """JSON merge patch of the object itself (metadata only: the operator never writes a spec)."""
+        API_WRITES.labels(kind=kind, verb="patch").inc()
+        await self._call(
+            "PATCH", self._path(kind, namespace, name), body=dict(patch), content_type="application/merge-patch+json"
+        )
+
     async def patch_status(self, kind: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Merge-patch the status subresource; lists in status are replaced whole, as we compute them whole."""
         API_WRITES.labels(kind=kind, verb="patch-status").inc()

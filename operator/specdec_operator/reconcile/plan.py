@@ -4,20 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from specdec_operator.api.spec import SpeculativeModelSpec
+from specdec_operator.api.spec import ObjectRef, SpeculativeModelSpec
 from specdec_operator.api.status import SpeculationStatus, SpeculativeModelStatus
+from specdec_operator.canary.analysis import Verdict
+from specdec_operator.canary.progress import ManualAction, manual_action
 from specdec_operator.conditions import ConditionUpdate
 from specdec_operator.decisions.placement import plan_placement
 from specdec_operator.decisions.runtime_env import RuntimeEnvError
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
 from specdec_operator.reconcile.events import pool_events
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
-from specdec_operator.reconcile.status_build import build_status, placement_conditions, pool_status
+from specdec_operator.reconcile.rollout import RolloutResult, plan_rollout
+from specdec_operator.reconcile.status_build import build_status, canary_conditions, placement_conditions, pool_status
 from specdec_operator.render.drift import covers
+from specdec_operator.render.service import TRACKS, service
 from specdec_runtime import contract
 
 # Old content-addressed ConfigMaps kept per pool so a rollback or a restarting old pod still finds its config.
@@ -32,6 +37,9 @@ class ReconcilePlan:
     events: list[EventRecord] = field(default_factory=list)
     invalid_spec: str | None = None
     pools: list[DesiredPool] = field(default_factory=list)
+    route: ObjectRef | None = None  # HTTPRoute whose backend weights we own
+    route_weight: int | None = None  # canary percent to set on it
+    clear_action: bool = False  # remove the one-shot specdec.io/canary-action annotation
 
 
 def validation_message(error: ValidationError) -> str:
@@ -85,6 +93,7 @@ def evaluate(
     now: str,
     k_overrides: Mapping[str, int] | None = None,
     speculation: SpeculationStatus | None = None,
+    verdicts: Mapping[str, Verdict | None] | None = None,
 ) -> ReconcilePlan:
     previous = parse_previous_status(observed.status)
     try:
@@ -106,25 +115,70 @@ def evaluate(
         pools = desired_pools(observed, spec, placement, previous_k, settings)
     except RuntimeEnvError as error:
         return _invalid(observed, previous, str(error), now)
-    desired = [model_service(observed)] if pools else []
+    route = spec.rollout.canary.traffic.http_route_ref if spec.rollout.canary else None
+    action, action_events = _manual_action(observed)
+    moment = datetime.fromisoformat(now.replace("Z", "+00:00"))
+
+    def roll(current_pools: list[DesiredPool]) -> RolloutResult:
+        return plan_rollout(current_pools, live_deployments, previous.canary, spec.rollout, verdicts or {}, action,
+                            moment, routed=route is not None)
+
+    live_deployments = {body["metadata"]["name"]: body for body in observed.children_of_kind("Deployment")}
+    rollout = roll(pools)
+    if rollout.k_reverts:
+        # The reverted K makes the desired revision the stable one again: re-plan from there.
+        previous_k.update(rollout.k_reverts)
+        pools = desired_pools(observed, spec, placement, previous_k, settings)
+        events = rollout.events
+        rollout = roll(pools)
+        rollout.events[:0] = events
+    desired: list[dict[str, Any]] = []
+    if pools:
+        desired.append(model_service(observed))
+        if route is not None:
+            desired += [service(observed.namespace, observed.name, observed.uid, track) for track in TRACKS]
     for pool in pools:
-        desired += [pool.config_map, pool.deployment, pool.pdb]
-    live_deployments = {
-        body["metadata"]["name"]: body for body in observed.children_of_kind("Deployment")
-    }
+        desired += [pool.config_map, pool.pdb]
+    desired += rollout.deployments
     to_apply = [
         obj for obj in desired
         if not covers(observed.children.get((obj["kind"], obj["metadata"]["name"])), obj)
     ]
     wanted = {(obj["kind"], obj["metadata"]["name"]) for obj in desired}
+    stable_revisions = {
+        obj["metadata"]["labels"][contract.LABEL_POOL]: obj["spec"]["template"]["metadata"]["labels"][
+            contract.LABEL_REVISION]
+        for obj in rollout.deployments if obj["metadata"]["labels"].get(contract.LABEL_TRACK) == "stable"
+    }
     pool_statuses = [pool_status(pool, live_deployments.get(pool.name)) for pool in pools]
-    status = build_status(
-        observed, previous, pool_statuses, placement_conditions(placement, pools, live_deployments), now, speculation
-    )
+    updates = placement_conditions(placement, pools, live_deployments, stable_revisions)
+    updates += canary_conditions(rollout.canary, pools)
+    status = build_status(observed, previous, pool_statuses, updates, now, speculation, rollout.canary)
+    referenced = _referenced_config_maps(rollout.deployments)
     return ReconcilePlan(
         apply=to_apply,
-        delete=_stale_children(observed, wanted, pools),
+        delete=_stale_children(observed, wanted | referenced, pools),
         status=status,
-        events=pool_events(previous, status, placement),
+        events=[*pool_events(previous, status, placement), *rollout.events, *action_events],
         pools=pools,
+        route=route,
+        route_weight=rollout.route_weight if route is not None else None,
+        clear_action=rollout.clear_action or bool(action_events),
     )
+
+
+def _referenced_config_maps(deployments: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """ConfigMaps a Deployment we keep still mounts (a stable revision held during a canary)."""
+    names = set()
+    for deployment in deployments:
+        for volume in deployment["spec"]["template"]["spec"].get("volumes", []):
+            if "configMap" in volume:
+                names.add(("ConfigMap", volume["configMap"]["name"]))
+    return names
+
+
+def _manual_action(observed: ObservedModel) -> tuple[ManualAction | None, list[EventRecord]]:
+    try:
+        return manual_action(observed.annotations), []
+    except ValueError as error:
+        return None, [EventRecord("Warning", "InvalidCanaryAction", str(error))]

@@ -6,12 +6,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specdec_operator.api.status import (
+    CanaryStatus,
     DrafterChoice,
     PoolStatus,
     SpeculationStatus,
     SpeculativeModelStatus,
     Summary,
 )
+from specdec_operator.canary.plan import IN_FLIGHT_PHASES, canary_summary
 from specdec_operator.conditions import ConditionUpdate, apply_updates
 from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.reconcile.desired import DesiredPool
@@ -40,15 +42,15 @@ def pool_status(pool: DesiredPool, live: Mapping[str, Any] | None) -> PoolStatus
     )
 
 
-def rollout_done(pool: DesiredPool, live: Mapping[str, Any] | None) -> bool:
-    """The Deployment runs the desired template on every replica, and all are ready."""
+def rollout_done(pool: DesiredPool, live: Mapping[str, Any] | None, revision: str) -> bool:
+    """The stable Deployment runs `revision` on every replica, and all are ready."""
     if live is None:
         return False
     labels = live.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
     status = live.get("status", {})
-    replicas = pool.plan.replicas
+    replicas = int(live.get("spec", {}).get("replicas", pool.plan.replicas))
     return (
-        labels.get(contract.LABEL_REVISION) == pool.revision
+        labels.get(contract.LABEL_REVISION) == revision
         and status.get("observedGeneration", 0) >= live.get("metadata", {}).get("generation", 0)
         and int(status.get("updatedReplicas", 0) or 0) >= replicas
         and int(status.get("readyReplicas", 0) or 0) >= replicas
@@ -67,8 +69,12 @@ def summarise(pools: Sequence[PoolStatus], acceptance: float | None, canary: str
 
 
 def placement_conditions(
-    placement: PlacementPlan, pools: Sequence[DesiredPool], live: Mapping[str, Mapping[str, Any]]
+    placement: PlacementPlan,
+    pools: Sequence[DesiredPool],
+    live: Mapping[str, Mapping[str, Any]],
+    stable_revisions: Mapping[str, str],
 ) -> list[ConditionUpdate]:
+    """Ready means every pool's stable Deployment serves the revision we hold it at (a canary may be in flight)."""
     if not pools:
         reason = "NoCompatibleNodes"
         if placement.skipped and all(s.reason == "InsufficientMemory" for s in placement.skipped):
@@ -79,10 +85,10 @@ def placement_conditions(
             ConditionUpdate("Progressing", False, reason, "nothing to roll out"),
             ConditionUpdate("Degraded", True, reason, message),
         ]
-    pending = [p for p in pools if not rollout_done(p, live.get(p.name))]
+    pending = [p for p in pools if not rollout_done(p, live.get(p.name), stable_revisions.get(p.name, p.revision))]
     updates = []
     if pending:
-        detail = ", ".join(f"{p.name} -> {p.revision}" for p in pending)
+        detail = ", ".join(f"{p.name} -> {stable_revisions.get(p.name, p.revision)}" for p in pending)
         updates += [
             ConditionUpdate("Ready", False, "RolloutInProgress", f"waiting for {detail}"),
             ConditionUpdate("Progressing", True, "NewRevision", f"rolling out {detail}"),
@@ -115,13 +121,31 @@ def build_status(
     updates: Sequence[ConditionUpdate],
     now: str,
     speculation: SpeculationStatus | None = None,
+    canary: CanaryStatus | None = None,
 ) -> SpeculativeModelStatus:
     status = previous.model_copy(deep=True)
+    status.canary = canary if canary is not None else previous.canary
     if speculation is not None:
         status.speculation = speculation
     status.observed_generation = observed.generation
     status.pools = list(pools)
     status.conditions = apply_updates(previous.conditions, updates, observed.generation, now)
-    canary = "" if status.canary is None else f"{status.canary.phase} {status.canary.weight}%"
-    status.summary = summarise(pools, status.speculation.acceptance_rate, canary)
+    status.summary = summarise(pools, status.speculation.acceptance_rate, canary_summary(status.canary))
     return status
+
+
+def canary_conditions(canary: CanaryStatus | None, pools: Sequence[DesiredPool]) -> list[ConditionUpdate]:
+    """A canary in flight is progress; a rolled-back revision the spec still asks for is degradation."""
+    if canary is None:
+        return []
+    where = f"{canary.pool}: revision {canary.canary_revision} vs stable {canary.stable_revision}"
+    if canary.phase in IN_FLIGHT_PHASES:
+        reason = "CanaryPaused" if canary.phase == "Paused" else "CanaryInProgress"
+        detail = f"{where}, step {canary.step + 1} at {canary.weight}%"
+        message = f"{detail}; {canary.message}" if canary.message else detail
+        return [ConditionUpdate("Progressing", True, reason, message)]
+    desired = {pool.name: pool.revision for pool in pools}
+    if canary.phase in ("RolledBack", "Aborted") and desired.get(canary.pool) == canary.canary_revision:
+        reason = "CanaryRolledBack" if canary.phase == "RolledBack" else "CanaryAborted"
+        return [ConditionUpdate("Degraded", True, reason, f"{where}: {canary.message}")]
+    return []

@@ -87,11 +87,16 @@ def speculation_status(
     )
 
 
-def rolling_pools(deployments: Iterable[Mapping[str, Any]]) -> set[str]:
-    """Pools whose Deployment has not finished rolling: their counters mix two K values, so the tuner waits."""
+def rolling_pools(deployments: Iterable[Mapping[str, Any]], tracks: tuple[str, ...] = ("stable", "canary")) -> set[str]:
+    """Pools with a Deployment of the given tracks that has not finished rolling.
+
+    The tuner waits on both tracks (counters mix two K values); the rollout asks about the stable one only.
+    """
     rolling = set()
     for deployment in deployments:
         meta, spec, status = deployment["metadata"], deployment.get("spec", {}), deployment.get("status", {})
+        if meta.get("labels", {}).get(contract.LABEL_TRACK, "stable") not in tracks:
+            continue
         replicas = int(spec.get("replicas", 0))
         done = (
             status.get("observedGeneration", 0) >= meta.get("generation", 0)

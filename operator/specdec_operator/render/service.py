@@ -7,6 +7,8 @@ from typing import Any
 from specdec_operator.render.names import model_labels, owner_reference
 from specdec_runtime import contract
 
+TRACKS = ("stable", "canary")
+
 
 def service(namespace: str, model: str, uid: str, track: str | None = None) -> dict[str, Any]:
     """track None: all pools and tracks (replica-ratio split); "stable"/"canary": HTTPRoute backends."""

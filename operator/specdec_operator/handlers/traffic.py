@@ -1,0 +1,53 @@
+"""Writes that follow a reconcile's plan outside owned objects: HTTPRoute weights, the one-shot annotation."""
+
+from __future__ import annotations
+
+import kopf
+
+from specdec_operator.canary.progress import CANARY_ACTION_ANNOTATION
+from specdec_operator.canary.traffic import RouteError, canary_percent, route_weights, weighted_route
+from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.kube.api import KubeApiError
+from specdec_operator.metrics import CANARY_WEIGHT
+from specdec_operator.reconcile.observed import ObservedModel
+from specdec_operator.reconcile.plan import ReconcilePlan
+
+
+async def sync_route(
+    ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan, logger: Logger
+) -> None:
+    """Give our canary Service `plan.route_weight` percent in every rule that routes to our stable Service."""
+    if plan.route is None or plan.route_weight is None:
+        return
+    namespace = plan.route.namespace or observed.namespace
+    stable, canary = f"{observed.name}-stable", f"{observed.name}-canary"
+    route = await ctx.api.get("HTTPRoute", namespace, plan.route.name)
+    if route is None:
+        kopf.warn(body, reason="HTTPRouteNotFound", message=f"HTTPRoute {namespace}/{plan.route.name} not found")
+        return
+    if canary_percent(route_weights(route, observed.namespace, stable, canary)) == plan.route_weight:
+        return
+    try:
+        await ctx.api.apply(weighted_route(route, observed.namespace, stable, canary, plan.route_weight))
+    except RouteError as error:
+        kopf.warn(body, reason="HTTPRouteUnusable", message=str(error))
+        return
+    except KubeApiError as error:
+        if error.status == 409:  # edited since we read it; the next loop reads it again
+            logger.info("HTTPRoute %s/%s changed under us; retrying next round", namespace, plan.route.name)
+            return
+        raise
+    for pool in plan.pools:
+        CANARY_WEIGHT.labels(observed.namespace, observed.name, pool.name).set(
+            plan.route_weight if plan.status and plan.status.canary and plan.status.canary.pool == pool.name else 0
+        )
+    logger.info("HTTPRoute %s/%s: canary weight %d%%", namespace, plan.route.name, plan.route_weight)
+
+
+async def clear_manual_action(ctx: OperatorContext, observed: ObservedModel, plan: ReconcilePlan) -> None:
+    """A used (or invalid) one-shot action is removed so it cannot fire again; spec stays untouched."""
+    if plan.clear_action and CANARY_ACTION_ANNOTATION in observed.annotations:
+        await ctx.api.patch_merge(
+            "SpeculativeModel", observed.namespace, observed.name,
+            {"metadata": {"annotations": {CANARY_ACTION_ANNOTATION: None}}},
+        )

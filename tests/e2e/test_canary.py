@@ -1,0 +1,186 @@
+"""Canary rollouts on the local cluster: HTTPRoute weights, LLM-aware analysis, rollback, restarts."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.kube import Kube, wait_for
+from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
+
+pytestmark = pytest.mark.e2e
+
+EAGLE_A = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+EAGLE_B = "example-org/EAGLE3-LLaMA3.1-Instruct-8B-v2"
+
+
+def canary_model(name: str, pause_s: int = 20, autotune: bool = False, profile: str = "quick") -> dict[str, Any]:
+    return {
+        "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "drafters": [{"method": "eagle3", "model": EAGLE_A}],
+            "speculation": {"initialK": 3, "minK": 1, "maxK": 8, "autotune": {"enabled": autotune}},
+            "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": 2},
+            "runtime": {"simulatorProfile": profile},
+            "rollout": {
+                "strategy": "Canary",
+                "canary": {
+                    "steps": [{"weight": 10, "pauseSeconds": pause_s}, {"weight": 50, "pauseSeconds": pause_s},
+                              {"weight": 100, "pauseSeconds": 5}],
+                    "analysis": {"minDrafts": 200, "timeoutSeconds": 90, "minAcceptedLengthRatio": 0.9,
+                                 "minTokensPerSecondRatio": 0.8},
+                    "traffic": {"httpRouteRef": {"name": f"{name}-route"}},
+                },
+            },
+        },
+    }
+
+
+def route(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": f"{name}-route"},
+        "spec": {
+            "parentRefs": [{"name": "inference-gateway"}],
+            "rules": [
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+                 "backendRefs": [{"name": f"{name}-stable", "port": 8000, "weight": 100}]},
+                # Another team's rule: must survive every weight change untouched.
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/other"}}],
+                 "backendRefs": [{"name": "someone-else", "port": 80, "weight": 1}]},
+            ],
+        },
+    }
+
+
+def weights(kube: Kube, name: str) -> tuple[int, int]:
+    refs = kube.get("httproute", f"{name}-route")["spec"]["rules"][0]["backendRefs"]
+    by_name = {ref["name"]: ref.get("weight", 1) for ref in refs}
+    return by_name.get(f"{name}-stable", 0), by_name.get(f"{name}-canary", 0)
+
+
+def canary_status(kube: Kube, name: str) -> dict[str, Any] | None:
+    return kube.get("sm", name).get("status", {}).get("canary")
+
+
+def stable_revision(kube: Kube, name: str) -> str:
+    return str(kube.get("deployment", f"{name}-gfx942")["spec"]["template"]["metadata"]["labels"][
+        "specdec.io/revision"])
+
+
+def settle(kube: Kube, name: str) -> str:
+    """Create the model and route, wait until the stable pool is Ready; returns the stable revision."""
+    def ready() -> bool:
+        conditions = kube.get("sm", name).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    wait_for(f"{name} Ready", ready, 90)
+    return stable_revision(kube, name)
+
+
+def change(kube: Kube, body: dict[str, Any], **runtime: Any) -> None:
+    body["spec"]["drafters"][0]["model"] = EAGLE_B
+    body["spec"]["runtime"].update(runtime)
+    kube.apply(body)
+
+
+def test_drafter_change_is_promoted_through_10_50_100_with_route_weights(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess
+) -> None:
+    body = canary_model("promo")
+    kube.apply([route("promo"), body])
+    old = settle(kube, "promo")
+    assert weights(kube, "promo") == (100, 0)
+    change(kube, body)
+    seen: list[int] = []
+    stable_during: set[str] = set()
+
+    def promoted() -> bool:
+        status = canary_status(kube, "promo")
+        stable_weight, canary_weight = weights(kube, "promo")
+        if canary_weight and (not seen or seen[-1] != canary_weight):
+            seen.append(canary_weight)
+            assert stable_weight + canary_weight == 100
+        if status and status["phase"] == "Progressing" and 0 < status["weight"] < 100:
+            # While the canary shares traffic, the stable Deployment keeps serving its own revision.
+            stable_during.add(stable_revision(kube, "promo"))
+        return bool(status and status["phase"] == "Promoted")
+
+    wait_for("canary promoted", promoted, 150, 1)
+    assert seen[:3] == [10, 50, 100], seen
+    assert stable_during == {old}, "stable must keep serving its revision until promotion"
+    wait_for("canary Deployment removed and stable on the new revision",
+             lambda: not kube.items("deployments", "specdec.io/track=canary,specdec.io/model=promo")
+             and stable_revision(kube, "promo") != old, 90)
+    wait_for("weights back to 100/0", lambda: weights(kube, "promo") == (100, 0), 30)
+    other = kube.get("httproute", "promo-route")["spec"]["rules"][1]["backendRefs"]
+    assert other == [{"group": "", "kind": "Service", "name": "someone-else", "port": 80, "weight": 1}]
+    reasons = [e["reason"] for e in kube.events("promo")]
+    for reason in ("CanaryStarted", "CanaryStepStarted", "CanaryStepPassed", "CanaryPromoted"):
+        assert reason in reasons, reasons
+
+
+@pytest.mark.parametrize(("profile", "reason"), [
+    ("e2e-poor-drafter", "accepted length"),
+    ("e2e-unhealthy", "/health failed"),
+])
+def test_bad_canary_is_rolled_back_with_its_numbers(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, profile: str, reason: str
+) -> None:
+    body = canary_model("bad", pause_s=60)
+    kube.apply([route("bad"), body])
+    old = settle(kube, "bad")
+    generation = kube.get("deployment", "bad-gfx942")["metadata"]["generation"]
+    change(kube, body, simulatorProfile=profile)
+    status = wait_for("rolled back", lambda: (s := canary_status(kube, "bad")) and s["phase"] == "RolledBack" and s,
+                      180, 1)
+    assert reason in status["message"], status["message"]
+    wait_for("weights 100/0", lambda: weights(kube, "bad") == (100, 0), 30)
+    wait_for("canary Deployment deleted",
+             lambda: not kube.items("deployments", "specdec.io/track=canary,specdec.io/model=bad"), 60)
+    stable = kube.get("deployment", "bad-gfx942")
+    assert stable_revision(kube, "bad") == old
+    assert stable["metadata"]["generation"] == generation, "the stable Deployment must be untouched"
+    degraded = next(c for c in kube.get("sm", "bad")["status"]["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "CanaryRolledBack")
+    assert any(e["reason"] == "CanaryFailed" and reason in e["message"] for e in kube.events("bad"))
+
+
+def test_operator_killed_mid_canary_resumes_at_the_same_step(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess
+) -> None:
+    body = canary_model("durable", pause_s=45)
+    kube.apply([route("durable"), body])
+    settle(kube, "durable")
+    change(kube, body)
+    before = wait_for("step 1 running", lambda: (s := canary_status(kube, "durable")) and s["weight"] == 10 and s,
+                      120, 1)
+    operator.restart(signal.SIGKILL)
+    time.sleep(8)
+    after = canary_status(kube, "durable")
+    assert after is not None
+    assert (after["step"], after["stepStartedAt"], after["weight"]) == (
+        before["step"], before["stepStartedAt"], before["weight"])
+    wait_for("promoted after the restart", lambda: (s := canary_status(kube, "durable")) and s["phase"] == "Promoted",
+             240, 2)
+    starts = [e for e in kube.events("durable") if e["reason"] == "CanaryStepStarted"]
+    assert sum(e.get("count", 1) for e in starts if "step 1/3" in e["message"]) == 1, "step 1 started twice"
+
+
+def test_tuner_k_change_goes_through_the_canary(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess
+) -> None:
+    body = canary_model("tunedcanary", pause_s=15, autotune=True, profile="e2e-opt-k2")
+    body["spec"]["speculation"] = {"initialK": 5, "minK": 1, "maxK": 8, "autotune": {
+        "intervalSeconds": 15, "minSamples": 2000, "minGain": 0.03, "cooldownSeconds": 60}}
+    kube.apply([route("tunedcanary"), body])
+    settle(kube, "tunedcanary")
+    status = wait_for("a tuner-driven canary", lambda: (s := canary_status(kube, "tunedcanary")) and s, 180, 1)
+    assert status["canaryK"] is not None and status["canaryK"] != 5
+    wait_for("the K change promoted", lambda: (s := canary_status(kube, "tunedcanary")) and s["phase"] == "Promoted",
+             240, 2)
+    pools = kube.get("sm", "tunedcanary")["status"]["pools"]
+    assert pools[0]["effectiveK"] == status["canaryK"]
