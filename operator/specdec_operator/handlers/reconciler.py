@@ -21,6 +21,7 @@ from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
+from specdec_operator.render.names import label_value
 from specdec_runtime import contract
 
 OWNED_KINDS = ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget")
@@ -35,7 +36,7 @@ async def gather(
 ) -> ObservedModel:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    selector = f"{contract.LABEL_MODEL}={name},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+    selector = f"{contract.LABEL_MODEL}={label_value(name)},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
     children: dict[tuple[str, str], Mapping[str, Any]] = {}
     for kind in OWNED_KINDS:
         for child in await ctx.api.list(kind, namespace, selector):

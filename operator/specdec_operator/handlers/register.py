@@ -16,7 +16,7 @@ import aiohttp
 import kopf
 from prometheus_client import start_http_server
 
-from specdec_operator import GROUP, PLURAL, VERSION
+from specdec_operator import GROUP, KIND, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, node_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
@@ -88,10 +88,11 @@ def model_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED)
-def deployment_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    model = labels.get(contract.LABEL_MODEL)
-    if model and namespace:
-        memo.context.nudge(namespace, model)
+def deployment_changed(namespace: str | None, meta: kopf.Meta, memo: Any, **_: Any) -> None:
+    # The owner reference carries the model's real name; the label may be a shortened form of it.
+    for owner in meta.get("ownerReferences", []):
+        if owner.get("kind") == KIND and namespace:
+            memo.context.nudge(namespace, owner["name"])
 
 
 async def _sleep_until_nudged(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, timeout_s: float) -> None:

@@ -11,6 +11,7 @@ from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import CANARY_WEIGHT
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan
+from specdec_operator.render.names import service_name
 
 
 async def sync_route(
@@ -20,7 +21,7 @@ async def sync_route(
     if plan.route is None or plan.route_weight is None:
         return
     namespace = plan.route.namespace or observed.namespace
-    stable, canary = f"{observed.name}-stable", f"{observed.name}-canary"
+    stable, canary = service_name(observed.name, "stable"), service_name(observed.name, "canary")
     route = await ctx.api.get("HTTPRoute", namespace, plan.route.name)
     if route is None:
         kopf.warn(body, reason="HTTPRouteNotFound", message=f"HTTPRoute {namespace}/{plan.route.name} not found")

@@ -22,6 +22,7 @@ from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.health import probe_health
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, scrape_targets, speculation_status
+from specdec_operator.render.names import label_value
 from specdec_operator.tuner.engine import TunerState
 from specdec_operator.tuner.exporter import publish
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
@@ -136,7 +137,8 @@ async def tuning_step(
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling)
     if now >= tuner.next_scrape_at:
         tuner.next_scrape_at = now + ctx.settings.scrape_interval_seconds
-        selector = f"{contract.LABEL_MODEL}={observed.name},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+        model_label = label_value(observed.name)
+        selector = f"{contract.LABEL_MODEL}={model_label},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
         targets = scrape_targets(await ctx.api.list("Pod", observed.namespace, selector))
         allow = not ctx.settings.scrape_loopback_only
         results = await scrape(targets, timeout_s=ctx.settings.scrape_timeout_seconds,

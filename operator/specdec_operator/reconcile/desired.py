@@ -52,7 +52,7 @@ def pool_objects(
         render.runtime_config(spec, observed.name, plan.drafter.drafter, k), runtime.attention_backend
     )
     config_map = render.config_map(ctx, config)
-    template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], track, k)
+    template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], track, k, plan.excluded_nodes)
     return DesiredPool(
         plan=plan,
         name=name,

@@ -76,9 +76,13 @@ def placement_conditions(
 ) -> list[ConditionUpdate]:
     """Ready means every pool's stable Deployment serves the revision we hold it at (a canary may be in flight)."""
     if not pools:
-        reason = "NoCompatibleNodes"
-        if placement.skipped and all(s.reason == "InsufficientMemory" for s in placement.skipped):
-            reason = "InsufficientMemory"
+        reasons = {skipped.reason for skipped in placement.skipped}
+        if placement.problems:
+            reason = "UnknownModelSize"
+        elif len(reasons) == 1:
+            reason = reasons.pop()
+        else:
+            reason = "NoCompatibleNodes"
         message = "; ".join([*placement.problems, *(s.message for s in placement.skipped)]) or "no pools"
         return [
             ConditionUpdate("Ready", False, reason, message),

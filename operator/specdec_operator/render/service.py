@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec_operator.render.names import model_labels, owner_reference
+from specdec_operator.render.names import label_value, model_labels, owner_reference, service_name
 from specdec_runtime import contract
 
 TRACKS = ("stable", "canary")
@@ -12,11 +12,10 @@ TRACKS = ("stable", "canary")
 
 def service(namespace: str, model: str, uid: str, track: str | None = None) -> dict[str, Any]:
     """track None: all pools and tracks (replica-ratio split); "stable"/"canary": HTTPRoute backends."""
-    selector = {contract.LABEL_MODEL: model}
-    name = model
+    selector = {contract.LABEL_MODEL: label_value(model)}
+    name = service_name(model, track)
     if track is not None:
         selector[contract.LABEL_TRACK] = track
-        name = f"{model}-{track}"
     return {
         "apiVersion": "v1",
         "kind": "Service",
