@@ -17,7 +17,7 @@ from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.traffic import clear_manual_action, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
 from specdec_operator.kube.api import KubeApiError
-from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES
+from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES, ROLLOUTS
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
@@ -25,6 +25,14 @@ from specdec_operator.render.names import label_value
 from specdec_runtime import contract
 
 OWNED_KINDS = ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget")
+# Canary events that end a rollout, and the result label they count under.
+ROLLOUT_RESULTS = {
+    "CanaryPromoted": "promoted",
+    "CanaryFailed": "rolledback",
+    "CanaryTimedOut": "rolledback",
+    "CanaryAborted": "aborted",
+    "CanaryCancelled": "cancelled",
+}
 
 
 def utc_now() -> str:
@@ -83,6 +91,9 @@ async def write(
     await ctx.api.patch_status(KIND, observed.namespace, observed.name, new_status)
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+        result = ROLLOUT_RESULTS.get(event.reason)
+        if result is not None and plan.status.canary is not None:
+            ROLLOUTS.labels(observed.namespace, observed.name, plan.status.canary.pool, result).inc()
     return True
 
 
