@@ -53,8 +53,15 @@ class Kube:
         return [e for e in events if involved is None or e["involvedObject"]["name"] == involved]
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0, interval_s: float = 0.5) -> T:
-    """Poll until probe returns something truthy; fail naming what we waited for and the last value."""
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout_s: float = 60.0,
+    interval_s: float = 0.5,
+    describe: Callable[[], object] | None = None,
+) -> T:
+    """Poll until probe returns something truthy; fail naming what we waited for, the last value and,
+    with `describe`, the state that explains it."""
     deadline = time.monotonic() + timeout_s
     last: T | None = None
     while time.monotonic() < deadline:
@@ -62,4 +69,5 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0, 
         if last:
             return last
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+    context = f"; state: {describe()!r}" if describe is not None else ""
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r}){context}")

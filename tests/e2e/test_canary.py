@@ -109,7 +109,7 @@ def test_drafter_change_is_promoted_through_10_50_100_with_route_weights(
             stable_during.add(stable_revision(kube, "promo"))
         return bool(status and status["phase"] == "Promoted")
 
-    wait_for("canary promoted", promoted, 150, 1)
+    wait_for("canary promoted", promoted, 180, 1, describe=lambda: canary_status(kube, "promo"))
     assert seen[:3] == [10, 50, 100], seen
     assert stable_during == {old}, "stable must keep serving its revision until promotion"
     wait_for("canary Deployment removed and stable on the new revision",
@@ -136,7 +136,7 @@ def test_bad_canary_is_rolled_back_with_its_numbers(
     generation = kube.get("deployment", "bad-gfx942")["metadata"]["generation"]
     change(kube, body, simulatorProfile=profile)
     status = wait_for("rolled back", lambda: (s := canary_status(kube, "bad")) and s["phase"] == "RolledBack" and s,
-                      180, 1)
+                      180, 1, describe=lambda: canary_status(kube, "bad"))
     assert reason in status["message"], status["message"]
     wait_for("weights 100/0", lambda: weights(kube, "bad") == (100, 0), 30)
     wait_for("canary Deployment deleted",
@@ -165,7 +165,7 @@ def test_operator_killed_mid_canary_resumes_at_the_same_step(
     assert (after["step"], after["stepStartedAt"], after["weight"]) == (
         before["step"], before["stepStartedAt"], before["weight"])
     wait_for("promoted after the restart", lambda: (s := canary_status(kube, "durable")) and s["phase"] == "Promoted",
-             240, 2)
+             240, 2, describe=lambda: canary_status(kube, "durable"))
     starts = [e for e in kube.events("durable") if e["reason"] == "CanaryStepStarted"]
     assert sum(e.get("count", 1) for e in starts if "step 1/3" in e["message"]) == 1, "step 1 started twice"
 
@@ -181,6 +181,6 @@ def test_tuner_k_change_goes_through_the_canary(
     status = wait_for("a tuner-driven canary", lambda: (s := canary_status(kube, "tunedcanary")) and s, 180, 1)
     assert status["canaryK"] is not None and status["canaryK"] != 5
     wait_for("the K change promoted", lambda: (s := canary_status(kube, "tunedcanary")) and s["phase"] == "Promoted",
-             240, 2)
+             240, 2, describe=lambda: canary_status(kube, "tunedcanary"))
     pools = kube.get("sm", "tunedcanary")["status"]["pools"]
     assert pools[0]["effectiveK"] == status["canaryK"]

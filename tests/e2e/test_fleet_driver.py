@@ -19,6 +19,8 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 def scrape(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod's own simulator's figures, or None (not serving yet, or its IP still answers for the
+    pod that had it before: kwok reuses IPs, and the old simulator stops a moment later)."""
     ip = pod["status"]["podIP"]
     assert ipaddress.ip_address(ip).is_loopback, ip  # never dial anything but loopback
     try:
@@ -28,6 +30,9 @@ def scrape(pod: dict[str, Any]) -> dict[str, Any] | None:
         return None
     families = {f.name: f for f in text_string_to_metric_families(text)}
     if DRAFTS not in families:
+        return None
+    model = pod["metadata"]["labels"]["specdec.io/model"]
+    if {s.labels.get("model_name") for s in families[DRAFTS].samples} != {model}:
         return None
     positions = {s.labels["position"] for s in families[PER_POS].samples if s.name.endswith("_total")}
     drafts = next(s.value for s in families[DRAFTS].samples if s.name.endswith("_total"))

@@ -3,7 +3,8 @@
 Both run as the chart runs them (peering on, not standalone) with the kopf peering CRDs from the chart,
 each with a random priority: the lower one pauses while the higher one's keep-alive is fresh. A killed
 operator cannot say goodbye, so the survivor resumes when the dead one's keep-alive expires, at most
-kopf's peering lifetime after its last keep-alive.
+kopf's peering lifetime after its last keep-alive. The leader dies mid-canary: the canary's step and
+timers live in the model's status, so the survivor carries on from there instead of starting over.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import json
 import signal
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from localcluster.cluster import LocalCluster
 from tests.e2e.helm import Helm, Release, unique_name
 from tests.e2e.kube import Kube, wait_for
-from tests.e2e.operator_process import OperatorProcess
+from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
+from tests.e2e.test_canary import canary_model, canary_status, change, route, settle, stable_revision, weights
 
 pytestmark = pytest.mark.e2e
 
@@ -28,21 +29,8 @@ PEERING_LIFETIME_S = 60
 # Time for the survivor's pause to end and its first reconcile to finish once the lifetime ran out.
 TAKEOVER_SLACK_S = 15
 RECONCILES = "specdec_reconcile_total"
-MODEL = "ha-draft"
-POOLS = {f"{MODEL}-gfx942", f"{MODEL}-gfx90a"}
-
-
-def two_pool_model(max_model_len: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": MODEL},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.3-70B-Instruct", "tensorParallelSize": 4,
-                      "maxModelLen": max_model_len},
-            "drafters": [{"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct"}],
-            "speculation": {"initialK": 4, "minK": 0, "maxK": 8, "autotune": {"enabled": False}},
-            "placement": {"gfxTargets": ["gfx942", "gfx90a"], "replicasPerPool": 1},
-        },
-    }
+MODEL = "ha"
+STABLE = f"{MODEL}-gfx942"
 
 
 @pytest.fixture
@@ -75,44 +63,50 @@ def _live_peers(kube: Kube) -> int:
     return len(json.loads(peering).get("status", {})) if peering else 0
 
 
-def _owned_deployments(kube: Kube) -> dict[str, str]:
+def _deployments(kube: Kube) -> dict[str, str]:
     return {d["metadata"]["name"]: d["metadata"]["uid"] for d in kube.items("deployments", f"specdec.io/model={MODEL}")}
 
 
-def _revisions(kube: Kube) -> set[str]:
-    return {d["spec"]["template"]["metadata"]["labels"]["specdec.io/revision"]
-            for d in kube.items("deployments", f"specdec.io/model={MODEL}")}
-
-
-def _ready(kube: Kube) -> bool:
-    status = kube.get("sm", MODEL).get("status", {})
-    generation = kube.get("sm", MODEL)["metadata"]["generation"]
-    return status.get("observedGeneration") == generation and any(
-        c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
-
-
-def test_one_acts_and_the_other_takes_over_after_kill_9(kube: Kube, peered_pair: list[OperatorProcess]) -> None:
+def test_one_acts_and_the_other_takes_over_mid_canary_after_kill_9(
+    kube: Kube, peered_pair: list[OperatorProcess], fleet_driver: FleetDriverProcess
+) -> None:
     wait_for("both operators' keep-alives in the peering object", lambda: _live_peers(kube) == 2, 30)
-    kube.apply(two_pool_model(8192))
-    wait_for(f"{MODEL} Ready", lambda: _ready(kube), 90)
+    body = canary_model(MODEL, pause_s=10)
+    # The survivor analyses from fresh counter windows of a few seconds; this test is about who acts, not
+    # about how tight the tokens/s threshold can be on such short windows.
+    body["spec"]["rollout"]["canary"]["analysis"]["minTokensPerSecondRatio"] = 0.5
+    kube.apply([route(MODEL), body])
+    old_revision = settle(kube, MODEL)
     time.sleep(5)  # a standby that acted too would have reconciled by now: the loop ticks every 5 s
     totals = [process.total(RECONCILES) for process in peered_pair]
     assert sorted(total > 0 for total in totals) == [False, True], f"reconciles per operator: {totals}"
     active, standby = sorted(peered_pair, key=lambda process: process.total(RECONCILES), reverse=True)
-    before = _owned_deployments(kube)
-    assert set(before) == POOLS, before
-    old_revisions = _revisions(kube)
+    stable_uid = _deployments(kube)[STABLE]
 
+    change(kube, body)
+    before = wait_for("canary step 1 at 10%", lambda: (c := canary_status(kube, MODEL)) and c["weight"] == 10 and c,
+                      90, 0.5)
     active.stop(signal.SIGKILL)
     killed = time.monotonic()
-    # A change made while nobody leads must not be lost: the survivor picks it up when it takes over.
-    kube.apply(two_pool_model(16384))
     wait_for("the standby's first reconcile", lambda: standby.total(RECONCILES) > 0,
              PEERING_LIFETIME_S + TAKEOVER_SLACK_S, 0.25)
     takeover_s = time.monotonic() - killed
     print(f"\nfailover: standby reconciled {takeover_s:.1f}s after kill -9 (peering lifetime {PEERING_LIFETIME_S}s)")
 
-    wait_for("the change rolled out by the survivor", lambda: _ready(kube) and _revisions(kube).isdisjoint(
-        old_revisions), 90)
-    # The survivor adopted the pools rather than creating a second set: same objects, one per pool.
-    assert _owned_deployments(kube) == before
+    resumed = canary_status(kube, MODEL)
+    assert resumed is not None and resumed["canaryRevision"] == before["canaryRevision"], resumed
+    # Where the dead leader left it, or further on: never back to an earlier step or a restarted timer.
+    assert (resumed["step"], resumed["stepStartedAt"]) >= (before["step"], before["stepStartedAt"]), (before, resumed)
+    wait_for("the canary promoted by the survivor",
+             lambda: (c := canary_status(kube, MODEL)) and c["phase"] == "Promoted", 120, 1)
+    # One canary, each step passed once, in order: nothing repeated or skipped across the failover.
+    in_order = sorted(kube.events(MODEL), key=lambda e: e.get("eventTime") or e.get("firstTimestamp") or "")
+    events = [(e["reason"], e["message"]) for e in in_order if e["reason"].startswith("Canary")]
+    assert [r for r, _ in events if r in ("CanaryStarted", "CanaryPromoted")] == ["CanaryStarted", "CanaryPromoted"]
+    assert [m.split(" ")[1] for r, m in events if r == "CanaryStepStarted"] == ["1/3"], events
+    assert [m.split(" ")[1] for r, m in events if r == "CanaryStepPassed"] == ["1/3", "2/3"], events
+    # No duplicates: after promotion the pool is its one stable Deployment again, the same object as before.
+    wait_for("canary Deployment removed", lambda: set(_deployments(kube)) == {STABLE}, 60)
+    assert _deployments(kube)[STABLE] == stable_uid
+    assert stable_revision(kube, MODEL) != old_revision
+    assert weights(kube, MODEL) == (100, 0)

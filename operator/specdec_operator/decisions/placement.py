@@ -12,6 +12,7 @@ from specdec_operator.gpu.devices import device_ids_for_gfx
 from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, NodeGpus, Taint
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+NODE_LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ def scheduling_block(node: NodeGpus, spec: SpeculativeModelSpec) -> str | None:
     if node.cordoned:
         return f"{node.name} is cordoned"
     for taint in node.taints:
+        if taint.key.startswith(NODE_LIFECYCLE_TAINT_PREFIX):
+            # not-ready/unreachable come and go with heartbeats; sizing pools by them would churn Deployments.
+            continue
         if taint.effect in BLOCKING_EFFECTS and not tolerates(taint, spec.placement.tolerations):
             return f"{node.name} has taint {taint.key}={taint.value}:{taint.effect}"
     return None

@@ -31,6 +31,7 @@ from specdec_operator.tuner.window import WindowDelta, WindowReport
 from specdec_runtime import contract
 
 SCRAPED_OK = ("ok", "incomplete")
+FAILURES_IN_A_ROW = 3
 
 
 @dataclass
@@ -44,6 +45,8 @@ class CanaryWindows:
     # Pods that have answered /health once. Before that a pod is still loading its model: vLLM answers
     # 503 until then, and a real cluster's readiness probe would keep it out of traffic anyway.
     healthy_once: set[str] = field(default_factory=set)
+    # Failed probes in a row per pod; one blip (a pod IP handed over between processes) is not a failure.
+    failing: Counter[str] = field(default_factory=Counter)
 
     def follow(self, canary: CanaryStatus | None) -> None:
         key = (canary.canary_revision, canary.step_started_at, canary.step) if canary else None
@@ -54,14 +57,16 @@ class CanaryWindows:
         for key, delta in report.deltas.items():
             self.ks[key.revision] = key.k
             self.deltas[key.revision] = self.deltas[key.revision].plus(delta) if key.revision in self.deltas else delta
-        for target, healthy in health:
+        probes = [(target, healthy) for target, healthy in health]
+        probes += [(result.target, result.outcome in SCRAPED_OK) for result in results]
+        for target, healthy in probes:
             if healthy:
                 self.healthy_once.add(target.uid)
+                self.failing[target.uid] = 0
             elif target.uid in self.healthy_once:
-                self.health_failures[target.revision] += 1
-        for result in results:
-            if result.outcome not in SCRAPED_OK and result.target.uid in self.healthy_once:
-                self.health_failures[result.target.revision] += 1
+                self.failing[target.uid] += 1
+                if self.failing[target.uid] == FAILURES_IN_A_ROW:
+                    self.health_failures[target.revision] += 1
 
     def stats(self, revision: str, k: int, gpus: int) -> WindowStats:
         delta = self.deltas.get(revision, WindowDelta())
