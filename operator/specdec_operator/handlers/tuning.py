@@ -57,16 +57,25 @@ class CanaryWindows:
         for key, delta in report.deltas.items():
             self.ks[key.revision] = key.k
             self.deltas[key.revision] = self.deltas[key.revision].plus(delta) if key.revision in self.deltas else delta
-        probes = [(target, healthy) for target, healthy in health]
-        probes += [(result.target, result.outcome in SCRAPED_OK) for result in results]
-        for target, healthy in probes:
+        # A served /metrics proves the engine loaded; only /health itself clears a run of failures,
+        # since a dead engine's HTTP server may still answer /metrics.
+        for result in results:
+            if result.outcome in SCRAPED_OK:
+                self.healthy_once.add(result.target.uid)
+            else:
+                self._failed(result.target)
+        for target, healthy in health:
             if healthy:
                 self.healthy_once.add(target.uid)
                 self.failing[target.uid] = 0
-            elif target.uid in self.healthy_once:
-                self.failing[target.uid] += 1
-                if self.failing[target.uid] == FAILURES_IN_A_ROW:
-                    self.health_failures[target.revision] += 1
+            else:
+                self._failed(target)
+
+    def _failed(self, target: ScrapeTarget) -> None:
+        if target.uid in self.healthy_once:
+            self.failing[target.uid] += 1
+            if self.failing[target.uid] == FAILURES_IN_A_ROW:
+                self.health_failures[target.revision] += 1
 
     def stats(self, revision: str, k: int, gpus: int) -> WindowStats:
         delta = self.deltas.get(revision, WindowDelta())
