@@ -287,4 +287,7 @@ class LocalCluster:
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 # Fallback range for nodes without a podCIDR: loopback too.
                 "--cidr=127.0.255.0/24", "--node-ip=127.0.0.1",
+                # Without a lease duration kwok renews no node leases, and every node turns Unknown
+                # (pods unready) when the controller manager's grace period runs out.
+                "--node-lease-duration-seconds=40",
                 *[f"--config={path}" for path in stages]]

@@ -24,12 +24,15 @@ class Kube:
         return self.cluster.kubectl(*ns, *args, input_text=input_text, check=check)
 
     def get(self, kind: str, name: str | None = None, selector: str | None = None) -> Any:
+        """The object (or list) as JSON; None when a named object does not exist (yet)."""
         args = ["get", kind, "-o", "json"]
         if name:
             args.insert(2, name)
+            args.append("--ignore-not-found")
         if selector:
             args += ["-l", selector]
-        return json.loads(self.run(*args))
+        text = self.run(*args)
+        return json.loads(text) if text.strip() else None
 
     def items(self, kind: str, selector: str | None = None) -> list[dict[str, Any]]:
         return list(self.get(kind, selector=selector)["items"])

@@ -201,10 +201,6 @@ def test_actions_outside_the_role_are_forbidden(cluster: LocalCluster, sa_operat
     assert api_get_status(cluster, f"/api/v1/namespaces/{workload}/pods", sa_operator.token) == 200
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kopf scans namespaces even for an explicit list and retries the 403 for ~54 s before falling back, "
-    "which delays start-up under the namespaced Role; fix: settings.scanning.disabled when "
-    "SPECDEC_NAMESPACES names namespaces without globs (handlers/register.py configure)"))
 def test_the_operator_never_hits_a_403(sa_operator: ServiceAccountOperator) -> None:
     """Runs after the scenarios above: nothing the operator did needed more than the role grants."""
     log = sa_operator.process.log_path.read_text(errors="replace")

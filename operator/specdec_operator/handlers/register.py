@@ -36,6 +36,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     settings.persistence.finalizer = f"{GROUP}/reconcile-loop"
     settings.posting.level = logging.WARNING  # kopf's own log lines stay out of the model's events
     settings.watching.server_timeout = 300
+    if operator_settings.namespaces and not any("*" in ns for ns in operator_settings.namespaces):
+        # Fixed namespaces need no namespace scan; a namespaced Role could not list namespaces anyway.
+        settings.scanning.disabled = True
     api = await KubeApi.connect(operator_settings.field_manager)
     # One pooled HTTP client for every scrape; vLLM answers /metrics on plain HTTP.
     http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=operator_settings.scrape_concurrency))
