@@ -42,7 +42,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("path", "value"),
     [
-        ("replicaCount", 0),
+        ("replicaCount", -1),
         ("watchNamespaces", ["Team_A"]),
         ("watchNamespaces", ["team-a", "team-a"]),
         ("runtime.images", {"gfx908": "vllm/vllm-openai-rocm:v0.33.0"}),  # MI100: vLLM 0.33 has no ROCm support
