@@ -26,6 +26,7 @@ class OperatorContext:
     http: aiohttp.ClientSession
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     tuners: dict[tuple[str, str], ModelTuner] = field(default_factory=dict)
+    route_warnings: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # last posted per model
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())

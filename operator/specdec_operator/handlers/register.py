@@ -146,3 +146,4 @@ async def reconcile_loop(
     finally:
         context.wakeups.pop((namespace, name), None)
         context.tuners.pop((namespace, name), None)
+        context.route_warnings.pop((namespace, name), None)

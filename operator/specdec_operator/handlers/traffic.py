@@ -14,6 +14,14 @@ from specdec_operator.reconcile.plan import ReconcilePlan
 from specdec_operator.render.names import service_name
 
 
+def _warn_once(ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, reason: str, message: str) -> None:
+    """The loop runs every few seconds; an unchanged problem is posted once, not once per loop."""
+    key = (observed.namespace, observed.name)
+    if ctx.route_warnings.get(key) != (reason, message):
+        ctx.route_warnings[key] = (reason, message)
+        kopf.warn(body, reason=reason, message=message)
+
+
 async def sync_route(
     ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan, logger: Logger
 ) -> None:
@@ -24,14 +32,15 @@ async def sync_route(
     stable, canary = service_name(observed.name, "stable"), service_name(observed.name, "canary")
     route = await ctx.api.get("HTTPRoute", namespace, plan.route.name)
     if route is None:
-        kopf.warn(body, reason="HTTPRouteNotFound", message=f"HTTPRoute {namespace}/{plan.route.name} not found")
+        _warn_once(ctx, body, observed, "HTTPRouteNotFound", f"HTTPRoute {namespace}/{plan.route.name} not found")
         return
+    ctx.route_warnings.pop((observed.namespace, observed.name), None)
     if canary_percent(route_weights(route, observed.namespace, stable, canary)) == plan.route_weight:
         return
     try:
         await ctx.api.apply(weighted_route(route, observed.namespace, stable, canary, plan.route_weight))
     except RouteError as error:
-        kopf.warn(body, reason="HTTPRouteUnusable", message=str(error))
+        _warn_once(ctx, body, observed, "HTTPRouteUnusable", str(error))
         return
     except KubeApiError as error:
         if error.status == 409:  # edited since we read it; the next loop reads it again
