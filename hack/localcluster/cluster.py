@@ -44,6 +44,9 @@ def stderr_log(message: str) -> None:
     sys.stderr.flush()
 
 
+DEFAULT_PORT_BASE = 26000
+
+
 @dataclass(frozen=True)
 class Ports:
     etcd_client: int
@@ -54,8 +57,25 @@ class Ports:
 
     @classmethod
     def from_env(cls) -> Ports:
-        base = int(os.environ.get("SPECDEC_CLUSTER_PORT_BASE", "26000"))
+        base = port_base()
         return cls(base + 79, base + 80, base + 443, base + 257, base + 259)
+
+
+def port_base() -> int:
+    return int(os.environ.get("SPECDEC_CLUSTER_PORT_BASE", str(DEFAULT_PORT_BASE)))
+
+
+def pod_network_octet() -> int:
+    """Second octet of the cluster's loopback pod network (127.X.N.0/24 per node).
+
+    Derived from the port base, so two clusters on one machine (say, base 26000 and 27000) hand out
+    different pod IPs and their simulators never collide on an address; SPECDEC_CLUSTER_POD_OCTET overrides.
+    """
+    explicit = os.environ.get("SPECDEC_CLUSTER_POD_OCTET")
+    octet = int(explicit) if explicit is not None else ((port_base() - DEFAULT_PORT_BASE) // 1000) % 256
+    if not 0 <= octet <= 255:
+        raise ClusterError(f"SPECDEC_CLUSTER_POD_OCTET={octet} is not an octet (0-255)")
+    return octet
 
 
 @dataclass(frozen=True)
@@ -171,7 +191,7 @@ class LocalCluster:
         return result.stdout
 
     def apply_fleet(self, fleet_file: Path) -> int:
-        nodes = node_objects(load_fleet(fleet_file))
+        nodes = node_objects(load_fleet(fleet_file), pod_network_octet())
         self.kubectl("apply", "--server-side", "-f", "-",
                      input_text=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
         self.log(f"applied {len(nodes)} fake nodes from {fleet_file}")
@@ -286,7 +306,7 @@ class LocalCluster:
         return [str(self.binaries["kwok"]), f"--kubeconfig={self.paths.kubeconfig}",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 # Fallback range for nodes without a podCIDR: loopback too.
-                "--cidr=127.0.255.0/24", "--node-ip=127.0.0.1",
+                f"--cidr=127.{pod_network_octet()}.255.0/24", "--node-ip=127.0.0.1",
                 # Without a lease duration kwok renews no node leases, and every node turns Unknown
                 # (pods unready) when the controller manager's grace period runs out.
                 "--node-lease-duration-seconds=40",

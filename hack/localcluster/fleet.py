@@ -108,13 +108,14 @@ def _gpu_labels(gpus: list[tuple[GpuModel, int]], partition: str | None) -> dict
     return labels
 
 
-def node_objects(fleet: Fleet) -> list[dict[str, Any]]:
+def node_objects(fleet: Fleet, pod_octet: int = 0) -> list[dict[str, Any]]:
+    """Fake Node objects; node N hands out pod IPs from 127.<pod_octet>.N.0/24 (see cluster.pod_network_octet)."""
     nodes: list[dict[str, Any]] = []
     for group in fleet.node_groups:
         for index in range(group.count):
             cidr_octet = len(nodes) + 1
             if cidr_octet > 254:
-                raise ClusterError("fleet has more than 254 nodes: loopback podCIDRs 127.0.N.0/24 run out")
+                raise ClusterError("fleet has more than 254 nodes: loopback podCIDRs 127.X.N.0/24 run out")
             name = f"{group.prefix}-{index}"
             gpus = [(fleet.gpu_models[slot.model], slot.count) for slot in group.gpus]
             gpu_count = sum(count for _, count in gpus)
@@ -138,8 +139,8 @@ def node_objects(fleet: Fleet) -> list[dict[str, Any]]:
                 },
                 "spec": {
                     # Every pod IP kwok hands out on this node is a loopback address.
-                    "podCIDR": f"127.0.{cidr_octet}.0/24",
-                    "podCIDRs": [f"127.0.{cidr_octet}.0/24"],
+                    "podCIDR": f"127.{pod_octet}.{cidr_octet}.0/24",
+                    "podCIDRs": [f"127.{pod_octet}.{cidr_octet}.0/24"],
                     "taints": [taint.model_dump() for taint in group.taints],
                 },
                 "status": {"capacity": capacity, "allocatable": dict(capacity)},
