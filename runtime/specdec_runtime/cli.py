@@ -32,14 +32,15 @@ def _parser() -> argparse.ArgumentParser:
     driver = commands.add_parser("fleet-driver", help="run simulators for runtime pods on kwok nodes")
     driver.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     driver.add_argument("--profiles-dir", type=Path, default=PACKAGED_PROFILES_DIR)
-    driver.add_argument("--log-dir", type=Path, default=Path("fleet-logs"))
+    # Simulators are hosted in the driver's process and log to its output; the flag stays for old scripts.
+    driver.add_argument("--log-dir", type=Path, default=None, help=argparse.SUPPRESS)
     driver.add_argument(
         "--default-profile", default=DEFAULT_PROFILE, help="for pods with neither annotation nor simulator_profile"
     )
     return parser
 
 
-def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, log_dir: Path, default_profile: str) -> int:
+def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, default_profile: str) -> int:
     # Imported here: the launcher runs in every GPU pod and has no use for the Kubernetes client.
     from specdec_runtime.fleet_driver import run_fleet_driver
 
@@ -48,7 +49,7 @@ def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, log_dir: Path,
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_fleet_driver(kubeconfig, profiles_dir, log_dir, stop, default_profile=default_profile)
+        await run_fleet_driver(kubeconfig, profiles_dir, stop, default_profile=default_profile)
 
     asyncio.run(run())
     return 0
@@ -73,4 +74,4 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         return 2
-    return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.log_dir, options.default_profile)
+    return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.default_profile)

@@ -1,10 +1,12 @@
-"""A kubelet stand-in for our runtime pods on kwok nodes: one simulator process per Running pod.
+"""A kubelet stand-in for our runtime pods on kwok nodes: one hosted simulator per Running pod.
 
-Level-triggered: every interval the driver lists the pods that should have a process and makes the
-set of processes match. A pod that disappears loses its process; a pod replaced under the same name
-has a new UID, so its old process stops and a new one starts with the new pod's config, which resets
-its counters as a real restart would. Each process runs in its own process group so that stopping
-it (or the driver) leaves nothing behind.
+Level-triggered: every interval the driver takes the pods that should be served (from a watch cache)
+and makes the set of hosted simulators match. A pod that disappears loses its simulator; a pod
+replaced under the same name has a new UID, so its old simulator stops and a new one starts with the
+new pod's config, which resets its counters as a real restart would.
+
+All simulators live in this one process, each on its own pod IP and port (see simulator/hosted.py):
+a process per pod cost ~40 MiB each and kept a 2,000-pod fleet off a small machine.
 """
 
 from __future__ import annotations
@@ -13,78 +15,45 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import os
-import shlex
-import signal
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 
+from specdec_runtime.config import serve_args
 from specdec_runtime.fleet_kube import RuntimePod, kube_pod_source
-from specdec_runtime.launcher import LaunchError, build_command
-from specdec_runtime.simulator.profile import DEFAULT_PROFILE
+from specdec_runtime.simulator.hosted import HostedSimulator, HostError, ProfileCache
+from specdec_runtime.simulator.profile import DEFAULT_PROFILE, ProfileError, resolve_profile
 
 logger = logging.getLogger(__name__)
 
 RESYNC_INTERVAL_S = 1.0
-STOP_GRACE_S = 5.0
 
 
 class PodSource(Protocol):
     async def runtime_pods(self) -> list[RuntimePod]: ...
 
 
-Spawn = Callable[[list[str], IO[bytes]], Awaitable[asyncio.subprocess.Process]]
-
-
-async def spawn_in_own_group(command: list[str], log: IO[bytes]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *command, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-@dataclass
-class _Running:
-    pod: RuntimePod
-    process: asyncio.subprocess.Process
-    log: IO[bytes]
-
-
 class FleetSupervisor:
-    """Owns the simulator processes, keyed by pod UID."""
+    """Owns the hosted simulators, keyed by pod UID."""
 
-    def __init__(
-        self,
-        profiles_dir: Path,
-        log_dir: Path,
-        spawn: Spawn = spawn_in_own_group,
-        default_profile: str = DEFAULT_PROFILE,
-    ) -> None:
+    def __init__(self, profiles_dir: Path, default_profile: str = DEFAULT_PROFILE) -> None:
         self.profiles_dir = profiles_dir
-        self.log_dir = log_dir
         self.default_profile = default_profile
-        self._spawn = spawn
-        self._running: dict[str, _Running] = {}
+        self._profiles = ProfileCache()
+        self._running: dict[str, HostedSimulator] = {}
+        self._names: dict[str, str] = {}  # uid -> namespace/name, for log lines
         self._refused: set[str] = set()
 
     @property
-    def processes(self) -> dict[str, asyncio.subprocess.Process]:
-        return {uid: running.process for uid, running in self._running.items()}
+    def simulators(self) -> dict[str, HostedSimulator]:
+        return dict(self._running)
 
     async def reconcile(self, pods: list[RuntimePod]) -> None:
         wanted = {pod.uid: pod for pod in pods}
+        # Stop first: a replacement pod may reuse its predecessor's IP and port.
         for uid in [uid for uid in self._running if uid not in wanted]:
             await self._stop(uid, "pod is gone or replaced")
+        self._refused &= wanted.keys()
         for uid, pod in wanted.items():
-            running = self._running.get(uid)
-            if running is not None and running.process.returncode is not None:
-                logger.warning(
-                    "simulator for %s/%s exited with %s; restarting",
-                    pod.namespace, pod.name, running.process.returncode,
-                )
-                await self._stop(uid, "process exited")
             if uid not in self._running and uid not in self._refused:
                 await self._start(pod)
 
@@ -92,7 +61,7 @@ class FleetSupervisor:
         for uid in list(self._running):
             await self._stop(uid, "fleet driver shutting down")
 
-    def _command(self, pod: RuntimePod) -> list[str] | None:
+    def _argv(self, pod: RuntimePod) -> list[str] | None:
         where = f"{pod.namespace}/{pod.name}"
         try:
             loopback = ipaddress.ip_address(pod.pod_ip).is_loopback
@@ -105,54 +74,46 @@ class FleetSupervisor:
         # The pod's own args, bound to its IP, with the simulator in place of vLLM.
         config = pod.config.model_copy(update={"host": pod.pod_ip, "engine": "simulator"})
         try:
-            profile = pod.profile or config.simulator_profile or self.default_profile
-            return build_command(config, profiles_dir=self.profiles_dir, profile=profile)
-        except LaunchError as err:
-            logger.error("not simulating pod %s: %s", where, err)
+            profile = resolve_profile(pod.profile or config.simulator_profile or self.default_profile,
+                                      self.profiles_dir)
+        except ProfileError as err:
+            logger.error("not simulating pod %s: simulator_profile: %s", where, err)
             return None
+        return [*serve_args(config), "--profile", str(profile)]
 
     async def _start(self, pod: RuntimePod) -> None:
-        command = self._command(pod)
-        if command is None:
+        where = f"{pod.namespace}/{pod.name}"
+        argv = self._argv(pod)
+        if argv is None:
             self._refused.add(pod.uid)
             return
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.log_dir / f"{pod.namespace}_{pod.name}_{pod.uid[:8]}.log").open("ab")
-        process = await self._spawn(command, log)
-        self._running[pod.uid] = _Running(pod, process, log)
-        logger.info("started simulator pid %d for %s/%s: %s", process.pid, pod.namespace, pod.name,
-                    shlex.join(command))
+        try:
+            hosted = await HostedSimulator.start(argv, self._profiles)
+        except HostError as err:
+            # An address still held (the old pod's socket closing) heals on the next resync.
+            logger.error("not simulating pod %s yet: %s", where, err)
+            return
+        self._running[pod.uid] = hosted
+        self._names[pod.uid] = where
+        options = hosted.simulator.options
+        logger.info("serving %s on %s:%d (K=%d)", where, options.host, options.port, hosted.simulator.replica.k)
 
     async def _stop(self, uid: str, reason: str) -> None:
-        running = self._running.pop(uid)
-        process, pod = running.process, running.pod
-        if process.returncode is None:
-            # Signal the group while its leader is unreaped, so its id cannot belong to anyone else.
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
-            except TimeoutError:
-                _signal_group(process.pid, signal.SIGKILL)
-                await process.wait()
-        running.log.close()
-        logger.info("stopped simulator pid %d for %s/%s: %s", process.pid, pod.namespace, pod.name, reason)
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
+        hosted = self._running.pop(uid)
+        await hosted.stop()
+        logger.info("stopped simulator for %s: %s", self._names.pop(uid, uid), reason)
 
 
 async def drive(source: PodSource, supervisor: FleetSupervisor, stop: asyncio.Event,
                 interval_s: float = RESYNC_INTERVAL_S) -> None:
-    """Reconcile until stop is set, then stop every process."""
+    """Reconcile until stop is set, then stop every simulator."""
     try:
         while not stop.is_set():
             try:
                 pods = await source.runtime_pods()
             except Exception:
-                # Keep the processes we have: an API hiccup is not a reason to kill the fleet.
-                logger.exception("listing runtime pods failed; keeping current processes")
+                # Keep the simulators we have: an API hiccup is not a reason to kill the fleet.
+                logger.exception("listing runtime pods failed; keeping current simulators")
             else:
                 await supervisor.reconcile(pods)
             with contextlib.suppress(TimeoutError):
@@ -164,11 +125,10 @@ async def drive(source: PodSource, supervisor: FleetSupervisor, stop: asyncio.Ev
 async def run_fleet_driver(
     kubeconfig: str | None,
     profiles_dir: Path,
-    log_dir: Path,
     stop: asyncio.Event,
     *,
     default_profile: str = DEFAULT_PROFILE,
 ) -> None:
     """Profile per pod: its annotation, else its config's simulator_profile, else default_profile."""
     async with kube_pod_source(kubeconfig) as source:
-        await drive(source, FleetSupervisor(profiles_dir, log_dir, default_profile=default_profile), stop)
+        await drive(source, FleetSupervisor(profiles_dir, default_profile=default_profile), stop)

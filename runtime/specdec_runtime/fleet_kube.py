@@ -1,4 +1,4 @@
-"""The fleet driver's only contact with Kubernetes: list our runtime pods on kwok nodes with their config.
+"""The fleet driver's only contact with Kubernetes: our runtime pods on kwok nodes, with their config.
 
 Dev tooling for the local cluster, kept in one module so the rest of the runtime stays free of the
 Kubernetes client.
@@ -6,6 +6,8 @@ Kubernetes client.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
 from collections.abc import AsyncIterator
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
@@ -40,40 +42,113 @@ class RuntimePod:
     profile: str | None  # the pod's simulator-profile annotation, if any
 
 
+LIST_PAGE = 500
+WATCH_TIMEOUT_S = 300
+
+
 class KubePodSource:
+    """Runtime pods from a watch cache; each pod's ConfigMap is read once, when the pod is first seen.
+
+    A 2,000-pod fleet must not cost the API server a LIST of every pod and a GET of every ConfigMap
+    each second: the pods come from one paginated LIST and then a watch, nodes are looked up once each,
+    and a pod's config is fixed for its life (a new config means a new pod).
+    """
+
     def __init__(self, api: client.ApiClient) -> None:
         self._core = client.CoreV1Api(api)
         self._bad_configs: set[str] = set()
+        self._pods: dict[str, Any] = {}  # uid -> pod, maintained by the watch
+        self._configs: dict[str, RuntimeConfig] = {}  # uid -> its config, read once
+        self._kwok_nodes: dict[str, bool] = {}
+        self._synced = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
 
     async def runtime_pods(self) -> list[RuntimePod]:
-        nodes = await self._core.list_node()
-        kwok_nodes = {
-            node.metadata.name
-            for node in nodes.items
-            if (node.metadata.annotations or {}).get(KWOK_NODE_ANNOTATION) == KWOK_NODE_VALUE
-        }
-        pods = await self._core.list_pod_for_all_namespaces(label_selector=RUNTIME_SELECTOR)
+        if self._watcher is None or self._watcher.done():
+            if self._watcher is not None and not self._watcher.cancelled() and self._watcher.exception():
+                logger.error("pod watch stopped: %s; restarting it", self._watcher.exception())
+            self._synced.clear()
+            self._watcher = asyncio.create_task(self._watch_pods())
+        await self._synced.wait()
         found: list[RuntimePod] = []
-        for pod in pods.items:
-            # A terminating pod is gone as far as its process is concerned.
+        for uid, pod in list(self._pods.items()):
+            if uid in self._bad_configs:
+                continue
+            # A terminating pod is gone as far as its simulator is concerned.
             if pod.metadata.deletion_timestamp is not None or pod.status.phase != "Running":
                 continue
-            if pod.spec.node_name not in kwok_nodes or not pod.status.pod_ip:
+            if not pod.status.pod_ip or not await self._on_kwok_node(pod.spec.node_name):
                 continue
-            runtime_config = await self._config_of(pod)
-            if runtime_config is not None:
-                annotations = pod.metadata.annotations or {}
-                found.append(
-                    RuntimePod(
-                        uid=pod.metadata.uid,
-                        namespace=pod.metadata.namespace,
-                        name=pod.metadata.name,
-                        pod_ip=pod.status.pod_ip,
-                        config=runtime_config,
-                        profile=annotations.get(contract.ANNOTATION_SIMULATOR_PROFILE),
-                    )
-                )
+            runtime_config = self._configs.get(uid) or await self._config_of(pod)
+            if runtime_config is None:
+                continue
+            self._configs[uid] = runtime_config
+            annotations = pod.metadata.annotations or {}
+            found.append(RuntimePod(
+                uid=uid, namespace=pod.metadata.namespace, name=pod.metadata.name, pod_ip=pod.status.pod_ip,
+                config=runtime_config, profile=annotations.get(contract.ANNOTATION_SIMULATOR_PROFILE),
+            ))
         return found
+
+    async def _list_pods(self) -> str:
+        pods: dict[str, Any] = {}
+        token: str | None = None
+        while True:
+            if token:
+                page = await self._core.list_pod_for_all_namespaces(
+                    label_selector=RUNTIME_SELECTOR, limit=LIST_PAGE, _continue=token)
+            else:
+                page = await self._core.list_pod_for_all_namespaces(label_selector=RUNTIME_SELECTOR, limit=LIST_PAGE)
+            pods.update({pod.metadata.uid: pod for pod in page.items})
+            token = page.metadata._continue
+            if not token:
+                self._pods = pods
+                for uid in [uid for uid in self._configs if uid not in pods]:
+                    del self._configs[uid]
+                return str(page.metadata.resource_version)
+
+    async def _watch_pods(self) -> None:
+        resource_version = await self._list_pods()
+        self._synced.set()
+        while True:
+            try:
+                async with watch.Watch() as stream:
+                    async for event in stream.stream(
+                        self._core.list_pod_for_all_namespaces, label_selector=RUNTIME_SELECTOR,
+                        resource_version=resource_version, timeout_seconds=WATCH_TIMEOUT_S,
+                        allow_watch_bookmarks=True,
+                    ):
+                        pod = event["object"]
+                        resource_version = pod.metadata.resource_version
+                        if event["type"] == "DELETED":
+                            self._pods.pop(pod.metadata.uid, None)
+                            self._configs.pop(pod.metadata.uid, None)
+                        elif event["type"] in ("ADDED", "MODIFIED"):
+                            self._pods[pod.metadata.uid] = pod
+            except ApiException as err:
+                if err.status != 410:
+                    raise
+                resource_version = await self._list_pods()  # our version is too old: start over
+
+    async def _on_kwok_node(self, node_name: str | None) -> bool:
+        if not node_name:
+            return False
+        if node_name not in self._kwok_nodes:
+            try:
+                node = await self._core.read_node(node_name)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                return False
+            annotations = node.metadata.annotations or {}
+            self._kwok_nodes[node_name] = annotations.get(KWOK_NODE_ANNOTATION) == KWOK_NODE_VALUE
+        return self._kwok_nodes[node_name]
 
     async def _config_of(self, pod: Any) -> RuntimeConfig | None:
         where = f"pod {pod.metadata.namespace}/{pod.metadata.name}"
@@ -99,7 +174,7 @@ class KubePodSource:
             return None
 
     def _skip(self, uid: str, reason: str) -> None:
-        # Logged once per pod: the driver re-lists every second.
+        # Logged once per pod: the driver resyncs every second.
         if uid not in self._bad_configs:
             self._bad_configs.add(uid)
             logger.error("not simulating %s", reason)
@@ -122,4 +197,8 @@ async def kube_pod_source(kubeconfig: str | None) -> AsyncIterator[KubePodSource
     await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     require_loopback_server(configuration.host)
     async with client.ApiClient(configuration) as api:
-        yield KubePodSource(api)
+        source = KubePodSource(api)
+        try:
+            yield source
+        finally:
+            await source.close()

@@ -159,7 +159,13 @@ async def _ticker(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
 
 
-def build_app(simulator: Simulator) -> web.Application:
+def build_app(simulator: Simulator, *, background_tick: bool = True) -> web.Application:
+    """The simulator's routes. Without background_tick the engine steps only when a request arrives.
+
+    Every request catches the engine up to the wall clock first, so what a client sees is the same
+    either way; the fleet driver hosts thousands of simulators in one process and skips the ticker
+    so that idle pods cost no CPU between scrapes.
+    """
     app = web.Application(middlewares=[_serve_only_when_loaded])
     app[SIMULATOR] = simulator
     app.router.add_get("/health", health)
@@ -170,7 +176,8 @@ def build_app(simulator: Simulator) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", _completion_handler(chat=False))
     app.router.add_post("/v1/chat/completions", _completion_handler(chat=True))
-    app.cleanup_ctx.append(_ticker)
+    if background_tick:
+        app.cleanup_ctx.append(_ticker)
     return app
 
 

@@ -1,24 +1,27 @@
-"""The fleet driver's process management, with the pod list faked through its PodSource seam."""
+"""The fleet driver hosts simulators in its own process, with the pod list faked through its PodSource seam."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-import urllib.request
+import random
+import socket
 from dataclasses import replace
 from pathlib import Path
-from typing import IO
 
+import aiohttp
 import pytest
 
 from specdec_runtime.config import RuntimeConfig, SpeculativeSettings
-from specdec_runtime.fleet_driver import FleetSupervisor, drive, spawn_in_own_group
+from specdec_runtime.fleet_driver import FleetSupervisor, drive
 from specdec_runtime.fleet_kube import RuntimePod, require_loopback_server
 from specdec_runtime.simulator.profile import PACKAGED_PROFILES_DIR
 
+# A loopback /24 of our own, with a random port, so parallel test runs do not collide.
+NET = f"127.0.{random.randrange(150, 250)}"
+PORT = random.randrange(20000, 30000)
 
-def make_pod(name: str, uid: str, ip: str = "127.0.100.5", k: int = 3, port: int = 8000) -> RuntimePod:
+
+def make_pod(name: str, uid: str, ip: str = f"{NET}.5", k: int = 3, port: int = PORT) -> RuntimePod:
     config = RuntimeConfig(
         model="org/target", served_model_name="target", port=port,
         speculative=SpeculativeSettings(method="eagle", model="org/drafter", num_speculative_tokens=k),
@@ -26,90 +29,112 @@ def make_pod(name: str, uid: str, ip: str = "127.0.100.5", k: int = 3, port: int
     return RuntimePod(uid=uid, namespace="ns", name=name, pod_ip=ip, config=config, profile="quick")
 
 
-class Recorder:
-    """Spawns a harmless long sleep in its own group in place of each simulator, recording the command."""
-
-    def __init__(self) -> None:
-        self.commands: list[list[str]] = []
-
-    async def __call__(self, command: list[str], log: IO[bytes]) -> asyncio.subprocess.Process:
-        self.commands.append(command)
-        return await spawn_in_own_group([sys.executable, "-c", "import time; time.sleep(60)"], log)
+@pytest.fixture
+def fast_profiles(tmp_path: Path) -> Path:
+    """The packaged quick profile with a 0.2 s load time, so simulators answer almost at once."""
+    quick = (PACKAGED_PROFILES_DIR / "quick.yaml").read_text()
+    (tmp_path / "quick.yaml").write_text(quick.replace("restart_s: 2", "restart_s: 0.2"))
+    (tmp_path / "default.yaml").write_text((PACKAGED_PROFILES_DIR / "default.yaml").read_text())
+    return tmp_path
 
 
-def log_names(log_dir: Path) -> list[str]:
-    return sorted(p.name for p in log_dir.iterdir())
+async def metrics_of(ip: str, port: int = PORT) -> str:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(100):
+            try:
+                async with session.get(f"http://{ip}:{port}/metrics") as response:
+                    if response.status == 200:
+                        return await response.text()
+            except aiohttp.ClientConnectionError:
+                pass  # the driver has not started it yet
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{ip}:{port} never served /metrics")
 
 
-def group_is_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+def generation_tokens(body: str) -> float:
+    line = next(line for line in body.splitlines() if line.startswith("vllm:generation_tokens_total{"))
+    return float(line.rsplit(" ", 1)[1])
 
 
-async def test_processes_follow_pods_and_restart_on_replacement(tmp_path: Path) -> None:
-    recorder = Recorder()
-    supervisor = FleetSupervisor(PACKAGED_PROFILES_DIR, tmp_path, spawn=recorder)
-    await supervisor.reconcile([make_pod("a", "uid-a1"), make_pod("b", "uid-b1", ip="127.0.100.6", k=5)])
-    first = supervisor.processes
+def refuses_connections(ip: str, port: int = PORT) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((ip, port)) != 0
+
+
+async def test_simulators_follow_pods_each_with_its_own_k_and_fresh_counters(fast_profiles: Path) -> None:
+    supervisor = FleetSupervisor(fast_profiles)
+    a, b = make_pod("a", "uid-a1", ip=f"{NET}.5"), make_pod("b", "uid-b1", ip=f"{NET}.6", k=5)
+    await supervisor.reconcile([a, b])
+    first = supervisor.simulators
     assert sorted(first) == ["uid-a1", "uid-b1"]
-    command_b = recorder.commands[1]
-    assert command_b[command_b.index("--host") + 1] == "127.0.100.6"
-    assert '"num_speculative_tokens":5' in command_b[command_b.index("--speculative-config") + 1]
-    assert command_b[-2:] == ["--profile", str(PACKAGED_PROFILES_DIR / "quick.yaml")]
+    body_a, body_b = await metrics_of(f"{NET}.5"), await metrics_of(f"{NET}.6")
+    assert 'position="2"' in body_a and 'position="3"' not in body_a, "pod a serves its own K=3"
+    assert 'position="4"' in body_b, "pod b serves its own K=5"
 
-    await supervisor.reconcile([make_pod("a", "uid-a1"), make_pod("b", "uid-b1", ip="127.0.100.6", k=5)])
-    assert supervisor.processes == first, "a steady pod keeps its process"
+    await supervisor.reconcile([a, b])
+    assert supervisor.simulators == first, "a steady pod keeps its simulator"
 
-    # b replaced (new UID), a deleted.
-    await supervisor.reconcile([make_pod("b", "uid-b2", ip="127.0.100.7", k=2)])
-    assert list(supervisor.processes) == ["uid-b2"]
-    assert group_is_gone(first["uid-a1"].pid) and group_is_gone(first["uid-b1"].pid)
-    assert first["uid-b1"].returncode is not None
-    assert log_names(tmp_path) == ["ns_a_uid-a1.log", "ns_b_uid-b1.log", "ns_b_uid-b2.log"]
+    await asyncio.sleep(1.0)
+    before = generation_tokens(await metrics_of(f"{NET}.6"))
+    # b replaced under the same IP (new UID, new K), a deleted.
+    await supervisor.reconcile([make_pod("b", "uid-b2", ip=f"{NET}.6", k=2)])
+    assert list(supervisor.simulators) == ["uid-b2"]
+    assert supervisor.simulators["uid-b2"] is not first["uid-b1"]
+    assert refuses_connections(f"{NET}.5"), "a deleted pod's listener is closed"
+    after = generation_tokens(await metrics_of(f"{NET}.6"))
+    assert after < before, f"a replaced pod's counters restart from zero ({before} -> {after})"
+    assert 'position="2"' not in await metrics_of(f"{NET}.6"), "the replacement serves its new K=2"
 
     await supervisor.stop_all()
-    assert supervisor.processes == {}
-    assert len(recorder.commands) == 3
+    assert supervisor.simulators == {}
+    assert refuses_connections(f"{NET}.6")
 
 
-async def test_profile_comes_from_annotation_then_config_then_driver_default(tmp_path: Path) -> None:
-    recorder = Recorder()
-    supervisor = FleetSupervisor(PACKAGED_PROFILES_DIR, tmp_path, spawn=recorder, default_profile="quick")
-    annotated = make_pod("a", "uid-a")
-    configured = make_pod("b", "uid-b", ip="127.0.100.6")
+async def test_profile_comes_from_annotation_then_config_then_driver_default(fast_profiles: Path) -> None:
+    supervisor = FleetSupervisor(fast_profiles, default_profile="quick")
+    annotated = make_pod("a", "uid-a", ip=f"{NET}.10")
+    configured = make_pod("b", "uid-b", ip=f"{NET}.11")
     configured = replace(configured, profile=None, config=configured.config.model_copy(
         update={"simulator_profile": "default"}))
-    bare = replace(make_pod("c", "uid-c", ip="127.0.100.7"), profile=None)
+    bare = replace(make_pod("c", "uid-c", ip=f"{NET}.12"), profile=None)
     await supervisor.reconcile([annotated, configured, bare])
-    await supervisor.stop_all()
-    assert [Path(command[-1]).stem for command in recorder.commands] == ["quick", "default", "quick"]
+    try:
+        chosen = {uid: hosted.simulator.options.profile.stem for uid, hosted in supervisor.simulators.items()}
+        assert chosen == {"uid-a": "quick", "uid-b": "default", "uid-c": "quick"}
+        # Pods share a parsed profile but not an engine or a random stream.
+        engines = {id(hosted.simulator.replica.engine) for hosted in supervisor.simulators.values()}
+        assert len(engines) == 3
+    finally:
+        await supervisor.stop_all()
 
 
-async def test_exited_process_is_restarted(tmp_path: Path) -> None:
-    recorder = Recorder()
-    supervisor = FleetSupervisor(PACKAGED_PROFILES_DIR, tmp_path, spawn=recorder)
-    pod = make_pod("a", "uid-a")
-    await supervisor.reconcile([pod])
-    crashed = supervisor.processes["uid-a"]
-    crashed.kill()
-    await crashed.wait()
-    await supervisor.reconcile([pod])
-    assert supervisor.processes["uid-a"] is not crashed
-    await supervisor.stop_all()
-
-
-async def test_non_loopback_pod_ip_is_refused_loudly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    recorder = Recorder()
-    supervisor = FleetSupervisor(PACKAGED_PROFILES_DIR, tmp_path, spawn=recorder)
+async def test_non_loopback_pod_ip_is_refused_loudly(fast_profiles: Path, caplog: pytest.LogCaptureFixture) -> None:
+    supervisor = FleetSupervisor(fast_profiles)
     await supervisor.reconcile([make_pod("x", "uid-x", ip="10.244.0.5"), make_pod("y", "uid-y", ip="fe80::1")])
     await supervisor.reconcile([make_pod("x", "uid-x", ip="10.244.0.5")])
-    assert recorder.commands == []
+    assert supervisor.simulators == {}
     refusals = [r for r in caplog.records if "REFUSING" in r.getMessage()]
-    assert len(refusals) == 2
+    assert len(refusals) == 2, "each refused pod is logged once, not on every resync"
     assert "10.244.0.5 is not loopback" in refusals[0].getMessage()
+
+
+async def test_a_taken_address_is_retried_on_the_next_resync(fast_profiles: Path) -> None:
+    ip = f"{NET}.20"
+    squatter = socket.socket()
+    squatter.bind((ip, PORT))
+    squatter.listen()
+    supervisor = FleetSupervisor(fast_profiles)
+    try:
+        await supervisor.reconcile([make_pod("a", "uid-a", ip=ip)])
+        assert supervisor.simulators == {}
+        squatter.close()
+        await supervisor.reconcile([make_pod("a", "uid-a", ip=ip)])
+        assert list(supervisor.simulators) == ["uid-a"]
+        assert "vllm:generation_tokens_total" in await metrics_of(ip)
+    finally:
+        squatter.close()
+        await supervisor.stop_all()
 
 
 @pytest.mark.parametrize("url", ["https://10.0.0.1:6443", "https://api.example.com", ""])
@@ -137,33 +162,17 @@ class ScriptedSource:
         return entry
 
 
-async def test_drive_serves_real_simulators_and_leaves_no_process_on_stop(tmp_path: Path) -> None:
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    quick = (PACKAGED_PROFILES_DIR / "quick.yaml").read_text()
-    (profiles / "quick.yaml").write_text(quick.replace("restart_s: 2", "restart_s: 0.2"))
-    pod = make_pod("a", "uid-a", ip="127.0.100.9", k=4, port=18977)
+async def test_drive_keeps_simulators_through_api_failures_and_closes_them_on_stop(fast_profiles: Path) -> None:
+    pod = make_pod("a", "uid-a", ip=f"{NET}.9", k=4)
     source = ScriptedSource([[pod], "apiserver hiccup", [pod]])
-    supervisor = FleetSupervisor(profiles, tmp_path / "logs")
+    supervisor = FleetSupervisor(fast_profiles)
     stop = asyncio.Event()
     driver = asyncio.create_task(drive(source, supervisor, stop, interval_s=0.1))
-
-    def scrape() -> str:
-        with urllib.request.urlopen("http://127.0.100.9:18977/metrics", timeout=2) as response:
-            return str(response.read().decode())
-
-    body = ""
-    for _ in range(150):
-        try:
-            body = await asyncio.to_thread(scrape)
-            break
-        except OSError:
-            await asyncio.sleep(0.1)
+    body = await metrics_of(f"{NET}.9")
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="3"}' in body
-    process = supervisor.processes["uid-a"]
+    hosted = supervisor.simulators["uid-a"]
     await asyncio.wait_for(source.script_done.wait(), 10)
-    assert supervisor.processes["uid-a"] is process, "an API failure must not stop or restart processes"
-    assert process.returncode is None
+    assert supervisor.simulators["uid-a"] is hosted, "an API failure must not stop or restart simulators"
     stop.set()
     await asyncio.wait_for(driver, 10)
-    assert process.returncode is not None and group_is_gone(process.pid)
+    assert refuses_connections(f"{NET}.9")

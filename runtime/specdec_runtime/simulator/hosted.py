@@ -1,0 +1,75 @@
+"""Many simulated vLLM servers in one process: one aiohttp listener per pod IP and port.
+
+A simulator process costs ~40 MiB; a hosted one costs an engine, a registry and a listening socket,
+so a 2,000-pod fleet fits in one process of a few hundred MiB. Each hosted simulator is isolated as a
+process would be: its own options (K, model name, port), its own profile (with its faults), its own
+random stream, and counters that start at zero when it starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from aiohttp import web
+
+from specdec_runtime.simulator.profile import Profile, load_profile
+from specdec_runtime.simulator.server import Simulator, build_app
+from specdec_runtime.simulator.vllm_cli import ServeOptions, parse_serve_args
+
+logger = logging.getLogger(__name__)
+
+
+class HostError(Exception):
+    """This pod's simulator cannot start: bad arguments, a bad profile, or its address is taken."""
+
+
+class ProfileCache:
+    """Profiles by path, re-read when the file changes; many pods share one parsed profile (read-only)."""
+
+    def __init__(self) -> None:
+        self._profiles: dict[Path, tuple[float, Profile]] = {}
+
+    def get(self, path: Path) -> Profile:
+        mtime = path.stat().st_mtime
+        cached = self._profiles.get(path)
+        if cached is None or cached[0] != mtime:
+            cached = self._profiles[path] = (mtime, load_profile(path))
+        return cached[1]
+
+
+def parse_options(argv: list[str]) -> ServeOptions:
+    """`serve MODEL ... --profile FILE` as the simulator's own command line takes it."""
+    try:
+        return parse_serve_args(argv)
+    except SystemExit as exit_:
+        raise HostError(f"bad simulator arguments (argparse exit {exit_.code})") from None
+
+
+class HostedSimulator:
+    """One simulator serving on its own host:port inside the driver's event loop."""
+
+    def __init__(self, simulator: Simulator) -> None:
+        self.simulator = simulator
+        self._runner = web.AppRunner(build_app(simulator, background_tick=False), access_log=None,
+                                     handle_signals=False)
+
+    @classmethod
+    async def start(cls, argv: list[str], profiles: ProfileCache) -> HostedSimulator:
+        options = parse_options(argv)
+        try:
+            profile = profiles.get(options.profile)
+        except (OSError, ValueError) as err:
+            raise HostError(str(err)) from err
+        hosted = cls(Simulator(options, profile))
+        await hosted._runner.setup()
+        site = web.TCPSite(hosted._runner, options.host, options.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as err:
+            await hosted._runner.cleanup()
+            raise HostError(f"cannot listen on {options.host}:{options.port}: {err.strerror or err}") from err
+        return hosted
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
