@@ -47,3 +47,13 @@ CANARY_WEIGHT = Gauge("specdec_canary_weight", "Percent of traffic on the canary
 ROLLOUTS = Counter(
     "specdec_rollouts", "Finished canary rollouts by result.", (*_POOL, "result"), registry=REGISTRY
 )
+SCRAPE_ROUND_SECONDS = Histogram(
+    "specdec_scrape_round_duration_seconds",
+    "From the start of an operator-wide scrape round until its last pod answered (or timed out).",
+    buckets=(0.5, 1, 2.5, 5, 7.5, 10, 12.5, 15, 20, 30, 60),
+    registry=REGISTRY,
+)
+SCRAPE_LAST_ROUND_SECONDS = Gauge(
+    "specdec_scrape_last_round_seconds", "Duration of the latest operator-wide scrape round.", registry=REGISTRY
+)
+SCRAPE_TARGETS = Gauge("specdec_scrape_targets", "Runtime pods the scrape scheduler scrapes.", registry=REGISTRY)

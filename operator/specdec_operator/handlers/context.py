@@ -14,6 +14,7 @@ from specdec_operator.reconcile.observed import Settings
 from specdec_operator.settings import OperatorSettings
 
 if TYPE_CHECKING:
+    from specdec_operator.handlers.scrapes import ScrapeScheduler
     from specdec_operator.handlers.tuning import ModelTuner
 
 Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
@@ -27,6 +28,7 @@ class OperatorContext:
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     tuners: dict[tuple[str, str], ModelTuner] = field(default_factory=dict)
     route_warnings: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # last posted per model
+    scrapes: ScrapeScheduler | None = None  # the operator-wide scrape rounds, once started
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())

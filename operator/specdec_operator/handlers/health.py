@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import aiohttp
 
 from specdec_operator.tuner.samples import ScrapeTarget
-from specdec_operator.tuner.scraper import scrape_url
+from specdec_operator.tuner.scraper import scrape_url, timed_get
 
 
 async def _healthy(target: ScrapeTarget, session: aiohttp.ClientSession, timeout_s: float, allow: bool) -> bool:
@@ -17,7 +17,7 @@ async def _healthy(target: ScrapeTarget, session: aiohttp.ClientSession, timeout
     except ValueError:
         return True  # refused to dial: nothing measured, so nothing to hold against the pod
     try:
-        async with asyncio.timeout(timeout_s), session.get(url, allow_redirects=False) as response:
+        async with timed_get(session, url, timeout_s) as response:
             return response.status == 200
     except (TimeoutError, aiohttp.ClientError, OSError):
         return False

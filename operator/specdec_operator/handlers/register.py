@@ -12,7 +12,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 import kopf
 from prometheus_client import start_http_server
 
@@ -20,9 +19,11 @@ from specdec_operator import GROUP, KIND, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, node_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
+from specdec_operator.handlers.scrapes import ScrapeScheduler
 from specdec_operator.kube.api import KubeApi, KubeApiError
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.settings import OperatorSettings
+from specdec_operator.tuner.scraper import scrape_session
 from specdec_runtime import contract
 
 # Changes often arrive in bursts (our own status write, a Deployment's status updates); batch them.
@@ -41,8 +42,13 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
         settings.scanning.disabled = True
     api = await KubeApi.connect(operator_settings.field_manager)
     # One pooled HTTP client for every scrape; vLLM answers /metrics on plain HTTP.
-    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=operator_settings.scrape_concurrency))
+    http = scrape_session(operator_settings.scrape_concurrency)
     memo.context = OperatorContext(settings=operator_settings, api=api, http=http)
+    memo.context.scrapes = ScrapeScheduler(
+        http, interval_s=operator_settings.scrape_interval_seconds, timeout_s=operator_settings.scrape_timeout_seconds,
+        concurrency=operator_settings.scrape_concurrency, allow_non_loopback=not operator_settings.scrape_loopback_only,
+    )
+    memo.scrape_rounds = asyncio.create_task(memo.context.scrapes.run(), name="scrape rounds")
     if not operator_settings.standalone:
         await ensure_peering(api, operator_settings)
     if operator_settings.metrics_port:
@@ -66,6 +72,9 @@ async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
 @kopf.on.cleanup()
 async def close(memo: Any, **_: Any) -> None:
     context: OperatorContext = memo.context
+    memo.scrape_rounds.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await memo.scrape_rounds
     await context.http.close()
     await context.api.close()
 
@@ -147,3 +156,5 @@ async def reconcile_loop(
         context.wakeups.pop((namespace, name), None)
         context.tuners.pop((namespace, name), None)
         context.route_warnings.pop((namespace, name), None)
+        if context.scrapes is not None:
+            context.scrapes.forget((namespace, name))

@@ -23,10 +23,9 @@ from specdec_operator.handlers.health import probe_health
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, scrape_targets, speculation_status
 from specdec_operator.render.names import label_value
-from specdec_operator.tuner.engine import TunerState
+from specdec_operator.tuner.engine import PoolContext, TunerState
 from specdec_operator.tuner.exporter import publish
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
-from specdec_operator.tuner.scraper import scrape
 from specdec_operator.tuner.window import WindowDelta, WindowReport
 from specdec_runtime import contract
 
@@ -128,6 +127,30 @@ def _verdicts(tuner: ModelTuner, spec: SpeculativeModelSpec, canary: CanaryStatu
     return {canary.canary_revision: verdict}
 
 
+async def _observe_scrapes(
+    ctx: OperatorContext,
+    session: aiohttp.ClientSession,
+    tuner: ModelTuner,
+    observed: ObservedModel,
+    previous: SpeculativeModelStatus,
+    contexts: list[PoolContext],
+) -> None:
+    """Tell the scrape scheduler which pods the model has now; feed the tuner every round it finished since."""
+    assert ctx.scrapes is not None  # started in configure(), before any model loop
+    key = (observed.namespace, observed.name)
+    selector = f"{contract.LABEL_MODEL}={label_value(observed.name)},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+    targets = scrape_targets(await ctx.api.list("Pod", observed.namespace, selector))
+    ctx.scrapes.want(key, targets)
+    allow = not ctx.settings.scrape_loopback_only
+    for results in ctx.scrapes.take(key):
+        report = tuner.state.observe(contexts, results)
+        if tuner.canary.step is not None and previous.canary is not None:
+            compared = {previous.canary.canary_revision, previous.canary.stable_revision}
+            watched = [target for target in targets if target.revision in compared]
+            health = await probe_health(watched, session, ctx.settings.scrape_timeout_seconds, allow)
+            tuner.canary.add(report, results, health)
+
+
 async def tuning_step(
     ctx: OperatorContext,
     session: aiohttp.ClientSession,
@@ -141,6 +164,8 @@ async def tuning_step(
     canary_mode = spec.rollout.strategy == "Canary"
     if not previous.pools or not (autotune.enabled or canary_mode):
         ctx.tuners.pop(key, None)
+        if ctx.scrapes is not None:
+            ctx.scrapes.forget(key)
         return TuningOutcome()
     tuner = ctx.tuners.get(key)
     if tuner is None:
@@ -151,18 +176,7 @@ async def tuning_step(
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling)
     if now >= tuner.next_scrape_at:
         tuner.next_scrape_at = now + ctx.settings.scrape_interval_seconds
-        model_label = label_value(observed.name)
-        selector = f"{contract.LABEL_MODEL}={model_label},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-        targets = scrape_targets(await ctx.api.list("Pod", observed.namespace, selector))
-        allow = not ctx.settings.scrape_loopback_only
-        results = await scrape(targets, timeout_s=ctx.settings.scrape_timeout_seconds,
-                               concurrency=ctx.settings.scrape_concurrency, session=session, allow_non_loopback=allow)
-        report = tuner.state.observe(contexts, results)
-        if tuner.canary.step is not None and previous.canary is not None:
-            compared = {previous.canary.canary_revision, previous.canary.stable_revision}
-            watched = [target for target in targets if target.revision in compared]
-            health = await probe_health(watched, session, ctx.settings.scrape_timeout_seconds, allow)
-            tuner.canary.add(report, results, health)
+        await _observe_scrapes(ctx, session, tuner, observed, previous, contexts)
     verdicts = _verdicts(tuner, spec, previous.canary)
     if not autotune.enabled or now < tuner.next_evaluation_at:
         return TuningOutcome(verdicts=verdicts)

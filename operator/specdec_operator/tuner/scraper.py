@@ -1,5 +1,10 @@
 """Scrape runtime pods' `/metrics` over HTTP: bounded concurrency, a timeout per pod, never an exception.
 
+The per-pod timeout runs from the moment the request is sent. Time spent waiting for a pooled
+connection is not the pod's fault: counting it made a busy operator report healthy pods as timing out
+(and, during a canary, fail them). Sessions from `scrape_session` carry the trace hooks that move the
+deadline; with any other session the timeout runs from the call, as a plain `asyncio.timeout` would.
+
 Every outcome (ok, incomplete, parse_error, timeout, http_error, refused) comes back as a
 `ScrapeResult` and is counted in the operator's own metrics, so a broken or slow pod is visible and
 harmless: the tuner treats anything but a complete sample as "no new data".
@@ -10,8 +15,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 
@@ -25,6 +33,58 @@ _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 class _ScrapeFailed(Exception):
     """The pod answered, but not with a /metrics body we will read."""
+
+
+@dataclass
+class _Deadline:
+    """The one request's timeout, which the session's trace hooks pause and restart."""
+
+    timeout: asyncio.Timeout
+    budget_s: float
+
+    def pause(self) -> None:
+        self.timeout.reschedule(None)
+
+    def restart(self) -> None:
+        self.timeout.reschedule(asyncio.get_running_loop().time() + self.budget_s)
+
+
+def _deadline_of(trace_config_ctx: SimpleNamespace) -> _Deadline | None:
+    deadline = trace_config_ctx.trace_request_ctx
+    return deadline if isinstance(deadline, _Deadline) else None
+
+
+async def _on_queued(_: aiohttp.ClientSession, trace_config_ctx: SimpleNamespace, __: Any) -> None:
+    if (deadline := _deadline_of(trace_config_ctx)) is not None:
+        deadline.pause()  # waiting for a pooled connection: not the pod's time
+
+
+async def _on_dequeued_or_sent(_: aiohttp.ClientSession, trace_config_ctx: SimpleNamespace, __: Any) -> None:
+    if (deadline := _deadline_of(trace_config_ctx)) is not None:
+        deadline.restart()
+
+
+def scrape_session(pool_size: int) -> aiohttp.ClientSession:
+    """The operator's HTTP session for pods: a pool of `pool_size` connections, and deadlines that skip pool waits."""
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_queued_start.append(_on_queued)
+    trace.on_connection_queued_end.append(_on_dequeued_or_sent)
+    trace.on_request_headers_sent.append(_on_dequeued_or_sent)
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=pool_size), trace_configs=[trace])
+
+
+@asynccontextmanager
+async def timed_get(
+    session: aiohttp.ClientSession, url: str, timeout_s: float
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """session.get(url) whose `timeout_s` runs from the request's send, not from a wait for a connection.
+
+    Before the send (connecting) the budget also applies; waiting in the pool's queue is free.
+    """
+    async with asyncio.timeout(timeout_s) as timeout:
+        deadline = _Deadline(timeout, timeout_s)
+        async with session.get(url, allow_redirects=False, trace_request_ctx=deadline) as response:
+            yield response
 
 
 def scrape_url(target: ScrapeTarget, *, allow_non_loopback: bool) -> str:
@@ -68,8 +128,7 @@ async def _scrape_one(
     except ValueError as err:
         return _finish(ScrapeResult(target, clock(), "refused", error=str(err)))
     try:
-        async with asyncio.timeout(timeout_s):
-            text = await _fetch(session, url)
+        text = await _fetch(session, url, timeout_s)
         sample = parse_metrics(text)
     except _ScrapeFailed as err:
         result = ScrapeResult(target, clock(), "http_error", error=str(err))
@@ -85,8 +144,8 @@ async def _scrape_one(
     return _finish(replace(result, duration_s=time.perf_counter() - started))
 
 
-async def _fetch(session: aiohttp.ClientSession, url: str) -> str:
-    async with session.get(url, allow_redirects=False) as response:
+async def _fetch(session: aiohttp.ClientSession, url: str, timeout_s: float) -> str:
+    async with timed_get(session, url, timeout_s) as response:
         if response.status != 200:
             raise _ScrapeFailed(f"HTTP {response.status}")
         body = await response.content.read(MAX_BODY_BYTES + 1)

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.tuner.samples import ScrapeTarget
-from specdec_operator.tuner.scraper import scrape, scrape_url
+from specdec_operator.tuner.scraper import scrape, scrape_session, scrape_url
 from tests.unit.tuner.factories import metrics_text
 
 GOOD = metrics_text()
@@ -33,9 +33,12 @@ class Pods:
             kind = request.match_info["kind"]
             if kind == "slow":
                 await asyncio.sleep(5)
+            if kind == "steady":
+                await asyncio.sleep(0.3)
             if kind == "error":
                 return web.Response(status=500, text="boom")
-            bodies = {"ok": GOOD, "slow": GOOD, "garbage": "\x00\x01 not metrics {{{\n", "partial": PARTIAL}
+            bodies = {"ok": GOOD, "slow": GOOD, "steady": GOOD, "garbage": "\x00\x01 not metrics {{{\n",
+                      "partial": PARTIAL}
             return web.Response(text=bodies[kind])
         finally:
             self.in_flight -= 1
@@ -146,3 +149,41 @@ async def test_outcomes_are_counted_in_the_operator_metrics(server: tuple[Pods, 
     before = count()
     await _scrape_kinds(port, ["garbage"], timeout_s=1, concurrency=1)
     assert count() == before + 1
+
+
+async def test_waiting_for_a_pooled_connection_is_not_a_scrape_timeout(server: tuple[Pods, int]) -> None:
+    """Four pods answering in 0.3 s through a pool of one: the last waits ~0.9 s for a connection, then answers
+    within its 0.5 s. Only the time after the request is sent counts against the pod."""
+    _, port = server
+    targets = [_target("steady", port)] * 4
+    async with scrape_session(pool_size=1) as session:
+        results = await scrape(targets, timeout_s=0.5, concurrency=4, session=_PathSession(session, {port: "steady"}))  # type: ignore[arg-type]
+    assert [r.outcome for r in results] == ["ok"] * 4
+    assert max(r.duration_s for r in results) > 0.8, "the pool really made some scrapes wait"
+
+    # The same pool without the deadline hooks counts the wait: the scrapes queued behind others time out.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as plain:
+        naive = await scrape(targets, timeout_s=0.5, concurrency=4, session=_PathSession(plain, {port: "steady"}))  # type: ignore[arg-type]
+    assert "timeout" in [r.outcome for r in naive]
+
+
+async def test_a_pod_slow_after_the_send_still_times_out_behind_a_pool_wait(server: tuple[Pods, int]) -> None:
+    _, port = server
+    async with scrape_session(pool_size=1) as session:
+        results = await scrape([_target("steady", port), _target("slow", port)], timeout_s=0.5, concurrency=2,
+                               session=_KindSession(session, port))  # type: ignore[arg-type]
+    assert [r.outcome for r in results] == ["ok", "timeout"]
+    assert results[1].duration_s < 2, "the slow pod's timeout ran from its send, not forever"
+
+
+class _KindSession:
+    """Routes each target to /<uid>/metrics: the test's targets name their kind in their uid."""
+
+    def __init__(self, session: aiohttp.ClientSession, port: int) -> None:
+        self._session, self._port = session, port
+        self._next: list[str] = []
+
+    def get(self, url: str, **kwargs: object) -> object:
+        kind = "steady" if not self._next else "slow"
+        self._next.append(kind)
+        return self._session.get(url.replace("/metrics", f"/{kind}/metrics"), **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,159 @@
+"""One operator-wide scrape scheduler: every wanted pod scraped once per interval, spread over it.
+
+Model loops used to scrape their own pods on their own timers, so 500 models could all fire at once
+and a model's scrape round waited on every other model's. Here each model says which pods it wants
+scraped (`want`) and picks up what came back (`take`), one list per finished round, since the tuner's
+windows read a round as "every pod the model has" (a pod missing from a round is a pod gone). One loop
+runs the rounds:
+
+- each pod has a stable phase in the interval (from its UID) plus a little random jitter, so load is
+  even and a pod's scrapes are about one interval apart;
+- at most `concurrency` scrapes are in flight, and each pod's timeout starts when its request is sent
+  (tuner/scraper.py), so queueing behind other pods never looks like a slow pod;
+- a model that stops wanting scrapes (deleted, tuning off) is forgotten with everything it had.
+
+Rounds never overlap: a round that overruns its interval delays the next, and that shows in
+specdec_scrape_round_duration_seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from specdec_operator.metrics import SCRAPE_LAST_ROUND_SECONDS, SCRAPE_ROUND_SECONDS, SCRAPE_TARGETS
+from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
+from specdec_operator.tuner.scraper import scrape
+
+logger = logging.getLogger(__name__)
+
+ModelKey = tuple[str, str]
+# Scrapes start within this share of the interval, leaving the rest for the slowest answers.
+SPREAD = 0.8
+JITTER = 0.05  # of the interval, random per round, on top of the pod's stable phase
+# A model that does not take its results keeps at most this many rounds (the newest).
+KEPT_ROUNDS = 4
+
+
+def phase(uid: str) -> float:
+    """A stable position in [0, 1) for the pod: the same every round, different between pods."""
+    return (zlib.crc32(uid.encode()) & 0xFFFFFFFF) / 2**32
+
+
+@dataclass
+class _ModelScrapes:
+    targets: dict[str, ScrapeTarget] = field(default_factory=dict)  # by pod UID
+    rounds: list[list[ScrapeResult]] = field(default_factory=list)  # finished rounds, oldest first
+
+
+class ScrapeScheduler:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        interval_s: float,
+        timeout_s: float,
+        concurrency: int,
+        allow_non_loopback: bool,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.session = session
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.allow_non_loopback = allow_non_loopback
+        self._gate = asyncio.Semaphore(max(1, concurrency))
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._models: dict[ModelKey, _ModelScrapes] = {}
+        self._wanted = asyncio.Event()
+        self.rounds = 0
+
+    # -- the models' side ---------------------------------------------------------------------
+
+    def want(self, key: ModelKey, targets: Iterable[ScrapeTarget]) -> None:
+        """Scrape these pods of the model from the next round on (replacing the model's previous set)."""
+        model = self._models.setdefault(key, _ModelScrapes())
+        model.targets = {target.uid: target for target in targets}
+        wanted = set(model.targets)
+        model.rounds = [[result for result in results if result.target.uid in wanted] for results in model.rounds]
+        self._wanted.set()
+
+    def take(self, key: ModelKey) -> list[list[ScrapeResult]]:
+        """The model's finished rounds since its last take, oldest first; each lists every pod scraped."""
+        model = self._models.get(key)
+        if model is None:
+            return []
+        rounds, model.rounds = model.rounds, []
+        return rounds
+
+    def forget(self, key: ModelKey) -> None:
+        self._models.pop(key, None)
+
+    @property
+    def models(self) -> set[ModelKey]:
+        return set(self._models)
+
+    @property
+    def pods(self) -> int:
+        return sum(len(model.targets) for model in self._models.values())
+
+    # -- the rounds -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run rounds until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._models:
+                self._wanted.clear()
+                await self._wanted.wait()
+            started = loop.time()
+            await self.run_round()
+            await asyncio.sleep(max(0.0, started + self.interval_s - loop.time()))
+
+    async def run_round(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        jobs = [
+            (key, target)
+            for key, model in self._models.items()
+            for target in model.targets.values()
+        ]
+        SCRAPE_TARGETS.set(len(jobs))
+        span = self.interval_s * SPREAD
+        offsets = [((phase(target.uid) + self._rng.uniform(0, JITTER)) % 1.0) * span for _, target in jobs]
+        results = await asyncio.gather(*(self._one(key, target, started + offset) for (key, target), offset in zip(
+            jobs, offsets, strict=True)))
+        by_model: dict[ModelKey, list[ScrapeResult]] = {}
+        for (key, _), result in zip(jobs, results, strict=True):
+            if result is not None:
+                by_model.setdefault(key, []).append(result)
+        for key, model_results in by_model.items():
+            model = self._models.get(key)
+            if model is None:
+                continue  # forgotten during the round
+            wanted = model.targets.keys()
+            model.rounds.append([result for result in model_results if result.target.uid in wanted])
+            del model.rounds[:-KEPT_ROUNDS]
+        self.rounds += 1
+        if jobs:
+            SCRAPE_ROUND_SECONDS.observe(loop.time() - started)
+            SCRAPE_LAST_ROUND_SECONDS.set(loop.time() - started)
+
+    async def _one(self, key: ModelKey, target: ScrapeTarget, at: float) -> ScrapeResult | None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, at - loop.time()))
+        model = self._models.get(key)
+        if model is None or target.uid not in model.targets:
+            return None  # the model or the pod went away since the round was planned
+        async with self._gate:
+            (result,) = await scrape([target], timeout_s=self.timeout_s, concurrency=1, session=self.session,
+                                     allow_non_loopback=self.allow_non_loopback, clock=self._clock)
+        return result

@@ -1,0 +1,156 @@
+"""The operator-wide scrape scheduler against a real loopback server standing in for many pods."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from specdec_operator.handlers.scrapes import SPREAD, ScrapeScheduler, phase
+from specdec_operator.tuner.samples import ScrapeTarget
+from specdec_operator.tuner.scraper import scrape_session
+from tests.unit.tuner.factories import metrics_text
+
+BODY = metrics_text()
+
+
+class Pod:
+    """Answers /metrics after `delay_s`, remembering when each request came and the most in flight."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.arrivals: list[float] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def handle(self, _: web.Request) -> web.Response:
+        self.arrivals.append(time.monotonic())
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+            return web.Response(text=BODY)
+        finally:
+            self.in_flight -= 1
+
+
+async def serve(pod: Pod) -> tuple[web.AppRunner, int]:
+    app = web.Application()
+    app.router.add_get("/metrics", pod.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+@pytest.fixture
+async def pod() -> AsyncIterator[tuple[Pod, int]]:
+    server = Pod(delay_s=0.01)
+    runner, port = await serve(server)
+    yield server, port
+    await runner.cleanup()
+
+
+def targets(port: int, model: str, count: int) -> list[ScrapeTarget]:
+    return [ScrapeTarget(pod=f"ns/{model}-{i}", uid=f"{model}-{i}", ip="127.0.0.1", port=port, pool="p",
+                         revision="r", k=3) for i in range(count)]
+
+
+def scheduler(session: object, interval_s: float = 0.5, concurrency: int = 8) -> ScrapeScheduler:
+    return ScrapeScheduler(session, interval_s=interval_s, timeout_s=2, concurrency=concurrency,  # type: ignore[arg-type]
+                           allow_non_loopback=False)
+
+
+async def test_each_wanted_pod_is_scraped_once_per_round_and_results_go_to_their_model(
+    pod: tuple[Pod, int],
+) -> None:
+    server, port = pod
+    async with scrape_session(pool_size=4) as session:
+        scrapes = scheduler(session)
+        scrapes.want(("ns", "a"), targets(port, "a", 3))
+        scrapes.want(("ns", "b"), targets(port, "b", 2))
+        await scrapes.run_round()
+        assert len(server.arrivals) == 5
+        (a,), (b,) = scrapes.take(("ns", "a")), scrapes.take(("ns", "b"))
+        assert sorted(r.target.uid for r in a) == ["a-0", "a-1", "a-2"]
+        assert sorted(r.target.uid for r in b) == ["b-0", "b-1"]
+        assert {r.outcome for r in a + b} == {"ok"}
+        assert scrapes.take(("ns", "a")) == [], "take hands each result out once"
+
+
+async def test_scrapes_are_spread_over_the_interval_not_fired_at_once(pod: tuple[Pod, int]) -> None:
+    server, port = pod
+    async with scrape_session(pool_size=32) as session:
+        scrapes = scheduler(session, interval_s=1.0, concurrency=32)
+        wanted = targets(port, "m", 20)
+        scrapes.want(("ns", "m"), wanted)
+        await scrapes.run_round()
+    spread = max(server.arrivals) - min(server.arrivals)
+    phases = sorted(phase(t.uid) for t in wanted)
+    assert spread > 0.5 * (phases[-1] - phases[0]) * SPREAD, f"arrivals span only {spread:.2f}s"
+    assert server.most_in_flight < 10
+
+
+async def test_concurrency_is_bounded_operator_wide(pod: tuple[Pod, int]) -> None:
+    server, port = pod
+    server.delay_s = 0.2
+    async with scrape_session(pool_size=64) as session:
+        scrapes = scheduler(session, interval_s=0.01, concurrency=3)  # everything due at once
+        for model in "abcd":
+            scrapes.want(("ns", model), targets(port, model, 3))
+        await scrapes.run_round()
+    assert len(server.arrivals) == 12
+    assert server.most_in_flight == 3
+
+
+async def test_forgotten_models_and_dropped_pods_are_not_scraped_or_kept(pod: tuple[Pod, int]) -> None:
+    server, port = pod
+    async with scrape_session(pool_size=4) as session:
+        scrapes = scheduler(session)
+        scrapes.want(("ns", "a"), targets(port, "a", 3))
+        scrapes.want(("ns", "b"), targets(port, "b", 2))
+        await scrapes.run_round()
+        scrapes.forget(("ns", "b"))
+        scrapes.want(("ns", "a"), targets(port, "a", 3)[:1])
+        assert [[r.target.uid for r in round_] for round_ in scrapes.take(("ns", "a"))] == [["a-0"]], \
+            "a dropped pod's results go with it"
+        server.arrivals.clear()
+        await scrapes.run_round()
+        assert len(server.arrivals) == 1
+        assert scrapes.models == {("ns", "a")} and scrapes.pods == 1
+        assert scrapes.take(("ns", "b")) == []
+
+
+async def test_an_untaken_model_keeps_only_its_newest_rounds(pod: tuple[Pod, int]) -> None:
+    _, port = pod
+    async with scrape_session(pool_size=4) as session:
+        scrapes = scheduler(session, interval_s=0.01)
+        scrapes.want(("ns", "a"), targets(port, "a", 1))
+        for _ in range(7):
+            await scrapes.run_round()
+        kept = scrapes.take(("ns", "a"))
+    assert len(kept) == 4 and all(len(round_) == 1 for round_ in kept)
+    times = [round_[0].at for round_ in kept]
+    assert times == sorted(times)
+
+
+async def test_run_waits_idle_until_a_model_wants_scrapes(pod: tuple[Pod, int]) -> None:
+    server, port = pod
+    async with scrape_session(pool_size=4) as session:
+        scrapes = scheduler(session, interval_s=0.2)
+        runner = asyncio.create_task(scrapes.run())
+        await asyncio.sleep(0.3)
+        assert scrapes.rounds == 0 and server.arrivals == []
+        scrapes.want(("ns", "a"), targets(port, "a", 2))
+        for _ in range(50):
+            if scrapes.rounds >= 2:
+                break
+            await asyncio.sleep(0.05)
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+    assert scrapes.rounds >= 2 and len(server.arrivals) >= 4
