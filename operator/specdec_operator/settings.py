@@ -81,3 +81,9 @@ class OperatorSettings(BaseSettings):
     metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
     peering_name: str = Field(default="specdec-operator", description="Kopf peering object for HA.")
     standalone: bool = Field(default=False, description="Run without peering (single replica, dev).")
+    model_selector: str = Field(
+        default="",
+        description="Label selector on SpeculativeModels this install reconciles (sharding; empty means all). "
+        "Applied by the API server to the watch, so other shards' models are never seen.",
+    )
+    shard: str = Field(default="", description="This install's shard name, written to each model's status.")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import aiohttp
 
+from specdec_operator.handlers.cache import WatchCache
 from specdec_operator.kube.api import KubeApi
 from specdec_operator.reconcile.observed import Settings
 from specdec_operator.settings import OperatorSettings
@@ -30,6 +31,7 @@ class OperatorContext:
     tuners: dict[tuple[str, str], ModelTuner] = field(default_factory=dict)
     route_warnings: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # last posted per model
     scrapes: ScrapeScheduler | None = None  # the operator-wide scrape rounds, once started
+    cache: WatchCache = field(default_factory=WatchCache)  # owned objects and runtime pods, from watches
     # The object our last status write returned, per model: newer than kopf's body until the watch catches up.
     written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     stats_written_at: dict[tuple[str, str], float] = field(default_factory=dict)  # monotonic
@@ -43,6 +45,7 @@ class OperatorContext:
             per_model.pop(key, None)
         if self.scrapes is not None:
             self.scrapes.forget(key)
+        self.cache.forget(key)
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())

@@ -24,8 +24,6 @@ from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status, read_status
 from specdec_operator.reconcile.status_build import summarise
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
-from specdec_operator.render.names import label_value
-from specdec_runtime import contract
 
 OWNED_KINDS = ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget")
 # Canary events that end a rollout, and the result label they count under.
@@ -47,13 +45,8 @@ async def gather(
 ) -> ObservedModel:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    selector = f"{contract.LABEL_MODEL}={label_value(name)},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-    children: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for kind in OWNED_KINDS:
-        for child in await ctx.api.list(kind, namespace, selector):
-            owners = child["metadata"].get("ownerReferences", [])
-            if any(owner.get("uid") == uid for owner in owners):
-                children[(kind, child["metadata"]["name"])] = child
+    # Owned objects come from the watch cache, already filtered to our labels and indexed by owner uid.
+    children = ctx.cache.children(namespace, uid)
     return ObservedModel(
         namespace=namespace,
         name=name,

@@ -17,23 +17,23 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
-from specdec_operator import GROUP, KIND, PLURAL, VERSION
+from specdec_operator import GROUP, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, node_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.scrapes import ScrapeScheduler
 from specdec_operator.handlers.tuning import next_wake, scrape_tick
+from specdec_operator.handlers.watches import filter_watches, owned_changed
 from specdec_operator.handlers.writes import newest_body
 from specdec_operator.kube.api import KubeApi, KubeApiError
 from specdec_operator.kube.retry import Backoff
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.settings import OperatorSettings
 from specdec_operator.tuner.scraper import scrape_session
-from specdec_runtime import contract
 
-# Changes often arrive in bursts (our own status write, a Deployment's status updates); batch them.
+# Changes often arrive in bursts (a Deployment's status updates); batch them.
 DEBOUNCE_S = 0.5
-OWNED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+__all__ = ["owned_changed"]  # registered by importing handlers.watches
 
 
 @kopf.on.startup()
@@ -45,6 +45,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     if operator_settings.namespaces and not any("*" in ns for ns in operator_settings.namespaces):
         # Fixed namespaces need no namespace scan; a namespaced Role could not list namespaces anyway.
         settings.scanning.disabled = True
+    filter_watches(settings, operator_settings.model_selector)
     api = await KubeApi.connect(operator_settings.field_manager, operator_settings.api_timeout_seconds)
     # One pooled HTTP client for every scrape; vLLM answers /metrics on plain HTTP.
     http = scrape_session(operator_settings.scrape_concurrency)
@@ -99,18 +100,15 @@ def gpu_nodes(
     }
 
 
-# Async, so they run on the event loop: asyncio.Event.set() is not safe from kopf's thread pool.
+# Async, so it runs on the event loop: asyncio.Event.set() is not safe from kopf's thread pool.
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def model_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    memo.context.nudge(namespace or "", name)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=OWNED)
-async def deployment_changed(namespace: str | None, meta: kopf.Meta, memo: Any, **_: Any) -> None:
-    # The owner reference carries the model's real name; the label may be a shortened form of it.
-    for owner in meta.get("ownerReferences", []):
-        if owner.get("kind") == KIND and namespace:
-            memo.context.nudge(namespace, owner["name"])
+async def model_changed(
+    namespace: str | None, name: str, type: str | None, body: kopf.Body, memo: Any, **_: Any
+) -> None:
+    context: OperatorContext = memo.context
+    # Our own status writes come back as events too; only a change of spec or metadata wakes the loop.
+    if context.cache.model_changed((namespace or "", name), type, body):
+        context.nudge(namespace or "", name)
 
 
 async def _sleep_until_nudged(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, timeout_s: float) -> bool:
@@ -179,6 +177,7 @@ async def reconcile_loop(
     gpu_nodes: kopf.Index[str, NodeGpus] = kwargs["gpu_nodes"]  # the node index, by its handler's name
     context: OperatorContext = memo.context
     wakeup = context.wakeup(namespace, name)
+    context.cache.bind(kwargs)  # kopf filled every index before starting this loop
     schedule = LoopSchedule(context.settings.reconcile_interval_seconds)
     nudged = True
     try:

@@ -34,7 +34,6 @@ from specdec_operator.tuner.engine import PoolContext, TunerState
 from specdec_operator.tuner.exporter import count_k_change, publish
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
 from specdec_operator.tuner.window import WindowDelta, WindowReport
-from specdec_runtime import contract
 
 SCRAPED_OK = ("ok", "incomplete")
 FAILURES_IN_A_ROW = 3
@@ -160,8 +159,7 @@ async def _observe_round(
     assert ctx.scrapes is not None  # started in configure(), before any model loop
     tuner.next_scrape_at = time.monotonic() + ctx.settings.scrape_interval_seconds
     key = (namespace, name)
-    selector = f"{contract.LABEL_MODEL}={label_value(name)},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-    targets = scrape_targets(await ctx.api.list("Pod", namespace, selector))
+    targets = scrape_targets(ctx.cache.pods(namespace, label_value(name)))
     ctx.scrapes.want(key, targets)
     allow = not ctx.settings.scrape_loopback_only
     for results in ctx.scrapes.take(key):

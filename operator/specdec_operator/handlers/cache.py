@@ -1,0 +1,57 @@
+"""What gather() and the scrape path read instead of LISTs: the kopf indices of handlers/watches.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+CHILD_INDICES = {"Deployment": "owned_deployments", "ConfigMap": "owned_configmaps", "Service": "owned_services",
+                 "PodDisruptionBudget": "owned_pdbs"}
+
+
+class WatchCache:
+    """The kopf indices, bound from the first model loop's kwargs (kopf passes indices to handlers only)."""
+
+    def __init__(self) -> None:
+        self._indices: Mapping[str, Any] = {}
+        # What last woke each model: its spec generation, labels, annotations and deletion mark.
+        self._seen: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+    def bind(self, handler_kwargs: Mapping[str, Any]) -> None:
+        if not self._indices:
+            names = [*CHILD_INDICES.values(), "runtime_pods"]
+            self._indices = {name: handler_kwargs[name] for name in names}
+
+    @property
+    def bound(self) -> bool:
+        return bool(self._indices)
+
+    def children(self, namespace: str, uid: str) -> dict[tuple[str, str], Mapping[str, Any]]:
+        """The model's owned objects by (kind, name)."""
+        found: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for kind, index_name in CHILD_INDICES.items():
+            for body in _store(self._indices[index_name], (namespace, uid)):
+                found[(kind, body["metadata"]["name"])] = body
+        return found
+
+    def pods(self, namespace: str, model_label: str) -> list[Mapping[str, Any]]:
+        return list(_store(self._indices["runtime_pods"], (namespace, model_label)))
+
+    def model_changed(self, key: tuple[str, str], event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Whether this watch event of a model is a change its loop must see (not just a status write)."""
+        if event_type == "DELETED":
+            self._seen.pop(key, None)
+            return True
+        meta = body.get("metadata", {})
+        seen = (meta.get("generation"), meta.get("labels"), meta.get("annotations"), meta.get("deletionTimestamp"))
+        if self._seen.get(key) == seen:
+            return False
+        self._seen[key] = seen
+        return True
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._seen.pop(key, None)
+
+
+def _store(index: Mapping[Any, Iterable[Mapping[str, Any]]], key: Any) -> Iterable[Mapping[str, Any]]:
+    return index.get(key, ())

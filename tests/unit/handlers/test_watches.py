@@ -1,0 +1,104 @@
+"""Watch caches: what the kopf indices hold, what gather() reads back, and which model events wake a loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from specdec_operator import GROUP, KIND, PLURAL
+from specdec_operator.handlers.cache import WatchCache
+from specdec_operator.handlers.watches import (
+    OWNED_SELECTOR,
+    filter_watches,
+    owned_configmaps,
+    owned_deployments,
+    runtime_pods,
+)
+from specdec_runtime import contract
+
+MODEL_UID = "uid-model-a"
+
+
+def child(name: str, owner_uid: str = MODEL_UID, owner_kind: str = KIND) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name, "namespace": "ns", "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+            "ownerReferences": [{"kind": owner_kind, "name": "a", "uid": owner_uid}],
+            "managedFields": [{"manager": "specdec-operator", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {"replicas": 2},
+    }
+
+
+def pod(name: str, model: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "labels": {contract.LABEL_MODEL: model, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}},
+            "status": {"podIP": "127.0.0.9"}}
+
+
+class FakeIndex(dict[Any, list[dict[str, Any]]]):
+    """What kopf hands handlers: key -> the values every indexed object returned for that key."""
+
+    def add(self, entry: dict[Any, dict[str, Any]] | None) -> None:
+        for key, value in (entry or {}).items():
+            self.setdefault(key, []).append(value)
+
+
+def indices() -> dict[str, FakeIndex]:
+    return {name: FakeIndex() for name in
+            ("owned_deployments", "owned_configmaps", "owned_services", "owned_pdbs", "runtime_pods")}
+
+
+def test_children_are_indexed_by_owning_model_without_managed_fields() -> None:
+    kwargs = indices()
+    kwargs["owned_deployments"].add(owned_deployments(body=kopf.Body(child("a-pool"))))
+    kwargs["owned_configmaps"].add(owned_configmaps(body=kopf.Body(child("a-config"))))
+    kwargs["owned_deployments"].add(owned_deployments(body=kopf.Body(child("b-pool", owner_uid="uid-model-b"))))
+    assert owned_deployments(body=kopf.Body(child("x", owner_kind="ReplicaSet"))) is None
+    cache = WatchCache()
+    cache.bind(kwargs)
+    found = cache.children("ns", MODEL_UID)
+    assert sorted(found) == [("ConfigMap", "a-config"), ("Deployment", "a-pool")]
+    deployment = found[("Deployment", "a-pool")]
+    assert deployment["kind"] == "Deployment" and deployment["apiVersion"] == "apps/v1"
+    assert "managedFields" not in deployment["metadata"]
+    assert deployment["spec"] == {"replicas": 2}
+    assert cache.children("other-ns", MODEL_UID) == {}
+
+
+def test_runtime_pods_are_found_by_the_model_label() -> None:
+    kwargs = indices()
+    for name, model in (("p1", "a"), ("p2", "a"), ("p3", "b")):
+        kwargs["runtime_pods"].add(runtime_pods(body=kopf.Body(pod(name, model))))
+    cache = WatchCache()
+    cache.bind(kwargs)
+    assert sorted(p["metadata"]["name"] for p in cache.pods("ns", "a")) == ["p1", "p2"]
+    assert cache.pods("ns", "c") == []
+
+
+def test_status_only_events_do_not_wake_the_model() -> None:
+    cache = WatchCache()
+    key = ("ns", "a")
+    body: dict[str, Any] = {"metadata": {"generation": 1, "annotations": {}, "labels": {}}, "status": {}}
+    assert cache.model_changed(key, None, body), "the first sight of a model wakes it"
+    assert not cache.model_changed(key, "MODIFIED", {**body, "status": {"pools": []}}), "our status write echoes"
+    assert cache.model_changed(key, "MODIFIED", {**body, "metadata": {**body["metadata"], "generation": 2}})
+    annotated = {"metadata": {"generation": 2, "annotations": {"specdec.io/action": "abort"}, "labels": {}}}
+    assert cache.model_changed(key, "MODIFIED", annotated), "a manual action annotation wakes it"
+    assert cache.model_changed(key, "DELETED", annotated)
+    cache.forget(key)
+    assert cache.model_changed(key, None, annotated), "forgotten models start over"
+
+
+def test_watches_are_filtered_by_our_label_on_the_server_and_listed_in_pages() -> None:
+    settings = kopf.OperatorSettings()
+    filter_watches(settings, "specdec.io/shard=blue")
+    selectors = settings.watching.label_selectors
+    for plural in ("deployments", "configmaps", "services", "poddisruptionbudgets", "pods"):
+        assert selectors[plural] == OWNED_SELECTOR
+    assert selectors[GROUP, PLURAL] == "specdec.io/shard=blue"
+    assert settings.watching.chunk_size == 500
+    unsharded = kopf.OperatorSettings()
+    filter_watches(unsharded, "")
+    assert (GROUP, PLURAL) not in unsharded.watching.label_selectors
