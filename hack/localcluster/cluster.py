@@ -37,6 +37,13 @@ rules:
     verbs: [create, update, patch, delete, deletecollection]
   - level: None
 """
+# hack/scale splits every request by client, reads included (SPECDEC_CLUSTER_AUDIT_READS=true).
+AUDIT_POLICY_ALL = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+"""
 
 
 def stderr_log(message: str) -> None:
@@ -124,7 +131,8 @@ class LocalCluster:
             directory.mkdir(parents=True, exist_ok=True)
         cluster_certs = certs.generate_certs(self.paths.root / "pki")
         self._write_kubeconfig(cluster_certs)
-        (self.paths.root / "audit-policy.yaml").write_text(AUDIT_POLICY)
+        reads = os.environ.get("SPECDEC_CLUSTER_AUDIT_READS", "").lower() in ("1", "true")
+        (self.paths.root / "audit-policy.yaml").write_text(AUDIT_POLICY_ALL if reads else AUDIT_POLICY)
         stages = build.kwok_stage_files()
         try:
             self._start("etcd", self._etcd_command(), (self.ports.etcd_client, self.ports.etcd_peer))

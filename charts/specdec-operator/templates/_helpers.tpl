@@ -153,6 +153,10 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ .Values.peering.name | quote }}
 - name: SPECDEC_STANDALONE
   value: {{ not .Values.peering.enabled | quote }}
+- name: SPECDEC_SHARD
+  value: {{ .Values.shard.name | quote }}
+- name: SPECDEC_MODEL_SELECTOR
+  value: {{ .Values.shard.modelSelector | quote }}
 - name: SPECDEC_AUTOTUNE_DEFAULTS
   value: {{ toJson .Values.tuner | quote }}
 {{- end -}}

@@ -148,3 +148,6 @@ class SpeculativeModelStatus(ApiModel):
     speculation: SpeculationStatus = Field(default_factory=SpeculationStatus, description="Measured statistics.")
     canary: CanaryStatus | None = Field(default=None, description="Canary in flight, if any.")
     summary: Summary = Field(default_factory=Summary, description="Strings for printer columns.")
+    shard: str | None = Field(
+        default=None, description="The operator install (shard) that reconciles this model, when sharded."
+    )

@@ -192,6 +192,8 @@ async def reconcile(
             refusals=refusals_of(ctx, key).summary(),
         )
         plan.events.extend(tuning.events)
+        if plan.status is not None and ctx.settings.shard:
+            plan.status.shard = ctx.settings.shard  # which install owns the model, for sharded fleets
         changed = await write(ctx, body, baseline, observed, plan, logger)
         if not plan.status_unreadable:
             await clear_manual_action(ctx, observed, plan)

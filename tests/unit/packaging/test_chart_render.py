@@ -100,6 +100,8 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
         "scrape.intervalSeconds=20",
         "scrape.loopbackOnly=true",
         "peering.name=fleet-peering",
+        "shard.name=blue",
+        "shard.modelSelector=specdec.io/shard in (blue)",
     )
     settings = _settings_from_env(_settings_env(manifests), monkeypatch)
     assert settings.namespaces == ["team-a"]
@@ -107,6 +109,7 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
     assert settings.scrape_interval_seconds == 20
     assert settings.scrape_loopback_only is True
     assert settings.peering_name == "fleet-peering"
+    assert settings.shard == "blue" and settings.model_selector == "specdec.io/shard in (blue)"
 
 
 # Settings the chart already sets that the operator has yet to read. Strict: once the field exists in
@@ -130,6 +133,8 @@ def _env_names() -> list[Any]:
         "SPECDEC_METRICS_PORT",
         "SPECDEC_PEERING_NAME",
         "SPECDEC_STANDALONE",
+        "SPECDEC_SHARD",
+        "SPECDEC_MODEL_SELECTOR",
         *PENDING_SETTINGS,
     ]
     return [

@@ -1,0 +1,96 @@
+"""Two operator installs split a fleet by a label selector on SpeculativeModels: no overlap, no gap.
+
+Each shard runs as the chart runs it (peering on, its own peering object) with the kopf peering CRDs
+from the chart. Shard `a` takes models labelled specdec.io/shard=a, shard `rest` everything else
+(`notin (a)` also matches models without the label). The session's standalone operator, which would
+reconcile every model, is paused meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from localcluster.cluster import LocalCluster
+from tests.e2e.helm import Helm, Release, unique_name
+from tests.e2e.kube import Kube, wait_for
+from tests.e2e.operator_process import OperatorProcess
+
+pytestmark = pytest.mark.e2e
+
+SHARD_LABEL = "specdec.io/shard"
+SHARDS = {"a": f"{SHARD_LABEL}=a", "rest": f"{SHARD_LABEL} notin (a)"}
+
+
+def model(name: str, shard: str | None) -> dict[str, Any]:
+    labels = {SHARD_LABEL: shard} if shard else {}
+    return {
+        "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": name, "tensorParallelSize": 1},
+            "drafters": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}],
+            "speculation": {"initialK": 3, "autotune": {"enabled": False}},
+            "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": 1},
+        },
+    }
+
+
+@pytest.fixture
+def shards(cluster: LocalCluster, crds: None, operator: OperatorProcess,
+           namespace: str) -> Iterator[dict[str, OperatorProcess]]:
+    release = Release(Helm(cluster), unique_name("shards"), unique_name("e2e-shard-sys"),
+                      {"watchNamespaces": [namespace], "replicaCount": 0})
+    operator.stop()
+    running: dict[str, OperatorProcess] = {}
+    try:
+        release.install()  # kopf's peering CRDs
+        for shard, selector in SHARDS.items():
+            running[shard] = OperatorProcess(
+                cluster, name=f"operator-{release.name}-{shard}", SPECDEC_STANDALONE="false",
+                SPECDEC_NAMESPACES=json.dumps([namespace]), SPECDEC_SHARD=shard, SPECDEC_MODEL_SELECTOR=selector,
+                SPECDEC_PEERING_NAME=f"specdec-operator-{shard}",
+            ).start()
+        yield running
+    finally:
+        for process in running.values():
+            process.stop()
+        operator.start()
+        release.cleanup()
+
+
+def shard_of(kube: Kube) -> dict[str, str | None]:
+    return {item["metadata"]["name"]: item.get("status", {}).get("shard") for item in kube.items("sm")}
+
+
+def models_in_log(process: OperatorProcess, names: list[str]) -> set[str]:
+    """Models the shard's log mentions in kopf's per-object prefix `[namespace/name]`."""
+    text = process.log_path.read_text(errors="replace")
+    return {name for name in names if re.search(rf"/{re.escape(name)}\]", text)}
+
+
+def test_two_shards_split_the_fleet_with_no_overlap_and_no_gap(
+    kube: Kube, namespace: str, shards: dict[str, OperatorProcess]
+) -> None:
+    wanted = {"m-a1": "a", "m-a2": "a", "m-b1": "b", "m-plain1": None, "m-plain2": None}
+    kube.apply([model(name, shard) for name, shard in wanted.items()])
+    expected = {name: ("a" if shard == "a" else "rest") for name, shard in wanted.items()}
+    wait_for("every model's status names its shard", lambda: shard_of(kube) == expected, 90)
+
+    for shard in ("a", "rest"):
+        peering = json.loads(kube.run("get", "kopfpeering", f"specdec-operator-{shard}", "-o", "json"))
+        assert peering["status"], f"shard {shard} keeps its own peering object alive"
+
+    names = list(wanted)
+    seen = {shard: models_in_log(process, names) for shard, process in shards.items()}
+    assert seen["a"] == {"m-a1", "m-a2"}, seen
+    assert seen["rest"] == {"m-b1", "m-plain1", "m-plain2"}, seen
+
+    # Relabel a model from the catch-all shard into shard a: it moves, and stays owned once.
+    kube.run("label", "sm", "m-plain1", f"{SHARD_LABEL}=a")
+    wait_for("m-plain1 moves to shard a", lambda: shard_of(kube)["m-plain1"] == "a", 60)
+    assert shard_of(kube) == {**expected, "m-plain1": "a"}
