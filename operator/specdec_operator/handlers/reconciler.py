@@ -114,14 +114,15 @@ async def write(
     # Traffic moves before Deployments: a canary loses its weight before it is deleted.
     await sync_route(ctx, body, observed, plan, logger)
     if await apply_owned(ctx, body, key, plan.apply, logger) and plan.status is not None:
-        # A refusal appeared or cleared: the condition says so within this reconcile.
         refused = refusals_of(ctx, key).summary()
-        update = (ConditionUpdate("Degraded", True, "WriteRefused", "; ".join(refused)) if refused
-                  else ConditionUpdate("Degraded", False, "AsExpected", "the API server accepted every owned object"))
-        conditions = apply_updates(plan.status.conditions, [update], observed.generation, utc_now())
-        status = plan.status.model_copy(update={"conditions": conditions})
-        changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
-        ctx.nudge(*key)  # the next pass recomputes every condition from scratch
+        if refused:
+            # A refusal appeared or changed: the condition carries the server's words within this reconcile.
+            update = ConditionUpdate("Degraded", True, "WriteRefused", "; ".join(refused))
+            conditions = apply_updates(plan.status.conditions, [update], observed.generation, utc_now())
+            status = plan.status.model_copy(update={"conditions": conditions})
+            changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
+        else:
+            ctx.nudge(*key)  # accepted now: the next pass computes Degraded from scratch
     for kind, name in plan.delete:
         await ctx.api.delete(kind, observed.namespace, name)
     return changed
