@@ -67,16 +67,6 @@ async def gather(
     )
 
 
-def changed_paths(old: Any, new: Any, path: str = "status") -> list[str]:
-    """Leaf paths whose values differ, for a log line that says why a status write happened."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [p for key in sorted(old.keys() | new.keys()) for p in changed_paths(old.get(key), new.get(key),
-                                                                                     f"{path}.{key}")]
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [p for i, (a, b) in enumerate(zip(old, new, strict=True)) for p in changed_paths(a, b, f"{path}[{i}]")]
-    return [] if old == new else [path]
-
-
 def _post_events(body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) -> None:
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
