@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -85,6 +86,14 @@ def test_a_hand_corrupted_status_field_is_named_and_nothing_acts_on_it(
     wait_for("spec change rolled out", lambda: kube.get("deployment", f"{name}-gfx942")["spec"]["replicas"] == 2, 30)
 
 
+def dry_run_deployment(cluster: LocalCluster, namespace: str) -> str:
+    """kubectl's error for a server-side dry-run create of a Deployment (empty when admitted)."""
+    result = subprocess.run(
+        [str(cluster.binaries["kubectl"]), "--kubeconfig", str(cluster.paths.kubeconfig), "-n", namespace, "create",
+         "deployment", "probe", "--image=x", "--dry-run=server"], capture_output=True, text=True, check=False)
+    return result.stderr
+
+
 def deny_deployments(namespace: str, message: str) -> list[dict[str, Any]]:
     name = f"deny-deployments-{namespace}"
     return [
@@ -112,11 +121,7 @@ def test_a_refused_deployment_is_a_condition_with_the_servers_message_and_retrie
     cluster_kube = Kube(cluster)
     cluster_kube.apply(policy)
     try:
-        probe = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "probe", "namespace": namespace},
-                 "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
-                     "metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
-        wait_for("the policy enforced", lambda: "injected refusal" in kube.try_apply(
-            json.dumps(probe))[1], 30, 1)
+        wait_for("the policy enforced", lambda: "injected refusal" in dry_run_deployment(cluster, namespace), 30, 1)
         since = now_iso()
         started = time.monotonic()
         kube.apply(small_model(name))
