@@ -60,16 +60,6 @@ async def gather(
     )
 
 
-def changed_paths(old: Any, new: Any, path: str = "status") -> list[str]:
-    """Leaf paths whose values differ, for a log line that says why a status write happened."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [p for key in sorted(old.keys() | new.keys()) for p in changed_paths(old.get(key), new.get(key),
-                                                                                     f"{path}.{key}")]
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [p for i, (a, b) in enumerate(zip(old, new, strict=True)) for p in changed_paths(a, b, f"{path}[{i}]")]
-    return [] if old == new else [path]
-
-
 def _post_events(body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) -> None:
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
@@ -107,14 +97,15 @@ async def write(
     # Traffic moves before Deployments: a canary loses its weight before it is deleted.
     await sync_route(ctx, body, observed, plan, logger)
     if await apply_owned(ctx, body, key, plan.apply, logger) and plan.status is not None:
-        # A refusal appeared or cleared: the condition says so within this reconcile.
         refused = refusals_of(ctx, key).summary()
-        update = (ConditionUpdate("Degraded", True, "WriteRefused", "; ".join(refused)) if refused
-                  else ConditionUpdate("Degraded", False, "AsExpected", "the API server accepted every owned object"))
-        conditions = apply_updates(plan.status.conditions, [update], observed.generation, utc_now())
-        status = plan.status.model_copy(update={"conditions": conditions})
-        changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
-        ctx.nudge(*key)  # the next pass recomputes every condition from scratch
+        if refused:
+            # A refusal appeared or changed: the condition carries the server's words within this reconcile.
+            update = ConditionUpdate("Degraded", True, "WriteRefused", "; ".join(refused))
+            conditions = apply_updates(plan.status.conditions, [update], observed.generation, utc_now())
+            status = plan.status.model_copy(update={"conditions": conditions})
+            changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
+        else:
+            ctx.nudge(*key)  # accepted now: the next pass computes Degraded from scratch
     for kind, name in plan.delete:
         await ctx.api.delete(kind, observed.namespace, name)
     return changed

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -21,12 +20,12 @@ from specdec_operator import GROUP, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, node_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
+from specdec_operator.handlers.schedule import LoopSchedule
 from specdec_operator.handlers.scrapes import ScrapeScheduler
 from specdec_operator.handlers.tuning import next_wake, scrape_tick
 from specdec_operator.handlers.watches import filter_watches, owned_changed
 from specdec_operator.handlers.writes import newest_body
 from specdec_operator.kube.api import KubeApi, KubeApiError
-from specdec_operator.kube.retry import Backoff
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.settings import OperatorSettings
 from specdec_operator.tuner.scraper import scrape_session
@@ -126,43 +125,6 @@ async def _sleep_until_nudged(wakeup: asyncio.Event, stopped: kopf.DaemonStopped
     return nudged
 
 
-@dataclass
-class LoopSchedule:
-    """When one model's loop runs what, on the monotonic clock.
-
-    A full reconcile runs on a change (nudge), every reconcileIntervalSeconds, when the tuner's evaluation or
-    a backed-off retry of a refused object is due, and after a failure with exponential backoff; the tuner's
-    scrapes in between are reads only.
-    """
-
-    reconcile_interval_s: float
-    error_backoff: Backoff = field(default_factory=lambda: Backoff(base_s=1.0, cap_s=60.0))
-    next_full: float = 0.0
-    failures: int = 0
-
-    def full_due(self, now: float, nudged: bool, evaluation_at: float | None, retry_at: float | None) -> bool:
-        if self.failures:
-            return now >= self.next_full  # a failing model waits out its backoff even when nudged
-        due = [self.next_full, *(t for t in (evaluation_at, retry_at) if t is not None)]
-        return nudged or now >= min(due)
-
-    def succeeded(self, now: float, invalid_spec: bool) -> None:
-        self.failures = 0
-        # An invalid spec cannot heal by retrying: wait for the next change instead of the interval.
-        self.next_full = now + (3600.0 if invalid_spec else self.reconcile_interval_s)
-
-    def failed(self, now: float, retry_after_s: float | None = None) -> float:
-        delay = self.error_backoff.delay(self.failures, retry_after_s)
-        self.failures += 1
-        self.next_full = now + delay
-        return delay
-
-    def wake_at(self, scrape_at: float | None, evaluation_at: float | None, retry_at: float | None) -> float:
-        if self.failures:
-            return self.next_full
-        return min(t for t in (self.next_full, scrape_at, evaluation_at, retry_at) if t is not None)
-
-
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
 async def reconcile_loop(
     stopped: kopf.DaemonStopped,
@@ -184,7 +146,7 @@ async def reconcile_loop(
         while not stopped:
             now = time.monotonic()
             tuner_at = next_wake(context, namespace, name)
-            retry_at = _retry_at(context, namespace, name, now)
+            retry_at = _retry_at(context, namespace, name)
             evaluation_at = tuner_at[1] if tuner_at else None
             if schedule.full_due(now, nudged, evaluation_at, retry_at):
                 nodes = [facts for store in gpu_nodes.values() for facts in store]
@@ -198,6 +160,9 @@ async def reconcile_loop(
                 except Exception as error:
                     delay = schedule.failed(time.monotonic())
                     logger.exception("reconcile failed, retrying in %.1fs: %s", delay, error)
+                after = time.monotonic()
+                tuner_at = next_wake(context, namespace, name)
+                schedule.ran_full(after, tuner_at[1] if tuner_at else None, _retry_at(context, namespace, name))
             else:
                 try:
                     await scrape_tick(context, context.http, newest_body(context, (namespace, name), body))
@@ -205,7 +170,7 @@ async def reconcile_loop(
                     logger.warning("scrape skipped this round: %s", error)
             tuner_at = next_wake(context, namespace, name)
             wake_at = schedule.wake_at(tuner_at[0] if tuner_at else None, tuner_at[1] if tuner_at else None,
-                                       _retry_at(context, namespace, name, time.monotonic()))
+                                       _retry_at(context, namespace, name))
             nudged = await _sleep_until_nudged(wakeup, stopped, wake_at - time.monotonic())
             if nudged:
                 await asyncio.sleep(DEBOUNCE_S)
@@ -213,7 +178,6 @@ async def reconcile_loop(
         context.forget(namespace, name)
 
 
-def _retry_at(context: OperatorContext, namespace: str, name: str, now: float) -> float | None:
+def _retry_at(context: OperatorContext, namespace: str, name: str) -> float | None:
     refusals = context.refusals.get((namespace, name))
-    wait = refusals.backoff.next_try_in(now) if refusals is not None else None
-    return None if wait is None else now + wait
+    return refusals.backoff.next_try_at() if refusals is not None else None

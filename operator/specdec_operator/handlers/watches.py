@@ -92,6 +92,16 @@ def runtime_pods(body: kopf.Body, **_: Any) -> dict[PodKey, dict[str, Any]] | No
     return {(str(meta["namespace"]), str(model)): _slim(body, "Pod", "v1")}
 
 
+# Index name (as handlers receive it) -> the kind it indexes and its function; for tests that index a fake API.
+INDEX_HANDLERS = {
+    "owned_deployments": ("Deployment", owned_deployments),
+    "owned_configmaps": ("ConfigMap", owned_configmaps),
+    "owned_services": ("Service", owned_services),
+    "owned_pdbs": ("PodDisruptionBudget", owned_pdbs),
+    "runtime_pods": ("Pod", runtime_pods),
+}
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED)
 @kopf.on.event("", "v1", "configmaps", labels=OWNED)
 @kopf.on.event("", "v1", "services", labels=OWNED)

@@ -140,10 +140,10 @@ async def apply_owned(
             wait = refusals.backoff.refused(attempt, now)
             refusals.messages[name] = error.message
             failures = refusals.backoff.failures(attempt)
-            logger.warning("%s refused by the API server (%d in a row, next try in %.0fs): %s",
+            logger.warning("%s refused by the API server (%d in a row, next try in %.1fs): %s",
                            name, failures, wait, error.message)
             kopf.warn(body, reason="WriteRefused",
-                      message=f"{name} refused ({failures} in a row, next try in {wait:.0f}s): {error.message}"[:1000])
+                      message=f"{name} refused ({failures} in a row, next try in {wait:.1f}s): {error.message}"[:1000])
             continue
         refusals.backoff.succeeded(attempt)
         refusals.messages.pop(name, None)

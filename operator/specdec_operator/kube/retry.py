@@ -91,10 +91,10 @@ class DownstreamBackoff:
         entry = self._failures.get(key)
         return entry is None or now >= entry[1]
 
-    def next_try_in(self, now: float) -> float | None:
-        """Seconds until the earliest pending retry, if any."""
-        pending: list[float] = [at - now for _, at in self._failures.values()]
-        return max(0.0, min(pending)) if pending else None
+    def next_try_at(self) -> float | None:
+        """When the earliest pending retry falls due, if any."""
+        pending: list[float] = [at for _, at in self._failures.values()]
+        return min(pending) if pending else None
 
     def succeeded(self, key: str) -> None:
         self._failures.pop(key, None)
