@@ -167,8 +167,8 @@ class Bench:
     def run(self) -> None:
         pods = self.models * self.replicas
         root = self.cluster.paths.root
-        root.mkdir(parents=True, exist_ok=True)
-        fleet = root / "scale-fleet.yaml"
+        # Beside the cluster dir, which `up` starts afresh.
+        fleet = root.parent / f"{root.name}-fleet.yaml"
         fleet.write_text(fleet_yaml(pods))
         log(f"cluster up: {math.ceil(pods / GPUS_PER_NODE) + 1} kwok nodes for {pods} pods in {root}")
         self.cluster.up(fleet)
@@ -413,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.run()
     finally:
         sys.stdout.write(report(bench) + "\n")
-        (cluster.paths.root / "scale-report.json").write_text(json.dumps(bench.out, indent=1, default=str))
+        report_file = cluster.paths.root.parent / f"{cluster.paths.root.name}-report.json"
+        report_file.write_text(json.dumps(bench.out, indent=1, default=str))
         if not args.keep:
             cluster.down(quiet=True)
     return 0
