@@ -98,6 +98,8 @@ def deployment_generations(kube: Kube) -> dict[str, int]:
             for item in kube.items("deployments", "app.kubernetes.io/managed-by=specdec-operator")}
 
 
+# Ready (up to 3 min), settled (up to 15 min), then the window: more than the suite's 600 s default.
+@pytest.mark.timeout(int(AUTOTUNE_WINDOW_S) + 1500)
 def test_autotune_on_with_live_traffic_writes_status_at_a_bounded_rate_and_no_deployment(
     cluster: LocalCluster, kube: Kube, namespace: str, operator: OperatorProcess, fleet_driver: FleetDriverProcess
 ) -> None:
