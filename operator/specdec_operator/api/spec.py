@@ -8,6 +8,18 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from specdec_operator.api.base import ApiModel, cel
+from specdec_operator.api.kubeformats import (
+    CONFIG_KEY,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    IMAGE_REFERENCE,
+    LABEL_VALUE,
+    QUALIFIED_NAME,
+    check_keys,
+    formatted,
+    keys_rule,
+)
+from specdec_operator.api.pod import HF_HOME, HF_TOKEN, EnvVar, PodOverlay, Resources, WeightsCache
 from specdec_operator.api.vocabulary import (
     MAX_K,
     METHODS_REQUIRING_MODEL,
@@ -29,8 +41,12 @@ def _cel_list(values: tuple[str, ...]) -> str:
 class SecretKeyRef(ApiModel):
     """A key in a Secret in the model's namespace."""
 
-    name: str = Field(description="Name of the Secret.", min_length=1, max_length=253)
-    key: str = Field(default="token", description="Key inside the Secret.", min_length=1)
+    name: Annotated[str, *formatted(DNS1123_SUBDOMAIN, "spec.model.source.hubSecretRef.name")] = Field(
+        description="Name of the Secret."
+    )
+    key: Annotated[str, *formatted(CONFIG_KEY, "spec.model.source.hubSecretRef.key")] = Field(
+        default="token", description="Key inside the Secret."
+    )
 
 
 _ONE_WEIGHTS_SOURCE = "spec.model.source: set either pvcName (weights on a volume) or hubSecretRef, not both"
@@ -45,7 +61,7 @@ class WeightsSource(ApiModel):
         }
     )
 
-    pvc_name: str | None = Field(
+    pvc_name: Annotated[str, *formatted(DNS1123_SUBDOMAIN, "spec.model.source.pvcName")] | None = Field(
         default=None, description="PersistentVolumeClaim that holds the weights; mounted read-only at /models."
     )
     path: str | None = Field(default=None, description="Path of the weights inside the PVC (defaults to model.name).")
@@ -216,18 +232,46 @@ class Speculation(ApiModel):
         return self
 
 
+_EXISTS_WITHOUT_VALUE = "spec.placement.tolerations[].value must be empty when operator is Exists"
+_SECONDS_NEED_NO_EXECUTE = "spec.placement.tolerations[].tolerationSeconds requires effect NoExecute"
+
+
 class Toleration(ApiModel):
     """A pod toleration (same fields as core/v1 Toleration)."""
 
-    key: str | None = Field(default=None, description="Taint key; empty matches all keys with operator Exists.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                    _EXISTS_WITHOUT_VALUE),
+                cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                    _SECONDS_NEED_NO_EXECUTE),
+            ]
+        }
+    )
+
+    key: Annotated[str, *formatted(QUALIFIED_NAME, "spec.placement.tolerations[].key")] | None = Field(
+        default=None, description="Taint key; empty matches all keys with operator Exists."
+    )
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
-    value: str | None = Field(default=None, description="Taint value for operator Equal.")
+    value: Annotated[str, *formatted(LABEL_VALUE, "spec.placement.tolerations[].value")] | None = Field(
+        default=None, description="Taint value for operator Equal."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to match; empty matches all."
     )
     toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(_EXISTS_WITHOUT_VALUE)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(_SECONDS_NEED_NO_EXECUTE)
+        return self
 
+
+_NODE_SELECTOR = "spec.placement.nodeSelector"
 _ONE_REPLICA_FIELD = "spec.placement: set replicasPerPool or totalReplicas, not both"
 _GFX_TARGETS_UNIQUE = "spec.placement.gfxTargets must not repeat a target"
 
@@ -250,7 +294,10 @@ class Placement(ApiModel):
     partition: PartitionMode | None = Field(
         default=None, description="Required GPU compute/memory partition mode, e.g. cpx_nps4."
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels runtime pods require.")
+    node_selector: Annotated[
+        dict[str, Annotated[str, *formatted(LABEL_VALUE, "spec.placement.nodeSelector values")]],
+        Field(json_schema_extra={"x-kubernetes-validations": [keys_rule(QUALIFIED_NAME, _NODE_SELECTOR)]}),
+    ] = Field(default_factory=dict, max_length=16, description="Extra node labels runtime pods require.")
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=16, description="Extra tolerations for runtime pods."
     )
@@ -265,21 +312,8 @@ class Placement(ApiModel):
             raise ValueError(_ONE_REPLICA_FIELD)
         if len(set(self.gfx_targets)) < len(self.gfx_targets):
             raise ValueError(_GFX_TARGETS_UNIQUE)
+        check_keys(QUALIFIED_NAME, _NODE_SELECTOR, self.node_selector)
         return self
-
-
-class EnvVar(ApiModel):
-    """An extra environment variable for the runtime container."""
-
-    name: str = Field(min_length=1, description="Variable name.")
-    value: str = Field(default="", description="Variable value.")
-
-
-class Resources(ApiModel):
-    """Extra container resources. amd.com/gpu is always set to the tensor-parallel size."""
-
-    requests: dict[str, str] = Field(default_factory=dict, description="Resource requests, e.g. cpu: '8'.")
-    limits: dict[str, str] = Field(default_factory=dict, description="Resource limits, e.g. memory: 256Gi.")
 
 
 class Runtime(ApiModel):
@@ -302,8 +336,15 @@ class Runtime(ApiModel):
         }
     )
 
-    image: str | None = Field(default=None, description="Image override for every pool (default: per gfx target).")
-    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment variables.")
+    image: Annotated[str, *formatted(IMAGE_REFERENCE, "spec.runtime.image")] | None = Field(
+        default=None, description="Image override for every pool (default: per gfx target)."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment variables (names unique).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list, max_length=64, description="Extra `vllm serve` arguments, passed through as given."
     )
@@ -312,7 +353,15 @@ class Runtime(ApiModel):
         default=False, description="Run the CPU-only vLLM simulator instead of vLLM (staging rehearsals)."
     )
     simulator_profile: str | None = Field(
-        default=None, description="Simulator profile name (simulate only): sets acceptance, step times and load."
+        default=None,
+        max_length=253,
+        description="Simulator profile name (simulate only): sets acceptance, step times and load.",
+    )
+    pod: PodOverlay = Field(
+        default_factory=PodOverlay, description="Pod knobs from an allow-list (docs/runtime-pods.md)."
+    )
+    weights_cache: WeightsCache | None = Field(
+        default=None, description="Shared Hugging Face cache claim, so a new revision starts from cached weights."
     )
 
     @model_validator(mode="after")
@@ -327,6 +376,10 @@ class Runtime(ApiModel):
                 how = "reads it as" if vllm_option_key(arg) == refused else "can expand it to"
                 why = f"vLLM {how} {refused}, and {why}"
             raise ValueError(f"spec.runtime.extraArgs may not set {flag}: {why}")
+        names = [var.name for var in self.env]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"spec.runtime.env: duplicate name {duplicates[0]}")
         return self
 
 
@@ -356,11 +409,18 @@ class CanaryAnalysis(ApiModel):
     )
 
 
+_RouteNamespace = Annotated[str, *formatted(DNS1123_LABEL, "spec.rollout.canary.traffic.httpRouteRef.namespace")]
+
+
 class ObjectRef(ApiModel):
     """A reference to a namespaced object."""
 
-    name: str = Field(min_length=1, description="Object name.")
-    namespace: str | None = Field(default=None, description="Namespace; defaults to the SpeculativeModel's.")
+    name: Annotated[str, *formatted(DNS1123_SUBDOMAIN, "spec.rollout.canary.traffic.httpRouteRef.name")] = Field(
+        description="Object name."
+    )
+    namespace: _RouteNamespace | None = Field(
+        default=None, description="Namespace; defaults to the SpeculativeModel's."
+    )
 
 
 class CanaryTraffic(ApiModel):
@@ -438,6 +498,10 @@ class Rollout(ApiModel):
 
 
 _DRAFT_TP = "spec.drafters[].draftTensorParallelSize must be 1 or spec.model.tensorParallelSize"
+_OWNED_ENV = (
+    "spec.runtime.env may not set HF_TOKEN when spec.model.source.hubSecretRef is set, nor HF_HOME when "
+    "spec.runtime.weightsCache names a claim: the operator sets them"
+)
 
 
 class SpeculativeModelSpec(ApiModel):
@@ -452,7 +516,14 @@ class SpeculativeModelSpec(ApiModel):
                     "|| d.draftTensorParallelSize == 1 || d.draftTensorParallelSize == "
                     "(has(self.model.tensorParallelSize) ? self.model.tensorParallelSize : 1))",
                     _DRAFT_TP,
-                )
+                ),
+                cel(
+                    "!has(self.runtime) || !has(self.runtime.env) || !self.runtime.env.exists(e, "
+                    "(e.name == 'HF_TOKEN' && has(self.model.source) && has(self.model.source.hubSecretRef)) || "
+                    "(e.name == 'HF_HOME' && has(self.runtime.weightsCache) && has(self.runtime.weightsCache.claimName)"
+                    " && (!has(self.runtime.weightsCache.enabled) || self.runtime.weightsCache.enabled)))",
+                    _OWNED_ENV,
+                ),
             ]
         }
     )
@@ -473,4 +544,10 @@ class SpeculativeModelSpec(ApiModel):
         allowed = (None, 1, self.model.tensor_parallel_size)
         if any(drafter.draft_tensor_parallel_size not in allowed for drafter in self.drafters):
             raise ValueError(_DRAFT_TP)
+        names = {var.name for var in self.runtime.env}
+        cache = self.runtime.weights_cache
+        if (HF_TOKEN in names and self.model.source and self.model.source.hub_secret_ref) or (
+            HF_HOME in names and cache and cache.enabled and cache.claim_name
+        ):
+            raise ValueError(_OWNED_ENV)
         return self

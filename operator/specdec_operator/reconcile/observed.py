@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec_operator.gpu.inventory import NodeGpus
+from specdec_operator.render.podspec import DEFAULT_POD_SETTINGS, PodSettings
 
 
 @dataclass(frozen=True)
@@ -41,3 +42,4 @@ class Settings:
     image_targets: Mapping[str, Sequence[str]]
     simulator_image: str
     kv_headroom_fraction: float
+    pod: PodSettings = DEFAULT_POD_SETTINGS

@@ -30,7 +30,13 @@ MINIMAL_DEFAULTS_GOLDEN: dict[str, Any] = {
         },
     },
     "placement": {"gfxTargets": ["gfx942"], "nodeSelector": {}, "tolerations": []},
-    "runtime": {"env": [], "extraArgs": [], "resources": {"requests": {}, "limits": {}}, "simulate": False},
+    "runtime": {
+        "env": [],
+        "extraArgs": [],
+        "resources": {"requests": {}, "limits": {}},
+        "simulate": False,
+        "pod": {"labels": {}, "annotations": {}, "imagePullSecrets": [], "volumes": []},
+    },
     "rollout": {"strategy": "Rolling", "paused": False},
 }
 
