@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specdec_operator.render.podspec import PodSettings
@@ -89,6 +89,12 @@ class OperatorSettings(BaseSettings):
         description="PersistentVolumeClaim, in each model's namespace, mounted as the Hugging Face cache "
         "unless a model names its own or disables it.",
     )
+
+    @field_validator("runtime_fs_group", "weights_cache_claim", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        # The chart renders an unset value as an empty string.
+        return None if value == "" else value
 
     @property
     def pod_settings(self) -> PodSettings:

@@ -135,6 +135,14 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ toJson .Values.runtime.imageTargets | quote }}
 - name: SPECDEC_SIMULATOR_IMAGE
   value: {{ .Values.runtime.simulatorImage | quote }}
+- name: SPECDEC_RUNTIME_POD_SECURITY
+  value: {{ .Values.runtime.pod.security | quote }}
+- name: SPECDEC_RUNTIME_SUPPLEMENTAL_GROUPS
+  value: {{ toJson .Values.runtime.pod.supplementalGroups | quote }}
+- name: SPECDEC_RUNTIME_FS_GROUP
+  value: {{ .Values.runtime.pod.fsGroup | quote }}
+- name: SPECDEC_WEIGHTS_CACHE_CLAIM
+  value: {{ .Values.runtime.pod.weightsCacheClaim | quote }}
 - name: SPECDEC_RECONCILE_INTERVAL_SECONDS
   value: {{ .Values.reconcileIntervalSeconds | quote }}
 - name: SPECDEC_SCRAPE_INTERVAL_SECONDS
