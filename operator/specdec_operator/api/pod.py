@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
+from specdec_operator.api.affinity import ExtraAffinity
 from specdec_operator.api.base import ApiModel, cel
 from specdec_operator.api.kubeformats import (
     CONFIG_KEY,
@@ -328,6 +329,10 @@ class PodOverlay(ApiModel):
         max_length=16,
         description="Extra volumes, each mounted into the runtime container at its mountPath.",
         json_schema_extra=_LIST_MAP_BY_NAME,
+    )
+    affinity: ExtraAffinity | None = Field(
+        default=None,
+        description="Preferred node affinity and pod (anti-)affinity, added to the operator's gfx node affinity.",
     )
 
     @model_validator(mode="after")

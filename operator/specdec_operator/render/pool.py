@@ -12,7 +12,7 @@ from specdec_operator.decisions.placement import honoured_tolerations
 from specdec_operator.decisions.runtime_env import RuntimePlan
 from specdec_operator.gpu.inventory import GPU_RESOURCE
 from specdec_operator.render import podspec
-from specdec_operator.render.affinity import gfx_node_affinity
+from specdec_operator.render.affinity import gfx_node_affinity, with_extra_affinity
 from specdec_operator.render.drift import canonical_quantity
 from specdec_operator.render.names import (
     content_hash,
@@ -174,7 +174,10 @@ def pod_template(
         "securityContext": podspec.container_security_context(),
     }
     spec_body: dict[str, Any] = {
-        "affinity": gfx_node_affinity(ctx.gfx, spec.placement.partition, spec.placement.node_selector, excluded_nodes),
+        "affinity": with_extra_affinity(
+            gfx_node_affinity(ctx.gfx, spec.placement.partition, spec.placement.node_selector, excluded_nodes),
+            overlay.affinity,
+        ),
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,

@@ -169,6 +169,29 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
      "spec.runtime.pod.volumes[].mountPath must be unique"),
     ("weights-cache-claim", {"runtime": {"weightsCache": {"claimName": "HF"}}},
      f"spec.runtime.weightsCache.claimName must be {DNS1123_SUBDOMAIN.description}"),
+    ("affinity-node-in-without-values", {"runtime": {"pod": {"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [{"key": "zone", "operator": "In"}]}}]}}}}},
+     "spec.runtime.pod.affinity.nodeAffinity: operators In and NotIn need values, Exists and DoesNotExist take "
+     "none, Gt and Lt take one integer"),
+    ("affinity-node-gt-not-integer", {"runtime": {"pod": {"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [
+                {"key": "mem", "operator": "Gt", "values": ["lots"]}]}}]}}}}},
+     "spec.runtime.pod.affinity.nodeAffinity: operators In and NotIn need values, Exists and DoesNotExist take "
+     "none, Gt and Lt take one integer"),
+    ("affinity-topology-key", {"runtime": {"pod": {"affinity": {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "host name", "labelSelector": {}}]}}}}},
+     f"spec.runtime.pod.affinity topologyKey must be {QUALIFIED_NAME.description}"),
+    ("affinity-selector-exists-with-values", {"runtime": {"pod": {"affinity": {"podAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": {
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}}}]}}}}},
+     "spec.runtime.pod.affinity: labelSelector operators In and NotIn need values, Exists and DoesNotExist take none"),
+    ("affinity-selector-label-value", {"runtime": {"pod": {"affinity": {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "a b"}}}]}}}}},
+     f"spec.runtime.pod.affinity labelSelector matchLabels values must be {LABEL_VALUE.description}"),
     ("route-name", {"rollout": {"strategy": "Canary", "canary": {"traffic": {"httpRouteRef": {"name": "Route"}}}}},
      f"spec.rollout.canary.traffic.httpRouteRef.name must be {DNS1123_SUBDOMAIN.description}"),
 ]
@@ -225,6 +248,15 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
      {"placement": {"tolerations": [
          {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 9}]}}),
     ("weights-cache", {"runtime": {"weightsCache": {"claimName": "hf-cache"}}}),
+    ("affinity", {"runtime": {"pod": {"affinity": {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 50, "preference": {"matchExpressions": [
+                {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a", "b"]},
+                {"key": "example.com/hbm-gib", "operator": "Gt", "values": ["100"]}]}}]},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"specdec.io/model": "m"},
+                              "matchExpressions": [{"key": "team", "operator": "Exists"}]}}}]}}}}}),
     ("route-in-namespace", {"rollout": {"strategy": "Canary", "canary": {"traffic": {
         "httpRouteRef": {"name": "route.v1", "namespace": "gateway"}}}}}),
 ]
@@ -235,7 +267,14 @@ def test_what_the_api_server_accepts_is_accepted(overrides: dict[str, Any]) -> N
     assert spec(**overrides).model.name
 
 
-@pytest.mark.parametrize("manifest", INVALID_MANIFESTS, ids=lambda p: p.stem)
+# Fields outside the allow-list are unknown to the schema: the API server refuses them (kubectl's strict
+# field validation) or prunes them, so they never reach the operator, whose models ignore unknown fields.
+SCHEMA_ONLY = "# expect: unknown field"
+
+
+@pytest.mark.parametrize(
+    "manifest", [m for m in INVALID_MANIFESTS if not m.read_text().startswith(SCHEMA_ONLY)], ids=lambda p: p.stem
+)
 def test_every_invalid_manifest_is_refused_by_the_python_models_too(manifest: Path) -> None:
     body = yaml.safe_load(manifest.read_text())
     with pytest.raises(ValidationError):

@@ -169,3 +169,20 @@ def test_installation_cache_overrides_a_users_plain_hf_home_without_duplicating_
     assert [var for var in env if var["name"] == "HF_HOME"] == [{"name": "HF_HOME", "value": "/var/cache/huggingface"}]
     without_cache = rendered_pool(model).container["env"]
     assert {"name": "HF_HOME", "value": "/mine"} in without_cache
+
+
+def test_extra_affinity_joins_the_gfx_rules_without_touching_them() -> None:
+    plain = rendered_pool(spec()).pod["affinity"]
+    anti = {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                                "labelSelector": {"matchLabels": {"specdec.io/model": "llama8b"}}}}
+    near = {"weight": 20, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+    model = spec(runtime={"pod": {"affinity": {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [near]},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [anti]}}}})
+    affinity = rendered_pool(model).pod["affinity"]
+    required = "requiredDuringSchedulingIgnoredDuringExecution"
+    assert affinity["nodeAffinity"][required] == plain["nodeAffinity"][required]
+    # Empty lists and maps are left out, as the API server stores them.
+    assert affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == [near]
+    assert affinity["podAntiAffinity"] == {"preferredDuringSchedulingIgnoredDuringExecution": [anti]}
+    assert "podAffinity" not in affinity
