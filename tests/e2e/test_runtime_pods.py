@@ -174,6 +174,7 @@ def test_every_pod_knob_is_rendered_stays_quiet_and_survives_drift_correction(
             {"op": "remove", "path": "/spec/template/spec/containers/0/volumeMounts/4"},
             {"op": "remove", "path": "/spec/template/spec/volumes/4"},
         ]
+        stripped_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         kube.run("patch", "deployment", "pod-knobs-gfx942", "--type=json", "-p", json.dumps(strip))
 
         def restored() -> bool:
@@ -186,6 +187,9 @@ def test_every_pod_knob_is_rendered_stays_quiet_and_survives_drift_correction(
 
         wait_for("every knob restored", restored, 30)
         running(kube, "specdec.io/pool=pod-knobs-gfx942", 1)
+        time.sleep(2 * 5 + 2)
+        restoring = deployment_writes(cluster, stripped_at, "pod-knobs-gfx942")
+        assert len(restoring) == 1, restoring  # one apply restored them all, then quiet again
         assert failed_creates(kube) == []
     finally:
         cluster.kubectl("delete", "priorityclass", priority, "--wait=false", check=False)

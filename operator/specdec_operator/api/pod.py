@@ -179,7 +179,7 @@ class EmptyDirVolume(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "isQuantity(self) && quantity(self).sign() >= 0",
+                    "isQuantity(self) && sign(quantity(self)) >= 0",
                     "spec.runtime.pod.volumes[].emptyDir.sizeLimit must be a non-negative quantity such as 10Gi",
                 )
             ]

@@ -25,7 +25,7 @@ _FIELD = "spec.runtime.resources"
 
 def _quantity_values(which: str) -> object:
     message = f"{_FIELD}.{which} values must be non-negative quantities such as 8, 500m or 64Gi"
-    extra: JsonDict = {"x-kubernetes-validations": [cel("isQuantity(self) && quantity(self).sign() >= 0", message)]}
+    extra: JsonDict = {"x-kubernetes-validations": [cel("isQuantity(self) && sign(quantity(self)) >= 0", message)]}
     return Field(max_length=64, json_schema_extra=extra)
 
 
