@@ -9,16 +9,16 @@ from pydantic import ConfigDict, Field, model_validator
 
 from specdec_operator.api.base import ApiModel, cel
 from specdec_operator.api.kubeformats import (
-    CONFIG_KEY,
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
     IMAGE_REFERENCE,
-    LABEL_VALUE,
-    QUALIFIED_NAME,
-    check_keys,
     formatted,
-    keys_rule,
 )
+from specdec_operator.api.model import SecretKeyRef as SecretKeyRef
+from specdec_operator.api.model import TargetModel
+from specdec_operator.api.model import WeightsSource as WeightsSource
+from specdec_operator.api.placement import Placement
+from specdec_operator.api.placement import Toleration as Toleration
 from specdec_operator.api.pod import HF_HOME, HF_TOKEN, EnvVar, PodOverlay, Resources, WeightsCache
 from specdec_operator.api.vocabulary import (
     MAX_K,
@@ -26,8 +26,6 @@ from specdec_operator.api.vocabulary import (
     METHODS_WITHOUT_MODEL,
     OWNED_VLLM_FLAGS,
     REFUSED_VLLM_FLAGS,
-    GfxTarget,
-    PartitionMode,
     SpeculativeMethod,
     refused_flag_reached,
     vllm_option_key,
@@ -36,64 +34,6 @@ from specdec_operator.api.vocabulary import (
 
 def _cel_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
-
-
-class SecretKeyRef(ApiModel):
-    """A key in a Secret in the model's namespace."""
-
-    name: Annotated[str, *formatted(DNS1123_SUBDOMAIN, "spec.model.source.hubSecretRef.name")] = Field(
-        description="Name of the Secret."
-    )
-    key: Annotated[str, *formatted(CONFIG_KEY, "spec.model.source.hubSecretRef.key")] = Field(
-        default="token", description="Key inside the Secret."
-    )
-
-
-_ONE_WEIGHTS_SOURCE = "spec.model.source: set either pvcName (weights on a volume) or hubSecretRef, not both"
-
-
-class WeightsSource(ApiModel):
-    """Where the runtime pod finds the target weights."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [cel("!(has(self.pvcName) && has(self.hubSecretRef))", _ONE_WEIGHTS_SOURCE)]
-        }
-    )
-
-    pvc_name: Annotated[str, *formatted(DNS1123_SUBDOMAIN, "spec.model.source.pvcName")] | None = Field(
-        default=None, description="PersistentVolumeClaim that holds the weights; mounted read-only at /models."
-    )
-    path: str | None = Field(default=None, description="Path of the weights inside the PVC (defaults to model.name).")
-    hub_secret_ref: SecretKeyRef | None = Field(
-        default=None, description="Secret with a Hugging Face token, exported to the runtime as HF_TOKEN."
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> WeightsSource:
-        if self.pvc_name is not None and self.hub_secret_ref is not None:
-            raise ValueError(_ONE_WEIGHTS_SOURCE)
-        return self
-
-
-class TargetModel(ApiModel):
-    """The model that verifies drafts and produces the output."""
-
-    name: str = Field(description="Hugging Face id or path of the target model, e.g. meta-llama/Llama-3.1-70B.")
-    served_name: str | None = Field(
-        default=None, description="Name clients use in requests (--served-model-name); defaults to the resource name."
-    )
-    tensor_parallel_size: Literal[1, 2, 4, 8] = Field(
-        default=1, description="GPUs per replica (-tp). A power of two, at most 8."
-    )
-    max_model_len: int | None = Field(default=None, ge=128, description="Context length cap (--max-model-len).")
-    weights_gib: float | None = Field(
-        default=None,
-        gt=0,
-        description="Size of the target weights in GiB. Used for drafter and placement fit; "
-        "estimated from the parameter count in the name when absent.",
-    )
-    source: WeightsSource | None = Field(default=None, description="Where the weights come from.")
 
 
 PROMPT_LOOKUP_METHODS = ("ngram", "ngram_gpu")
@@ -229,90 +169,6 @@ class Speculation(ApiModel):
             raise ValueError("spec.speculation.minK must be <= spec.speculation.maxK")
         if not self.min_k <= self.initial_k <= self.max_k:
             raise ValueError("spec.speculation.initialK must lie within [minK, maxK]")
-        return self
-
-
-_EXISTS_WITHOUT_VALUE = "spec.placement.tolerations[].value must be empty when operator is Exists"
-_SECONDS_NEED_NO_EXECUTE = "spec.placement.tolerations[].tolerationSeconds requires effect NoExecute"
-
-
-class Toleration(ApiModel):
-    """A pod toleration (same fields as core/v1 Toleration)."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
-                    _EXISTS_WITHOUT_VALUE),
-                cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
-                    _SECONDS_NEED_NO_EXECUTE),
-            ]
-        }
-    )
-
-    key: Annotated[str, *formatted(QUALIFIED_NAME, "spec.placement.tolerations[].key")] | None = Field(
-        default=None, description="Taint key; empty matches all keys with operator Exists."
-    )
-    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
-    value: Annotated[str, *formatted(LABEL_VALUE, "spec.placement.tolerations[].value")] | None = Field(
-        default=None, description="Taint value for operator Equal."
-    )
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None, description="Taint effect to match; empty matches all."
-    )
-    toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Toleration:
-        if self.operator == "Exists" and self.value:
-            raise ValueError(_EXISTS_WITHOUT_VALUE)
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError(_SECONDS_NEED_NO_EXECUTE)
-        return self
-
-
-_NODE_SELECTOR = "spec.placement.nodeSelector"
-_ONE_REPLICA_FIELD = "spec.placement: set replicasPerPool or totalReplicas, not both"
-_GFX_TARGETS_UNIQUE = "spec.placement.gfxTargets must not repeat a target"
-
-
-class Placement(ApiModel):
-    """Where runtime pods may run: one pool per allowed gfx target that has capacity."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel("!(has(self.replicasPerPool) && has(self.totalReplicas))", _ONE_REPLICA_FIELD),
-                cel("self.gfxTargets.all(g, self.gfxTargets.exists_one(h, h == g))", _GFX_TARGETS_UNIQUE),
-            ]
-        }
-    )
-
-    gfx_targets: list[GfxTarget] = Field(
-        min_length=1, max_length=9, description="Allowed AMD gfx targets, in preference order."
-    )
-    partition: PartitionMode | None = Field(
-        default=None, description="Required GPU compute/memory partition mode, e.g. cpx_nps4."
-    )
-    node_selector: Annotated[
-        dict[str, Annotated[str, *formatted(LABEL_VALUE, "spec.placement.nodeSelector values")]],
-        Field(json_schema_extra={"x-kubernetes-validations": [keys_rule(QUALIFIED_NAME, _NODE_SELECTOR)]}),
-    ] = Field(default_factory=dict, max_length=16, description="Extra node labels runtime pods require.")
-    tolerations: list[Toleration] = Field(
-        default_factory=list, max_length=16, description="Extra tolerations for runtime pods."
-    )
-    replicas_per_pool: int | None = Field(default=None, ge=0, le=1000, description="Replicas in every pool.")
-    total_replicas: int | None = Field(
-        default=None, ge=0, le=1000, description="Replicas across all pools, split in gfxTargets order by capacity."
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Placement:
-        if self.replicas_per_pool is not None and self.total_replicas is not None:
-            raise ValueError(_ONE_REPLICA_FIELD)
-        if len(set(self.gfx_targets)) < len(self.gfx_targets):
-            raise ValueError(_GFX_TARGETS_UNIQUE)
-        check_keys(QUALIFIED_NAME, _NODE_SELECTOR, self.node_selector)
         return self
 
 
