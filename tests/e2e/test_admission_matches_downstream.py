@@ -3,7 +3,8 @@
 Each case puts one raw value where the renderer would put it in the runtime Deployment and asks the real
 API server twice, with server-side dry runs: would it take the SpeculativeModel (our CEL rules), and
 would it take the Deployment (its own validation)? The Python models must agree with admission. Cases
-where we refuse more than the API server does are marked with the reason.
+where we refuse more than the API server does (what the kubelet would refuse later, or names no object
+can have) are listed in STRICTER with the reason.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def raw_into(deployment: dict[str, Any], runtime: dict[str, Any], placement: dic
     knobs = runtime.get("pod", {})
     template["metadata"]["labels"].update(knobs.get("labels", {}))
     template["metadata"]["annotations"].update(knobs.get("annotations", {}))
+    if "image" in runtime:
+        container["image"] = runtime["image"]
     for key in ("serviceAccountName", "priorityClassName", "imagePullSecrets"):
         if key in knobs:
             pod[key] = knobs[key]
@@ -120,6 +123,10 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("node-selector-key", {"placement": {"nodeSelector": {"node pool": "a"}}}),
     ("node-selector-value", {"placement": {"nodeSelector": {"pool": "a/b"}}}),
     ("node-selector-ok", {"placement": {"nodeSelector": {"example.com/pool": "inference"}}}),
+    ("image-ok", {"runtime": {"image": "registry.local:5000/team/vllm-rocm:0.33.0"}}),
+    ("image-uppercase-repository", {"runtime": {"image": "ghcr.io/Team/vllm:1"}}),
+    ("image-space", {"runtime": {"image": "vllm rocm"}}),
+    ("pull-secret-upper", {"runtime": {"pod": {"imagePullSecrets": [{"name": "Registry"}]}}}),
     ("toleration-key", {"placement": {"tolerations": [{"key": "a b", "operator": "Exists"}]}}),
     ("toleration-exists-value", {"placement": {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}}),
     ("toleration-seconds", {"placement": {"tolerations": [{"key": "k", "operator": "Exists",
@@ -133,6 +140,11 @@ STRICTER = {
     # runc resolves a relative destination against / (deprecated); an absolute path keeps the check that
     # no extra volume lands on the operator's mount paths exact.
     "volume-mount-relative": "the API server takes a relative mountPath; the runtime resolves it against /",
+    # The API server checks only that an image is set; the kubelet then fails with InvalidImageName.
+    "image-uppercase-repository": "the kubelet refuses the reference (InvalidImageName)",
+    "image-space": "the kubelet refuses the reference (InvalidImageName)",
+    # The API server checks only that a name is set; no Secret can have this one, so no pull can use it.
+    "pull-secret-upper": "no Secret can have this name",
 }
 
 
