@@ -25,7 +25,8 @@ _DNS1123_SUBDOMAIN = f"{_DNS1123_LABEL}([.]{_DNS1123_LABEL})*"
 # The name part of a qualified name (label and annotation keys): at most 63 characters.
 _QUALIFIED_NAME_PART = "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _CONFIG_KEY = "[-._a-zA-Z0-9]+"
-# distribution/reference: [domain[:port]/]path[:tag][@digest]; repository paths are lowercase.
+# distribution/reference: [domain[:port]/]path[:tag][@digest]; repository paths are lowercase. A bracketed
+# IPv6 registry host is not accepted.
 _DOMAIN_COMPONENT = "([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _PATH_COMPONENT = "[a-z0-9]+(([._]|__|[-]+)[a-z0-9]+)*"
 _IMAGE = (
@@ -82,10 +83,6 @@ CONFIG_KEY = KubeFormat(
 IMAGE_REFERENCE = KubeFormat(
     (_IMAGE,), 512, "an image reference such as registry.example.com/team/vllm:0.33.0 or repo/name@sha256:<digest>"
 )
-def format_rule(fmt: KubeFormat, field: str, expr: str = "self") -> JsonDict:
-    return cel(fmt.cel(expr), format_message(fmt, field))
-
-
 def format_message(fmt: KubeFormat, field: str) -> str:
     return f"{field} must be {fmt.description}"
 
