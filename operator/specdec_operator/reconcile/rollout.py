@@ -235,7 +235,7 @@ def _canary_pool(
         _in_place_sizes(result, pool, plan.promote, plan.keep_canary, plan.sizing_weight, stable_template, serving,
                         in_place_budget, canary_name, _template_revision(canary_live))
     else:
-        _surge_sizes(result, pool, plan, stable_template, routed, canary_name, canary_live is not None)
+        _surge_sizes(result, pool, plan, stable_template, routed, canary_name, serving, canary_live is not None)
     result.route_weight = plan.weight
     rolled_back = progress.status is not None and progress.status.phase in ("RolledBack", "Aborted")
     if rolled_back and progress.status is not None and progress.status.canary_k is not None:
@@ -252,14 +252,21 @@ def _surge_sizes(
     stable_template: Mapping[str, Any],
     routed: bool,
     canary_name: str,
+    serving: ServingReplicas,
     canary_exists: bool,
 ) -> None:
-    """Sizes with free GPUs: the canary's replicas beside the stable ones."""
+    """Sizes with free GPUs: the canary's replicas beside the stable ones.
+
+    Behind a route the stable set keeps its full size. Without one (the replica ratio is the split) it
+    gives up a replica only for a canary replica that is ready, so serving replicas never drop.
+    """
     total = pool.plan.replicas
     if plan.promote:
         result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], total, "stable"))
     else:
-        stable_size, _ = split_replicas(total, plan.sizing_weight) if not routed else (total, 0)
+        stable_size, canary_target = split_replicas(total, plan.sizing_weight) if not routed else (total, 0)
+        if not routed:
+            stable_size = max(stable_size, total - min(serving.canary_ready, canary_target))
         result.deployments.append(_with(pool.deployment, stable_template, stable_size, "stable"))
     if plan.keep_canary:
         _, canary_size = split_replicas(total, plan.sizing_weight)
