@@ -17,6 +17,7 @@ import yaml
 
 from localcluster.cluster import LocalCluster, pod_network_octet
 from localcluster.fleet import Fleet, node_objects
+from specdec_runtime import contract
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
@@ -49,9 +50,9 @@ def gpu_nodes(cluster: LocalCluster, namespace: str) -> Iterator[Callable[[int],
                         input_text=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
         names = [node["metadata"]["name"] for node in nodes]
         added.extend(names)
-        wait_for("test nodes Ready", lambda: all(
-            '"Ready"' in cluster.kubectl("get", "node", name, "-o", "jsonpath={.status.conditions}") for name in names),
-            60)
+        wait_for("test nodes Ready", lambda: all(cluster.kubectl(
+            "get", "node", name, "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == "True"
+            for name in names), 60)
         return names
 
     yield add
@@ -141,11 +142,11 @@ def k_change(kube: Kube, body: dict[str, Any], k: int, replicas: int) -> Serving
         available = any(c["type"] == "Available" and c["status"] == "True"
                         for c in deployment.get("status", {}).get("conditions", []))
         return (len(listed) == replicas and all(_ready(p) for p in listed) and available
-                and all(p["metadata"]["annotations"].get("specdec.io/k") == str(k) for p in listed))
+                and all(p["metadata"]["annotations"].get(contract.ANNOTATION_K) == str(k) for p in listed))
 
     wait_for(f"every pod at K={k}, ready and Available", done, 240, 0.5,
              describe=lambda: [(p["metadata"]["name"], p["status"].get("phase"), p["metadata"]["annotations"].get(
-                 "specdec.io/k")) for p in pods(kube, body["metadata"]["name"])])
+                 contract.ANNOTATION_K)) for p in pods(kube, body["metadata"]["name"])])
     return watch
 
 
