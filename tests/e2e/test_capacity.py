@@ -265,3 +265,24 @@ def test_two_models_competing_for_one_pool_report_the_shortfall(
     # Stable: nothing flips back to Pending once settled.
     time.sleep(10)
     assert settled() is not None
+
+
+def test_a_pending_pod_on_a_full_pool_is_reported_with_the_schedulers_reason(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess,
+    gpu_nodes: Callable[[int], list[str]], namespace: str,
+) -> None:
+    """maxUnavailable 0 forbids replacing in place, so on a full pool the surge pod must wait: it says why."""
+    gpu_nodes(2)
+    body = model("waiting", namespace, maxSurge=1, maxUnavailable=0)
+    kube.apply(body)
+    settle(kube, "waiting", 2)
+    body["spec"]["speculation"].update({"initialK": 5, "minK": 5, "maxK": 5})
+    kube.apply(body)
+    degraded = wait_for("Degraded PodsUnschedulable", lambda: (c := condition(kube, "waiting", "Degraded"))
+                        and c["reason"] == "PodsUnschedulable" and c, 90,
+                        describe=lambda: condition(kube, "waiting", "Degraded"))
+    assert "Insufficient amd.com/gpu" in degraded["message"], degraded
+    rollout = kube.get("sm", "waiting")["status"]["pools"][0]["rollout"]
+    assert rollout["mode"] == "Surge" and "maxUnavailable is 0" in rollout["reason"], rollout
+    assert sum(map(_ready, pods(kube, "waiting"))) == 2  # nothing was taken out of service
+    print(f"\npending surge pod reported: {degraded['message']}")
