@@ -77,7 +77,7 @@ def rollout_modes(
         mode = choose_mode(room, _surge_need(spec, pool.plan.replicas), spec.rollout.max_surge,
                            spec.rollout.max_unavailable, canary=spec.rollout.strategy == "Canary")
         if kept is not None and kept.revision == pool.revision and kept.mode == "Surge" and mode.mode == "InPlace":
-            stuck = next(p for p in usage.unscheduled if p.pool == pool.name) if usage.unscheduled else None
+            stuck = next((p for p in usage.unscheduled if p.pool == pool.name), None)
             if stuck is not None:
                 mode = RolloutMode(mode.mode, mode.max_surge, mode.max_unavailable,
                                    f"surge pod {stuck.name} cannot be scheduled ({stuck.unschedulable}); {mode.reason}")

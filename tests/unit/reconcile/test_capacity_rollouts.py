@@ -253,3 +253,17 @@ def test_a_pod_pending_past_the_grace_period_is_reported_with_the_schedulers_mes
     assert condition(late, "Degraded") == (
         "True", "PodsUnschedulable",
         "pod llama8b-gfx942-abc Pending for 60 s: 0/2 nodes are available: 2 Insufficient amd.com/gpu")
+
+
+def test_a_budget_change_mid_rollout_redecides_whatever_other_pools_wait_for() -> None:
+    run = started(3)
+    k_change(run, 5)
+    run.step()
+    assert run.status["pools"][0]["rollout"]["mode"] == "Surge"
+    # Another pool of the model waits for GPUs; this pool's budget changes under its rollout.
+    run.sim.foreign.append(PodGpus("inference", "llama8b-gfx90a-x", 8, None, "inference/llama8b", "llama8b-gfx90a",
+                                   "0/3 nodes are available", "2026-11-29T09:00:00Z"))
+    run.spec["rollout"]["maxSurge"] = 0
+    run.until(at_desired_revision)
+    decision = run.status["pools"][0]["rollout"]
+    assert decision["mode"] == "InPlace" and "cannot be scheduled" not in decision["reason"], decision
