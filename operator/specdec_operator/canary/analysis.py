@@ -152,6 +152,9 @@ class Verdict:
     reason: str
     message: str
     comparisons: tuple[Comparison, ...] = ()
+    # When the evidence began (RFC 3339), if later than the step's start: set by a process that took
+    # the step over from another, whose window it could not inherit (canary/evidence.py).
+    evidence_since: str | None = None
 
 
 def _immediate_failures(canary: WindowStats, thresholds: CanaryAnalysis) -> list[tuple[str, str]]:
