@@ -74,13 +74,14 @@ def test_window_stats_derived_figures() -> None:
 
 @pytest.mark.parametrize("field", ["drafts", "accepted_tokens", "seconds", "restarts", "errors"])
 def test_window_stats_reject_negative_increases(field: str) -> None:
+    # The dataclass's own guard: the counter windows never hand on a decrease (a reset).
     with pytest.raises(ValueError, match=field):
-        window(**{field: -1})
+        WindowStats(**{"seconds": 120.0, "gpus": 1, "k": 4, field: -1})
 
 
 def test_window_stats_reject_negative_bucket_counts() -> None:
     with pytest.raises(ValueError, match="tpot_buckets"):
-        window(tpot_buckets=((0.1, -1.0), (INF, 0.0)))
+        WindowStats(seconds=120.0, gpus=1, k=4, tpot_buckets=((0.1, -1.0), (INF, 0.0)))
 
 
 LOW_ACCEPTANCE = {"accepted_tokens": 420.0, "generation_tokens": 1420.0}
