@@ -61,9 +61,9 @@ def test_a_canary_with_1_5x_the_step_time_fails_on_tpot_alone() -> None:
 
 
 def test_a_canary_failing_5_percent_of_requests_fails_on_the_error_rate() -> None:
-    windows = simulated_windows("quick", "e2e-erroring")
+    windows = simulated_windows("quick", "e2e-erroring", seconds=60.0)
     canary = windows.stats("canary", 3, 1)
-    assert canary.requests > 100
+    assert canary.requests > 200
     assert canary.error_rate == pytest.approx(0.05, abs=0.04)
     verdict = analyse(canary, windows.stats("stable", 3, 1), CanaryAnalysis(min_drafts=200))
     assert (verdict.outcome, verdict.reason) == ("Fail", "ErrorRateExceeded")
