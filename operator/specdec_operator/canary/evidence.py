@@ -64,23 +64,34 @@ class CanaryWindows:
     restart_base: dict[str, int] = field(default_factory=dict)
     restarts_seen: dict[str, int] = field(default_factory=dict)
     pod_revision: dict[str, str] = field(default_factory=dict)
-    # Wall clock (Unix seconds) of this process's first look at any step, and of this window's opening.
-    first_seen_at: float | None = None
+    # Wall clock (Unix seconds): since when this process has been watching without a gap, its last
+    # look, and when the current window opened.
+    watching_since: float | None = None
+    last_look_at: float | None = None
     opened_at: float | None = None
     taken_over: bool = False
+    # Deltas of the first scrape after a takeover may reach back before the window (stale baselines).
+    drop_next_deltas: bool = False
 
-    def follow(self, canary: CanaryStatus | None, now: float) -> None:
-        """Track the step in flight; a new step (or a resumed one) starts an empty window at `now`."""
-        if self.first_seen_at is None:
-            self.first_seen_at = now
+    def follow(self, canary: CanaryStatus | None, now: float, max_gap_s: float | None = None) -> None:
+        """Track the step in flight; a new step (or a resumed one) starts an empty window at `now`.
+
+        A look more than `max_gap_s` after the previous one means this process was not watching in
+        between (a paused HA replica that leads again), exactly like a process that just started.
+        """
+        if self.last_look_at is None or (max_gap_s is not None and now - self.last_look_at > max_gap_s):
+            self.watching_since = now
+        self.last_look_at = now
         key = (canary.canary_revision, canary.step_started_at, canary.step) if canary else None
         if key == self.step:
             return
         self.step, self.deltas, self.health_failures = key, {}, Counter()
         self.restart_base, self.restarts_seen, self.pod_revision = {}, {}, {}
         self.opened_at = now
+        watching_since = self.watching_since if self.watching_since is not None else now
         # Stamps are whole seconds: a step this process started in its first second reads as its own.
-        self.taken_over = canary is not None and _parse(canary.step_started_at) < math.floor(self.first_seen_at)
+        self.taken_over = canary is not None and _parse(canary.step_started_at) < math.floor(watching_since)
+        self.drop_next_deltas = self.taken_over
 
     @property
     def evidence_since(self) -> str | None:
@@ -88,7 +99,9 @@ class CanaryWindows:
         return _rfc3339(self.opened_at) if self.taken_over and self.opened_at is not None else None
 
     def add(self, report: WindowReport, results: list[ScrapeResult], health: list[tuple[ScrapeTarget, bool]]) -> None:
-        for key, delta in report.deltas.items():
+        deltas = {} if self.drop_next_deltas else report.deltas
+        self.drop_next_deltas = False
+        for key, delta in deltas.items():
             self.ks[key.revision] = key.k
             self.deltas[key.revision] = self.deltas[key.revision].plus(delta) if key.revision in self.deltas else delta
         # A served /metrics proves the engine loaded; only /health itself clears a run of failures,

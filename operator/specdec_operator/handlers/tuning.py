@@ -69,7 +69,9 @@ async def tuning_step(
         tuner = ctx.tuners[key] = ModelTuner(TunerState.from_status(previous.speculation))
         tuner.next_evaluation_at = time.time() + autotune.interval_seconds
     tuner.canary.follow(
-        previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None, time.time()
+        previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None,
+        time.time(),
+        max_gap_s=2 * ctx.settings.reconcile_interval_seconds + ctx.settings.scrape_interval_seconds,
     )
     now = time.time()
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling)

@@ -156,3 +156,26 @@ def test_the_first_api_request_is_not_mistaken_for_a_counter_reset() -> None:
     feed(windows, counters, [result(first, 12.0, Scrape(drafts=30.0, draft_tokens=120.0, http={"5xx": 2.0}))])
     stats = windows.stats("rev-new", 4, 1)
     assert (stats.drafts, stats.requests, stats.errors) == (20.0, 2.0, 2.0)
+
+
+def test_a_replica_that_leads_again_after_a_pause_takes_the_step_over() -> None:
+    windows, counters = CanaryWindows(), CounterWindows()
+    canary_pod = pod("rev-new")
+    windows.follow(None, T0.timestamp() - 100, max_gap_s=75)
+    feed(windows, counters, [result(canary_pod, T0.timestamp() - 100, Scrape())])
+    # Paused (another replica led) while the step started at T0; back 200 s later.
+    windows.follow(canary_status(), T0.timestamp() + 200, max_gap_s=75)
+    assert windows.evidence_since == stamp(200)
+    # The first scrape's increase reaches back to the old baseline, before the window: not evidence.
+    feed(windows, counters, [result(canary_pod, T0.timestamp() + 200, Scrape(drafts=9000.0, draft_tokens=36000.0))])
+    assert windows.stats("rev-new", 4, 1).drafts == 0
+    feed(windows, counters, [result(canary_pod, T0.timestamp() + 202, Scrape(drafts=9100.0, draft_tokens=36400.0))])
+    assert windows.stats("rev-new", 4, 1).drafts == 100
+
+
+def test_looks_within_the_gap_keep_a_process_watching() -> None:
+    windows = CanaryWindows()
+    for second in range(-100, 5, 30):
+        windows.follow(None, T0.timestamp() + second, max_gap_s=75)
+    windows.follow(canary_status(), T0.timestamp() + 20, max_gap_s=75)
+    assert windows.evidence_since is None
