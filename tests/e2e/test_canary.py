@@ -227,8 +227,10 @@ def test_failover_mid_step_with_little_traffic_ends_the_step_on_evidence(
     time.sleep(max(0.0, 30 - (datetime.now(UTC) - started).total_seconds()))
     mid = canary_status(kube, "failover")
     assert mid is not None and (mid["step"], mid["phase"], mid["verdict"]) == (0, "Progressing", "Inconclusive"), mid
-    operator.restart(signal.SIGKILL)
     killed_at = datetime.now(UTC)
+    operator.restart(signal.SIGKILL)
+    print(f"\nkilled {(killed_at - started).total_seconds():.0f} s into step 1, successor serving after "
+          f"{(datetime.now(UTC) - killed_at).total_seconds():.0f} s")
 
     def step_1_ended() -> list[dict[str, Any]]:
         return [e for e in kube.events("failover") if e["reason"] in ("CanaryStepPassed", "CanaryFailed",
@@ -242,8 +244,7 @@ def test_failover_mid_step_with_little_traffic_ends_the_step_on_evidence(
     assert len(restarted) == 1, reasons
     after = canary_status(kube, "failover")
     assert after is not None
-    print(f"\nkilled {(killed_at - started).total_seconds():.0f} s into step 1; "
-          f"{restarted[0]['message']}\nstep 1 ended "
+    print(f"{restarted[0]['message']}\nstep 1 ended "
           f"{(datetime.now(UTC) - started).total_seconds():.0f} s after it started: {ended[0]['message']}")
     if ended[0]["reason"] == "CanaryStepPassed":
         wait_for("promoted", lambda: (s := canary_status(kube, "failover")) and s["phase"] == "Promoted", 90, 1,
