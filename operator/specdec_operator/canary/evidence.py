@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.api.status import CanaryStatus
@@ -32,11 +34,34 @@ from specdec_operator.canary.analysis import Verdict, WindowStats, analyse
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
 from specdec_operator.tuner.window import WindowDelta, WindowReport
+from specdec_runtime import contract
 
 SCRAPED_OK = ("ok", "incomplete")
 FAILURES_IN_A_ROW = 3
 
 StepKey = tuple[str, str, int]  # (canary revision, stepStartedAt, step)
+
+
+@dataclass(frozen=True)
+class PodRestarts:
+    """A runtime pod's containers' restartCount, summed, from pod status."""
+
+    uid: str
+    revision: str
+    restart_count: int
+
+
+def pod_restarts(pods: Iterable[Mapping[str, Any]]) -> list[PodRestarts]:
+    """Every runtime pod's restarts, Ready or not: a crash-looping canary is rarely Ready to be scraped."""
+    found = []
+    for pod in pods:
+        meta, status = pod.get("metadata", {}), pod.get("status", {})
+        revision = meta.get("labels", {}).get(contract.LABEL_REVISION)
+        if not revision or not meta.get("uid"):
+            continue
+        counts = [c.get("restartCount", 0) for c in status.get("containerStatuses", []) or []]
+        found.append(PodRestarts(str(meta["uid"]), str(revision), sum(int(n) for n in counts if isinstance(n, int))))
+    return found
 
 
 def _rfc3339(at: float) -> str:
@@ -98,7 +123,13 @@ class CanaryWindows:
         """When this window opened, if the step started before this process looked: a takeover."""
         return _rfc3339(self.opened_at) if self.taken_over and self.opened_at is not None else None
 
-    def add(self, report: WindowReport, results: list[ScrapeResult], health: list[tuple[ScrapeTarget, bool]]) -> None:
+    def add(
+        self,
+        report: WindowReport,
+        results: list[ScrapeResult],
+        health: list[tuple[ScrapeTarget, bool]],
+        restarts: Sequence[PodRestarts] = (),
+    ) -> None:
         deltas = {} if self.drop_next_deltas else report.deltas
         self.drop_next_deltas = False
         for key, delta in deltas.items():
@@ -107,24 +138,25 @@ class CanaryWindows:
         # A served /metrics proves the engine loaded; only /health itself clears a run of failures,
         # since a dead engine's HTTP server may still answer /metrics.
         for result in results:
-            self._restarts(result.target)
+            self._restarts(PodRestarts(result.target.uid, result.target.revision, result.target.restart_count))
             if result.outcome in SCRAPED_OK:
                 self.healthy_once.add(result.target.uid)
             else:
                 self._failed(result.target)
         for target, healthy in health:
-            self._restarts(target)
             if healthy:
                 self.healthy_once.add(target.uid)
                 self.failing[target.uid] = 0
             else:
                 self._failed(target)
+        for pod in restarts:
+            self._restarts(pod)
 
-    def _restarts(self, target: ScrapeTarget) -> None:
+    def _restarts(self, pod: PodRestarts) -> None:
         # The first sight of a pod is its baseline: restarts before this window are not the step's.
-        base = self.restart_base.setdefault(target.uid, target.restart_count)
-        self.restarts_seen[target.uid] = max(self.restarts_seen.get(target.uid, 0), target.restart_count - base)
-        self.pod_revision[target.uid] = target.revision
+        base = self.restart_base.setdefault(pod.uid, pod.restart_count)
+        self.restarts_seen[pod.uid] = max(self.restarts_seen.get(pod.uid, 0), pod.restart_count - base)
+        self.pod_revision[pod.uid] = pod.revision
 
     def _failed(self, target: ScrapeTarget) -> None:
         if target.uid in self.healthy_once:

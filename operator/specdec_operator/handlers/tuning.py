@@ -17,7 +17,7 @@ import aiohttp
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.api.status import SpeculationStatus, SpeculativeModelStatus
 from specdec_operator.canary.analysis import Verdict
-from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts
+from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts, pod_restarts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.health import probe_health
@@ -79,7 +79,8 @@ async def tuning_step(
         tuner.next_scrape_at = now + ctx.settings.scrape_interval_seconds
         model_label = label_value(observed.name)
         selector = f"{contract.LABEL_MODEL}={model_label},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-        targets = scrape_targets(await ctx.api.list("Pod", observed.namespace, selector))
+        pods = await ctx.api.list("Pod", observed.namespace, selector)
+        targets = scrape_targets(pods)
         allow = not ctx.settings.scrape_loopback_only
         results = await scrape(targets, timeout_s=ctx.settings.scrape_timeout_seconds,
                                concurrency=ctx.settings.scrape_concurrency, session=session, allow_non_loopback=allow)
@@ -88,7 +89,7 @@ async def tuning_step(
             compared = {previous.canary.canary_revision, previous.canary.stable_revision}
             watched = [target for target in targets if target.revision in compared]
             health = await probe_health(watched, session, ctx.settings.scrape_timeout_seconds, allow)
-            tuner.canary.add(report, results, health)
+            tuner.canary.add(report, results, health, pod_restarts(pods))
     thresholds = spec.rollout.canary.analysis if spec.rollout.canary else None
     verdicts = canary_verdicts(
         tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size, spec.speculation.initial_k

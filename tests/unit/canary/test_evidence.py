@@ -9,7 +9,7 @@ import pytest
 
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.canary.analysis import Verdict, analyse
-from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts
+from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts, pod_restarts
 from specdec_operator.canary.progress import advance
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget, parse_metrics
 from specdec_operator.tuner.window import CounterWindows
@@ -179,3 +179,21 @@ def test_looks_within_the_gap_keep_a_process_watching() -> None:
         windows.follow(None, T0.timestamp() + second, max_gap_s=75)
     windows.follow(canary_status(), T0.timestamp() + 20, max_gap_s=75)
     assert windows.evidence_since is None
+
+
+def crash_looping_pod(restarts: int, ready: bool = False) -> dict[str, object]:
+    return {
+        "metadata": {"uid": "uid-crash", "labels": {"specdec.io/revision": "rev-new"}},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}],
+                   "containerStatuses": [{"name": "vllm", "restartCount": restarts}]},
+    }
+
+
+def test_restarts_of_pods_that_are_never_ready_count_too() -> None:
+    windows, counters = CanaryWindows(), CounterWindows()
+    windows.follow(None, 0.0)
+    windows.add(counters.observe([]), [], [], pod_restarts([crash_looping_pod(4)]))
+    windows.add(counters.observe([]), [], [], pod_restarts([crash_looping_pod(6), {"metadata": {"uid": "x"}}]))
+    assert windows.stats("rev-new", 4, 1).restarts == 2
+    verdict = analyse(windows.stats("rev-new", 4, 1), window(), CanaryAnalysis())
+    assert (verdict.reason, verdict.message) == ("ContainerRestarts", "canary containers restarted 2 times")
