@@ -73,7 +73,8 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Runtime pods are read only: their IPs to scrape vLLM's /metrics, their restarts and readiness.
+# Pods are read only: runtime pods' IPs to scrape vLLM's /metrics, their restarts and readiness; and
+# every pod's amd.com/gpu request (a watch cache), so placement and rollouts count free GPUs.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]

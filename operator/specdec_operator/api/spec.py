@@ -325,6 +325,11 @@ class Canary(ApiModel):
         return self
 
 
+_NO_ROLLOUT_BUDGET = (
+    "spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0: a new revision could never replace a pod"
+)
+
+
 class Rollout(ApiModel):
     """How a new revision (a spec change or a tuner K change) replaces the old one."""
 
@@ -335,7 +340,13 @@ class Rollout(ApiModel):
                     "!has(self.canary) || !has(self.canary.traffic) || !has(self.canary.traffic.httpRouteRef) "
                     "|| self.strategy == 'Canary'",
                     "spec.rollout.canary.traffic.httpRouteRef requires spec.rollout.strategy Canary",
-                )
+                ),
+                # Both default to 1, so only an explicit pair of zeros trips this.
+                cel(
+                    "(has(self.maxSurge) ? self.maxSurge : 1) + (has(self.maxUnavailable) ? self.maxUnavailable : 1)"
+                    " >= 1",
+                    _NO_ROLLOUT_BUDGET,
+                ),
             ]
         }
     )
@@ -345,11 +356,28 @@ class Rollout(ApiModel):
     )
     paused: bool = Field(default=False, description="Hold a canary at its current step (analysis keeps running).")
     canary: Canary | None = Field(default=None, description="Canary settings (strategy Canary).")
+    max_surge: int = Field(
+        default=1,
+        ge=0,
+        le=100,
+        description="Replicas a rollout may add beside the serving ones, used only while the pool has that many "
+        "free GPU slots (a full pool replaces in place instead). 0 always replaces in place.",
+    )
+    max_unavailable: int = Field(
+        default=1,
+        ge=0,
+        le=100,
+        description="Replicas a rollout may take out of service at once when the pool has no free GPUs for a surge "
+        "replica (replace in place; a canary then takes its replicas out of the stable set). 0 never does: a "
+        "rollout on a full pool then waits for free GPUs and reports the Pending pod.",
+    )
 
     @model_validator(mode="after")
     def _route_needs_canary(self) -> Rollout:
         if self.canary and self.canary.traffic.http_route_ref and self.strategy != "Canary":
             raise ValueError("spec.rollout.canary.traffic.httpRouteRef requires spec.rollout.strategy Canary")
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError(_NO_ROLLOUT_BUDGET)
         return self
 
 

@@ -201,6 +201,13 @@ def revision_of(template: dict[str, Any]) -> str:
     return str(template["metadata"]["labels"][contract.LABEL_REVISION])
 
 
+def rolling_strategy(max_surge: int = 1, max_unavailable: int = 0) -> dict[str, Any]:
+    """The Deployment's rolling update. The default never goes below the desired count (a replica is
+    expensive to restart: model load); on a full pool the rollout decision replaces in place instead
+    (maxSurge 0), since a surge pod would stay Pending there forever."""
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max_unavailable, "maxSurge": max_surge}}
+
+
 def deployment(ctx: PoolContext, template: dict[str, Any], replicas: int, track: str) -> dict[str, Any]:
     selector = {
         contract.LABEL_MODEL: label_value(ctx.model),
@@ -220,8 +227,7 @@ def deployment(ctx: PoolContext, template: dict[str, Any], replicas: int, track:
             "replicas": replicas,
             "selector": {"matchLabels": selector},
             "revisionHistoryLimit": 3,
-            # A replica is expensive to restart (model load), so never go below the desired count.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "strategy": rolling_strategy(),
             "template": template,
         },
     }

@@ -110,6 +110,7 @@ EXPECTED_RULES = [
     ("spec.placement", "gfxTargets must not repeat a target"),
     ("spec.runtime", "extraArgs may not set a flag the operator owns"),
     ("spec.rollout", "httpRouteRef requires spec.rollout.strategy Canary"),
+    ("spec.rollout", "maxSurge and spec.rollout.maxUnavailable cannot both be 0"),
     ("spec.rollout.canary", "steps[].weight must strictly increase"),
     # Formats and rules of everything that reaches an owned object (api/kubeformats.py, api/pod.py,
     # api/resources.py): admission refuses what the API server would refuse in the Deployment.
