@@ -48,6 +48,19 @@ class DrafterChoice(ApiModel):
     reason: str = Field(default="", description="Why this drafter was chosen, with memory figures.")
 
 
+class PoolRollout(ApiModel):
+    """How the pool's latest revision is rolled out, decided from its free GPUs when the revision appeared."""
+
+    mode: Literal["Surge", "InPlace"] = Field(
+        description="Surge: new replicas start beside the serving ones (free GPUs). InPlace: the pool is full, so "
+        "serving replicas are replaced (a canary takes its replicas out of the stable set)."
+    )
+    revision: str = Field(description="The revision this decision is for.")
+    max_surge: int = Field(default=0, description="Replicas added at once beside the serving ones.")
+    max_unavailable: int = Field(default=0, description="Serving replicas taken out at once.")
+    reason: str = Field(default="", description="Why, with the pool's free GPUs.")
+
+
 class PoolStatus(ApiModel):
     """One pool: the replicas of this model on one gfx target."""
 
@@ -63,6 +76,7 @@ class PoolStatus(ApiModel):
     revision: str = Field(default="", description="Hash of the pool's stable pod template.")
     image: str = Field(default="", description="Runtime image.")
     nodes: int = Field(default=0, description="Schedulable nodes with this gfx target.")
+    rollout: PoolRollout | None = Field(default=None, description="Rollout mode of the pool's latest revision.")
 
 
 class TuningDecision(ApiModel):
@@ -122,6 +136,12 @@ class CanaryStatus(ApiModel):
         description="Progressing, Paused, Promoted, RolledBack or Aborted."
     )
     step_started_at: Timestamp = Field(description="When the current step started (RFC 3339).")
+    evidence_since: Timestamp | None = Field(
+        default=None,
+        description="When the current step's analysis window began, if later than stepStartedAt: an operator "
+        "that takes a step over after a failover restarts the window, and the step's pause and timeout count "
+        "from here (RFC 3339).",
+    )
     canary_k: int | None = Field(default=None, description="K the canary runs, for tuner-driven canaries.")
     verdict: str = Field(default="", description="Last analysis verdict: Pass, Fail or Inconclusive.")
     message: str = Field(default="", description="Last analysis numbers or the rollback reason.")

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.canary.plan import canary_summary
 from specdec_operator.conditions import ConditionUpdate, apply_updates
-from specdec_operator.gpu.inventory import NodeGpus
+from specdec_operator.gpu.inventory import NodeGpus, PodGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.traffic import clear_manual_action, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
@@ -41,7 +41,7 @@ def utc_now() -> str:
 
 
 async def gather(
-    ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus]
+    ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus], gpu_pods: Sequence[PodGpus] = ()
 ) -> ObservedModel:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -57,6 +57,7 @@ async def gather(
         annotations=dict(meta.get("annotations", {})),
         children=children,
         nodes=nodes,
+        gpu_pods=gpu_pods,
     )
 
 
@@ -166,13 +167,13 @@ async def _tune(ctx: OperatorContext, observed: ObservedModel, logger: Logger) -
 
 
 async def reconcile(
-    ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger
+    ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger, gpu_pods: Sequence[PodGpus] = ()
 ) -> ReconcilePlan:
     started = time.monotonic()
     key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
     try:
         baseline = newest_body(ctx, key, body)
-        observed = await gather(ctx, baseline, nodes)
+        observed = await gather(ctx, baseline, nodes, gpu_pods)
         tuning = await _tune(ctx, observed, logger)
         if tuning.proposal is not None:
             await record_decision(ctx, body, baseline, observed, tuning, logger)

@@ -17,7 +17,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from specdec_operator import GROUP, PLURAL, VERSION
-from specdec_operator.gpu.inventory import NodeGpus, node_gpus
+from specdec_operator.gpu.inventory import NodeGpus, PodGpus, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.schedule import LoopSchedule
@@ -29,6 +29,7 @@ from specdec_operator.kube.api import KubeApi, KubeApiError
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.settings import OperatorSettings
 from specdec_operator.tuner.scraper import scrape_session
+from specdec_runtime import contract
 
 # Changes often arrive in bursts (a Deployment's status updates); batch them.
 DEBOUNCE_S = 0.5
@@ -99,6 +100,19 @@ def gpu_nodes(
     }
 
 
+@kopf.index("pods")
+def gpu_pods(
+    namespace: str | None, name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> dict[str, PodGpus]:
+    """GPU claims of every watched pod (all models and other workloads) for free-GPU counts.
+
+    A pod without a GPU, or finished, maps to nothing, which also drops an earlier entry of it.
+    """
+    claim = pod_gpus(namespace or "", name, dict(labels), dict(spec), dict(status), contract.LABEL_MODEL,
+                     (contract.LABEL_MANAGED_BY, contract.MANAGED_BY), contract.LABEL_POOL)
+    return {} if claim is None else {f"{namespace}/{name}": claim}
+
+
 # Async, so it runs on the event loop: asyncio.Event.set() is not safe from kopf's thread pool.
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def model_changed(
@@ -137,6 +151,7 @@ async def reconcile_loop(
 ) -> None:
     assert namespace is not None  # SpeculativeModel is namespaced
     gpu_nodes: kopf.Index[str, NodeGpus] = kwargs["gpu_nodes"]  # the node index, by its handler's name
+    gpu_pods: kopf.Index[str, PodGpus] = kwargs["gpu_pods"]
     context: OperatorContext = memo.context
     wakeup = context.wakeup(namespace, name)
     context.cache.bind(kwargs)  # kopf filled every index before starting this loop
@@ -150,8 +165,9 @@ async def reconcile_loop(
             evaluation_at = tuner_at[1] if tuner_at else None
             if schedule.full_due(now, nudged, evaluation_at, retry_at):
                 nodes = [facts for store in gpu_nodes.values() for facts in store]
+                pods = [claim for store in gpu_pods.values() for claim in store]
                 try:
-                    plan = await reconcile(context, body, nodes, logger)
+                    plan = await reconcile(context, body, nodes, logger, pods)
                     schedule.succeeded(time.monotonic(), plan.invalid_spec is not None)
                 except KubeApiError as error:
                     # The API said no (a terminating namespace, a conflict, a missing CRD): back off and retry.

@@ -3,7 +3,8 @@
 The tuner's memory lives here per model; what must survive a restart (each pool's K, the last decision
 with its time, the canary step and its timers) is in status. A proposed K change is committed to the
 tuner's memory only after the reconciler has written it to status (`TuningOutcome.commit`). Canary
-windows restart with the process, which delays a verdict but never skips or repeats a step.
+windows (canary/evidence.py) restart with the process; a process that takes over a step restarts the
+step's clock with them, which delays a verdict but never skips, repeats or times out a step.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,8 +21,9 @@ import aiohttp
 from pydantic import ValidationError
 
 from specdec_operator.api.spec import SpeculativeModelSpec
-from specdec_operator.api.status import CanaryStatus, SpeculationStatus, SpeculativeModelStatus, TuningDecision
-from specdec_operator.canary.analysis import Verdict, WindowStats, analyse
+from specdec_operator.api.status import SpeculationStatus, SpeculativeModelStatus, TuningDecision
+from specdec_operator.canary.analysis import Verdict
+from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts, pod_restarts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.health import probe_health
@@ -32,68 +33,6 @@ from specdec_operator.reconcile.tuning_inputs import pool_contexts, scrape_targe
 from specdec_operator.render.names import label_value
 from specdec_operator.tuner.engine import PoolContext, TunerState
 from specdec_operator.tuner.exporter import count_k_change, publish
-from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
-from specdec_operator.tuner.window import WindowDelta, WindowReport
-
-SCRAPED_OK = ("ok", "incomplete")
-FAILURES_IN_A_ROW = 3
-
-
-@dataclass
-class CanaryWindows:
-    """Counter increases per revision since the current canary step started, plus health failures."""
-
-    step: tuple[str, str, int] | None = None  # (canary revision, stepStartedAt, step)
-    deltas: dict[str, WindowDelta] = field(default_factory=dict)
-    health_failures: Counter[str] = field(default_factory=Counter)
-    ks: dict[str, int] = field(default_factory=dict)  # the K each revision's counters came from
-    # Pods that have answered /health once. Before that a pod is still loading its model: vLLM answers
-    # 503 until then, and a real cluster's readiness probe would keep it out of traffic anyway.
-    healthy_once: set[str] = field(default_factory=set)
-    # Failed probes in a row per pod; one blip (a pod IP handed over between processes) is not a failure.
-    failing: Counter[str] = field(default_factory=Counter)
-
-    def follow(self, canary: CanaryStatus | None) -> None:
-        key = (canary.canary_revision, canary.step_started_at, canary.step) if canary else None
-        if key != self.step:
-            self.step, self.deltas, self.health_failures = key, {}, Counter()
-
-    def add(self, report: WindowReport, results: list[ScrapeResult], health: list[tuple[ScrapeTarget, bool]]) -> None:
-        for key, delta in report.deltas.items():
-            self.ks[key.revision] = key.k
-            self.deltas[key.revision] = self.deltas[key.revision].plus(delta) if key.revision in self.deltas else delta
-        # A served /metrics proves the engine loaded; only /health itself clears a run of failures,
-        # since a dead engine's HTTP server may still answer /metrics.
-        for result in results:
-            if result.outcome in SCRAPED_OK:
-                self.healthy_once.add(result.target.uid)
-            else:
-                self._failed(result.target)
-        for target, healthy in health:
-            if healthy:
-                self.healthy_once.add(target.uid)
-                self.failing[target.uid] = 0
-            else:
-                self._failed(target)
-
-    def _failed(self, target: ScrapeTarget) -> None:
-        if target.uid in self.healthy_once:
-            self.failing[target.uid] += 1
-            if self.failing[target.uid] == FAILURES_IN_A_ROW:
-                self.health_failures[target.revision] += 1
-
-    def stats(self, revision: str, k: int, gpus: int) -> WindowStats:
-        delta = self.deltas.get(revision, WindowDelta())
-        return WindowStats(
-            seconds=delta.pod_seconds,
-            gpus=gpus,
-            k=k,
-            drafts=delta.drafts,
-            draft_tokens=delta.draft_tokens,
-            accepted_tokens=delta.accepted,
-            generation_tokens=delta.generation_tokens,
-            health_failures=self.health_failures[revision],
-        )
 
 
 @dataclass
@@ -126,23 +65,6 @@ def _rfc3339(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _verdicts(tuner: ModelTuner, spec: SpeculativeModelSpec, canary: CanaryStatus | None) -> dict[str, Verdict | None]:
-    if canary is None or canary.phase not in IN_FLIGHT_PHASES or canary.weight == 0:
-        return {}
-    thresholds = spec.rollout.canary.analysis if spec.rollout.canary else None
-    if thresholds is None:
-        return {}
-    gpus = spec.model.tensor_parallel_size
-    fallback_k = canary.canary_k if canary.canary_k is not None else spec.speculation.initial_k
-    windows = tuner.canary
-    verdict = analyse(
-        windows.stats(canary.canary_revision, windows.ks.get(canary.canary_revision, fallback_k), gpus),
-        windows.stats(canary.stable_revision, windows.ks.get(canary.stable_revision, fallback_k), gpus),
-        thresholds,
-    )
-    return {canary.canary_revision: verdict}
-
-
 async def _observe_round(
     ctx: OperatorContext,
     session: aiohttp.ClientSession,
@@ -159,7 +81,8 @@ async def _observe_round(
     assert ctx.scrapes is not None  # started in configure(), before any model loop
     tuner.next_scrape_at = time.monotonic() + ctx.settings.scrape_interval_seconds
     key = (namespace, name)
-    targets = scrape_targets(ctx.cache.pods(namespace, label_value(name)))
+    pods = ctx.cache.pods(namespace, label_value(name))
+    targets = scrape_targets(pods)
     ctx.scrapes.want(key, targets)
     allow = not ctx.settings.scrape_loopback_only
     for results in ctx.scrapes.take(key):
@@ -168,7 +91,7 @@ async def _observe_round(
             compared = {previous.canary.canary_revision, previous.canary.stable_revision}
             watched = [target for target in targets if target.revision in compared]
             health = await probe_health(watched, session, ctx.settings.scrape_timeout_seconds, allow)
-            tuner.canary.add(report, results, health)
+            tuner.canary.add(report, results, health, pod_restarts(pods))
 
 
 async def scrape_tick(ctx: OperatorContext, session: aiohttp.ClientSession, body: Mapping[str, Any]) -> None:
@@ -218,7 +141,11 @@ async def tuning_step(
         tuner = ctx.tuners[key] = ModelTuner(state)
         tuner.next_evaluation_at = now + autotune.interval_seconds
     in_flight = previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None
-    tuner.canary.follow(in_flight)
+    # The canary windows compare against stamps in status: they keep wall-clock time.
+    tuner.canary.follow(
+        in_flight, time.time(),
+        max_gap_s=2 * ctx.settings.reconcile_interval_seconds + ctx.settings.scrape_interval_seconds,
+    )
     if in_flight is not None:
         # No K decision while a canary is in flight: its verdict (and a rollback to the K the decision record
         # says it left) must concern one decision only.
@@ -226,7 +153,10 @@ async def tuning_step(
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling)
     if now >= tuner.next_scrape_at:
         await _observe_round(ctx, session, tuner, observed.namespace, observed.name, previous, contexts)
-    verdicts = _verdicts(tuner, spec, previous.canary)
+    thresholds = spec.rollout.canary.analysis if spec.rollout.canary else None
+    verdicts = canary_verdicts(
+        tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size, spec.speculation.initial_k
+    )
     if not autotune.enabled:
         tuner.next_evaluation_at = math.inf  # nothing to evaluate: the loop must not wake for it
         return TuningOutcome(verdicts=verdicts)

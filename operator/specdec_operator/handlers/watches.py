@@ -3,9 +3,10 @@
 A reconcile used to LIST Deployments, ConfigMaps, Services, PDBs and Pods for its model on every tick:
 five requests per model every ~15 s, ~175 LISTs/s at 500 models for a fleet in which nothing changed.
 Now kopf keeps one watch per kind, filtered on the API server by our managed-by label
-(`filter_watches`), and indexes the objects by owning model; gather() and the scrape path read the
-indices (handlers/cache.py). Kopf fills every index before any model loop starts, so a restarted operator
-never mistakes "not listed yet" for "missing".
+(`filter_watches`; pods excepted, as free-GPU counts need every pod), and indexes the objects by
+owning model; gather() and the scrape path read the indices (handlers/cache.py). Kopf fills every
+index before any model loop starts, so a restarted operator never mistakes "not listed yet" for
+"missing".
 
 What wakes a model's loop: a change of its spec, metadata or deletion (not of its status: our own
 status writes must not echo into another reconcile), and any change of an object it owns. Pods do not
@@ -35,7 +36,9 @@ PodKey = tuple[str, str]  # (namespace, the model's label value)
 
 def filter_watches(settings: kopf.OperatorSettings, model_selector: str | None) -> None:
     """Server-side label selectors for every watch, and paginated initial LISTs."""
-    for plural in (*OWNED_KINDS.values(), "pods"):
+    # Not pods: the free-GPU count (register.gpu_pods) must see every pod that holds a GPU, ours or not;
+    # our runtime pods are picked out of that one watch by the runtime_pods index's own label filter.
+    for plural in OWNED_KINDS.values():
         settings.watching.label_selectors[plural] = OWNED_SELECTOR
     if model_selector:
         settings.watching.label_selectors[GROUP, PLURAL] = model_selector

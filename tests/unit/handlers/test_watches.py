@@ -95,8 +95,9 @@ def test_watches_are_filtered_by_our_label_on_the_server_and_listed_in_pages() -
     settings = kopf.OperatorSettings()
     filter_watches(settings, "specdec.io/shard=blue")
     selectors = settings.watching.label_selectors
-    for plural in ("deployments", "configmaps", "services", "poddisruptionbudgets", "pods"):
+    for plural in ("deployments", "configmaps", "services", "poddisruptionbudgets"):
         assert selectors[plural] == OWNED_SELECTOR
+    assert "pods" not in selectors, "free-GPU counts watch every pod, not only ours"
     assert selectors[GROUP, PLURAL] == "specdec.io/shard=blue"
     assert settings.watching.chunk_size == 500
     unsharded = kopf.OperatorSettings()
