@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -68,3 +70,6 @@ class OperatorSettings(BaseSettings):
     metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
     peering_name: str = Field(default="specdec-operator", description="Kopf peering object for HA.")
     standalone: bool = Field(default=False, description="Run without peering (single replica, dev).")
+    log_format: Literal["plain", "json"] = Field(
+        default="plain", description="Log lines as plain text or as JSON objects (kopf's JSON formatter)."
+    )
