@@ -150,5 +150,6 @@ async def reconcile_loop(
         context.wakeups.pop((namespace, name), None)
         context.tuners.pop((namespace, name), None)
         context.route_warnings.pop((namespace, name), None)
+        context.route_rejections.pop((namespace, name), None)
         # The loop ends when the model is deleted or this replica pauses for a peer: its series go too.
         forget_model(namespace, name)

@@ -111,6 +111,19 @@ def _rfc3339(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def route_hold(verdicts: dict[str, Verdict | None], rejection: tuple[str, str] | None) -> dict[str, Verdict | None]:
+    """A Gateway that refuses the route turns a canary's Pass into Inconclusive: a step must not pass on
+    traffic that never reached the canary. The step holds; if the route stays refused it times out with the
+    Gateway's reason in the rollback event and in status.canary. A Fail stays a Fail (a dead canary rolls
+    back whatever the route says)."""
+    if rejection is None:
+        return verdicts
+    reason, message = rejection
+    held = Verdict("Inconclusive", reason, f"HTTPRoute not usable for the canary: {message}")
+    return {revision: verdict if verdict is not None and verdict.outcome == "Fail" else held
+            for revision, verdict in verdicts.items()}
+
+
 def _verdicts(tuner: ModelTuner, spec: SpeculativeModelSpec, canary: CanaryStatus | None) -> dict[str, Verdict | None]:
     if canary is None or canary.phase not in IN_FLIGHT_PHASES or canary.weight == 0:
         return {}
@@ -163,7 +176,7 @@ async def tuning_step(
             watched = [target for target in targets if target.revision in compared]
             health = await probe_health(watched, session, ctx.settings.scrape_timeout_seconds, allow)
             tuner.canary.add(report, results, health)
-    verdicts = _verdicts(tuner, spec, previous.canary)
+    verdicts = route_hold(_verdicts(tuner, spec, previous.canary), ctx.route_rejections.get(key))
     if not autotune.enabled or now < tuner.next_evaluation_at:
         return TuningOutcome(verdicts=verdicts)
     tuner.next_evaluation_at = now + autotune.interval_seconds
