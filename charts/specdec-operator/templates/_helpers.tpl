@@ -103,11 +103,12 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 - apiGroups: ["kopf.dev"]
   resources: [{{ .resource | quote }}]
   verbs: ["list", "watch"]
-# Keep-alives (and the removal of dead peers) are patched into our own peering object only.
+# Keep-alives (and the removal of dead peers) are patched into our own peering object only; get lets
+# the operator see at start-up whether the object exists before creating it.
 - apiGroups: ["kopf.dev"]
   resources: [{{ .resource | quote }}]
   resourceNames: [{{ .root.Values.peering.name | quote }}]
-  verbs: ["patch"]
+  verbs: ["get", "patch"]
 # create cannot be narrowed to a name (the name is in the body); the operator creates its peering
 # object at start-up when it is missing, because kopf only ever patches it.
 - apiGroups: ["kopf.dev"]

@@ -25,9 +25,10 @@ CLUSTER_VERBS: dict[tuple[str, str], set[str]] = {
     ("", "nodes"): {"list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }
-PEERING_VERBS = {"list", "watch", "patch", "create"}
-# patch is narrowed to the peering object's own name; list, watch and create cannot be.
-NAMED_PEERING_VERBS = {"patch"}
+PEERING_VERBS = {"get", "list", "watch", "patch", "create"}
+# get (does it exist yet?) and patch are narrowed to the peering object's own name; list, watch and
+# create cannot be.
+NAMED_PEERING_VERBS = {"get", "patch"}
 
 Grants = dict[tuple[str, str], set[str]]
 
