@@ -78,10 +78,13 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["list", "create", "patch", "delete"]
-# Runtime pods are read only: a labelled list gives the IPs to scrape vLLM's /metrics and probe /health.
+# Pods are read only. list: a model's runtime pods (labelled) give the IPs to scrape vLLM's /metrics and
+# probe /health, and their restarts; list and watch: kopf's pod index (handlers/register.py gpu_pods)
+# caches every watched pod's amd.com/gpu request and scheduling state, so placement and rollouts count
+# free GPUs. No get: nothing reads one pod by name.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # Events on SpeculativeModels: kopf posts core/v1 events (decisions, canary steps, warnings).
 - apiGroups: [""]
   resources: ["events"]
@@ -138,6 +141,14 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ toJson .Values.runtime.imageTargets | quote }}
 - name: SPECDEC_SIMULATOR_IMAGE
   value: {{ .Values.runtime.simulatorImage | quote }}
+- name: SPECDEC_RUNTIME_POD_SECURITY
+  value: {{ .Values.runtime.pod.security | quote }}
+- name: SPECDEC_RUNTIME_SUPPLEMENTAL_GROUPS
+  value: {{ toJson .Values.runtime.pod.supplementalGroups | quote }}
+- name: SPECDEC_RUNTIME_FS_GROUP
+  value: {{ .Values.runtime.pod.fsGroup | quote }}
+- name: SPECDEC_WEIGHTS_CACHE_CLAIM
+  value: {{ .Values.runtime.pod.weightsCacheClaim | quote }}
 - name: SPECDEC_RECONCILE_INTERVAL_SECONDS
   value: {{ .Values.reconcileIntervalSeconds | quote }}
 - name: SPECDEC_SCRAPE_INTERVAL_SECONDS

@@ -17,7 +17,7 @@ WORKLOAD_VERBS: dict[tuple[str, str], set[str]] = {
     ("", "configmaps"): {"list", "create", "patch", "delete"},
     ("", "services"): {"list", "create", "patch", "delete"},
     ("policy", "poddisruptionbudgets"): {"list", "create", "patch", "delete"},
-    ("", "pods"): {"list"},
+    ("", "pods"): {"list", "watch"},
     ("", "events"): {"create"},
     ("gateway.networking.k8s.io", "httproutes"): {"get", "patch"},
 }
