@@ -40,12 +40,14 @@ class OperatorContext:
     def forget(self, namespace: str, name: str) -> None:
         """Drop every per-model memory when the model's loop ends."""
         key = (namespace, name)
-        for per_model in (self.wakeups, self.tuners, self.route_warnings, self.written, self.stats_written_at,
-                          self.refusals):
+        for per_model in (self.wakeups, self.tuners, self.route_warnings, self.route_rejections, self.written,
+                          self.stats_written_at, self.refusals):
             per_model.pop(key, None)
         if self.scrapes is not None:
             self.scrapes.forget(key)
         self.cache.forget(key)
+    # (reason, message) of a Gateway that refuses a model's HTTPRoute as last read: the canary step holds.
+    route_rejections: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())

@@ -139,6 +139,7 @@ def _env_names() -> list[Any]:
         "SPECDEC_STANDALONE",
         "SPECDEC_SHARD",
         "SPECDEC_MODEL_SELECTOR",
+        "SPECDEC_LOG_FORMAT",
         *PENDING_SETTINGS,
     ]
     return [
