@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from itertools import pairwise
 from typing import Annotated, Literal
 
@@ -94,6 +95,12 @@ _MTP_NEEDS_LAYERS = (
     "(num_nextn_predict_layers in its config.json); vLLM refuses mtp on a target without MTP layers"
 )
 _MTP_LAYERS_ONLY_MTP = "spec.drafters[].mtpLayers applies only to method mtp"
+# vLLM imports `module.Class` from the model field when the proposer starts, and refuses anything else.
+_IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)+$"
+_CUSTOM_CLASS_PATH = (
+    "spec.drafters[].model must be the dotted import path of a proposer class (e.g. my_module.MyProposer) "
+    "for method custom_class"
+)
 
 
 class Drafter(ApiModel):
@@ -124,6 +131,10 @@ class Drafter(ApiModel):
                 cel("self.method != 'extract_hidden_states'", _EXTRACT_HIDDEN_STATES),
                 cel("self.method != 'mtp' || has(self.mtpLayers)", _MTP_NEEDS_LAYERS),
                 cel("!has(self.mtpLayers) || self.method == 'mtp'", _MTP_LAYERS_ONLY_MTP),
+                cel(
+                    f"self.method != 'custom_class' || !has(self.model) || self.model.matches('{_IMPORT_PATH}')",
+                    _CUSTOM_CLASS_PATH,
+                ),
             ]
         }
     )
@@ -158,6 +169,8 @@ class Drafter(ApiModel):
             raise ValueError(_MTP_NEEDS_LAYERS)
         if self.method != "mtp" and self.mtp_layers is not None:
             raise ValueError(_MTP_LAYERS_ONLY_MTP)
+        if self.method == "custom_class" and self.model and not re.match(_IMPORT_PATH, self.model):
+            raise ValueError(_CUSTOM_CLASS_PATH)
         if self.method in METHODS_REQUIRING_MODEL and not self.model:
             raise ValueError(f"spec.drafters[].model is required for method {self.method}")
         if self.method in METHODS_WITHOUT_MODEL and self.model:

@@ -207,7 +207,8 @@ def test_valid_spec_parses(overrides: dict[str, Any]) -> None:
 def test_every_vllm_033_method_is_accepted_with_or_without_a_model_as_it_needs(method: str) -> None:
     needs_model = method in ("draft_model", "eagle", "eagle3", "dflash", "dspark", "custom_class")
     extra = {"mtpLayers": 1} if method == "mtp" else {}
-    parsed = spec(drafters=[drafter_wire(method, "org/drafter-1B" if needs_model else None, **extra)])
+    model = "org_drafters.Proposer" if method == "custom_class" else "org/drafter-1B"
+    parsed = spec(drafters=[drafter_wire(method, model if needs_model else None, **extra)])
     assert parsed.drafters[0].method == method
 
 
@@ -223,6 +224,7 @@ CEL_MIRRORED: list[tuple[str, dict[str, Any], str]] = [
     ("mtp-without-layers", {"drafters": [drafter_wire("mtp")]}, "mtpLayers is required"),
     ("mtp-layers-on-ngram", {"drafters": [drafter_wire("ngram", mtpLayers=2)]}, "applies only to method mtp"),
     ("mtp-initial-k", {"drafters": [drafter_wire("mtp", mtpLayers=2)], "speculation": {"initialK": 5}}, "multiple"),
+    ("custom-class-not-a-path", {"drafters": [drafter_wire("custom_class", "org/proposer")]}, "dotted import path"),
     ("attention-config-backend", {"runtime": {"extraArgs": ["--attention-config.backend=X"]}}, "--attention-backend"),
 ]
 
@@ -346,6 +348,7 @@ VLLM_REFUSALS = [
     "extract-hidden-states",
     "mtp-without-layers",
     "mtp-initial-k-not-a-multiple",
+    "custom-class-not-an-import-path",
 ]
 
 

@@ -31,7 +31,7 @@ DRAFTER_MODELS = {
     "eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
     "dflash": "z-lab/Llama-3.1-8B-DFlash",
     "dspark": "org/Llama-3.1-8B-DSpark",
-    "custom_class": "org/custom-proposer",
+    "custom_class": "org_proposers.CustomProposer",
 }
 
 
