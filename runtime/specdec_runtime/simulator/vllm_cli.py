@@ -138,8 +138,8 @@ def vllm_start_refusal(
                 return f"num_speculative_tokens:{k} must be divisible by n_predict={layers}"
     if method == "extract_hidden_states":
         if k != 1:
-            # ExtractHiddenStatesProposer.__init__: `assert self.num_speculative_tokens == 1`, no message.
-            return "AssertionError: ExtractHiddenStatesProposer needs num_speculative_tokens == 1"
+            # The speculator of vLLM's V2 model runner, which ROCm images (they have Triton) start.
+            return "extract_hidden_states requires num_speculative_tokens to be 1"
         draft = speculative.get("draft_model_config")
         hf_config = draft.get("hf_config", {}) if isinstance(draft, dict) else {}
         if not hf_config.get("eagle_aux_hidden_state_layer_ids"):

@@ -136,8 +136,8 @@ def test_mtp_k_above_the_layer_count_must_be_a_multiple_of_it(
 
 
 def test_extract_hidden_states_runs_only_at_k_1_with_its_layer_ids(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "num_speculative_tokens == 1" in refusal(
-        ["m", *spec_config(method="extract_hidden_states", num_speculative_tokens=2)], capsys
+    assert refusal(["m", *spec_config(method="extract_hidden_states", num_speculative_tokens=2)], capsys) == (
+        "extract_hidden_states requires num_speculative_tokens to be 1"
     )
     assert refusal(["m", *spec_config(method="extract_hidden_states", num_speculative_tokens=1)], capsys) == (
         "eagle_aux_hidden_state_layer_ids must be set in the draft model config for extract_hidden_states method"
