@@ -141,7 +141,9 @@ class Drafter(ApiModel):
 
     method: SpeculativeMethod = Field(description="vLLM 0.33 speculative method.")
     model: str | None = Field(
-        default=None, description="Drafter checkpoint (HF id or path), where the method needs one."
+        default=None,
+        max_length=512,  # bounds the cost of the custom_class CEL rule
+        description="Drafter checkpoint (HF id or path), or for custom_class the proposer's import path.",
     )
     draft_tensor_parallel_size: Literal[1, 2, 4, 8] | None = Field(
         default=None, description="Drafter TP: 1, or the target's TP (vLLM's draft_tensor_parallel_size)."
