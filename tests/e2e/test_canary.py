@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -123,14 +125,21 @@ def test_drafter_change_is_promoted_through_10_50_100_with_route_weights(
         assert reason in reasons, reasons
 
 
-@pytest.mark.parametrize(("profile", "reason"), [
-    ("e2e-poor-drafter", "accepted length"),
-    ("e2e-unhealthy", "/health failed"),
-])
+@pytest.mark.parametrize(("stable_profile", "profile", "analysis", "reason"), [
+    ("quick", "e2e-poor-drafter", {}, "accepted length"),
+    ("quick", "e2e-unhealthy", {}, "/health failed"),
+    # 5% of the canary's requests finish with finished_reason="error".
+    ("quick", "e2e-erroring", {}, "canary error rate"),
+    # Every canary engine step 1.5x as long at equal acceptance; speed is gated loosely so that the
+    # latency gate alone has to catch it.
+    ("e2e-tpot-stable", "e2e-tpot-slow", {"minTokensPerSecondRatio": 0.5}, "TPOT p90"),
+], ids=["poor-drafter", "unhealthy", "erroring", "slow-tpot"])
 def test_bad_canary_is_rolled_back_with_its_numbers(
-    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, profile: str, reason: str
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, stable_profile: str, profile: str,
+    analysis: dict[str, Any], reason: str,
 ) -> None:
-    body = canary_model("bad", pause_s=60)
+    body = canary_model("bad", pause_s=60, profile=stable_profile)
+    body["spec"]["rollout"]["canary"]["analysis"].update(analysis)
     kube.apply([route("bad"), body])
     old = settle(kube, "bad")
     generation = kube.get("deployment", "bad-gfx942")["metadata"]["generation"]
@@ -146,7 +155,19 @@ def test_bad_canary_is_rolled_back_with_its_numbers(
     assert stable["metadata"]["generation"] == generation, "the stable Deployment must be untouched"
     degraded = next(c for c in kube.get("sm", "bad")["status"]["conditions"] if c["type"] == "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "CanaryRolledBack")
-    assert any(e["reason"] == "CanaryFailed" and reason in e["message"] for e in kube.events("bad"))
+    failed = [e for e in kube.events("bad") if e["reason"] == "CanaryFailed" and reason in e["message"]]
+    assert failed, [e["message"] for e in kube.events("bad")]
+    print(f"\n{profile}: {failed[0]['message']}")
+    message = failed[0]["message"]
+    if profile == "e2e-erroring":
+        match = re.search(r"canary error rate ([0-9.]+)% \(([0-9]+) of ([0-9]+) requests\) > 1.00%", message)
+        assert match, message
+    if profile == "e2e-tpot-slow":
+        # Only latency fails (failed checks lead the message); the ratio is vLLM's bucketed p90.
+        checks = message.split(": ", 1)[1].split("; ")
+        match = re.match(r"TPOT p90 [0-9.]+ ms vs stable [0-9.]+ ms \(ratio ([0-9.]+) > 1.15\)", checks[0])
+        assert match and 1.3 < float(match.group(1)) < 1.8, message
+        assert all(">=" in check for check in checks[1:3]), message
 
 
 def test_operator_killed_mid_canary_resumes_at_the_same_step(
@@ -184,3 +205,47 @@ def test_tuner_k_change_goes_through_the_canary(
              240, 2, describe=lambda: canary_status(kube, "tunedcanary"))
     pools = kube.get("sm", "tunedcanary")["status"]["pools"]
     assert pools[0]["effectiveK"] == status["canaryK"]
+
+
+def test_failover_mid_step_with_little_traffic_ends_the_step_on_evidence(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess
+) -> None:
+    """One client per pod: step 1 needs about 40 s of drafts. The operator is killed 30 s into the
+    step, so its successor cannot finish the window inside the step's original 60 s timeout."""
+    body = canary_model("failover", pause_s=20, profile="e2e-low-traffic")
+    body["spec"]["rollout"]["canary"]["steps"] = [{"weight": 10, "pauseSeconds": 20},
+                                                  {"weight": 100, "pauseSeconds": 5}]
+    # TPOT p90 from one client's few requests sits on a bucket edge; this test is about the clock.
+    body["spec"]["rollout"]["canary"]["analysis"].update({"minDrafts": 1500, "timeoutSeconds": 60,
+                                                          "maxTpotRatio": 3})
+    kube.apply([route("failover"), body])
+    settle(kube, "failover")
+    change(kube, body)
+    running = wait_for("step 1 running",
+                       lambda: (s := canary_status(kube, "failover")) and s["weight"] == 10 and s, 120, 1)
+    started = datetime.fromisoformat(running["stepStartedAt"].replace("Z", "+00:00"))
+    time.sleep(max(0.0, 30 - (datetime.now(UTC) - started).total_seconds()))
+    mid = canary_status(kube, "failover")
+    assert mid is not None and (mid["step"], mid["phase"], mid["verdict"]) == (0, "Progressing", "Inconclusive"), mid
+    killed_at = datetime.now(UTC)
+    operator.restart(signal.SIGKILL)
+    print(f"\nkilled {(killed_at - started).total_seconds():.0f} s into step 1, successor serving after "
+          f"{(datetime.now(UTC) - killed_at).total_seconds():.0f} s")
+
+    def step_1_ended() -> list[dict[str, Any]]:
+        return [e for e in kube.events("failover") if e["reason"] in ("CanaryStepPassed", "CanaryFailed",
+                                                                      "CanaryTimedOut", "CanaryPromoted")]
+
+    ended = wait_for("step 1 ended", step_1_ended, 150, 1, describe=lambda: canary_status(kube, "failover"))
+    reasons = [e["reason"] for e in kube.events("failover")]
+    assert "CanaryTimedOut" not in reasons, [e["message"] for e in ended]
+    assert ended[0]["reason"] in ("CanaryStepPassed", "CanaryFailed"), ended[0]["message"]
+    restarted = [e for e in kube.events("failover") if e["reason"] == "CanaryEvidenceRestarted"]
+    assert len(restarted) == 1, reasons
+    after = canary_status(kube, "failover")
+    assert after is not None
+    print(f"{restarted[0]['message']}\nstep 1 ended "
+          f"{(datetime.now(UTC) - started).total_seconds():.0f} s after it started: {ended[0]['message']}")
+    if ended[0]["reason"] == "CanaryStepPassed":
+        wait_for("promoted", lambda: (s := canary_status(kube, "failover")) and s["phase"] == "Promoted", 90, 1,
+                 describe=lambda: canary_status(kube, "failover"))

@@ -101,6 +101,12 @@ class CanaryStatus(ApiModel):
         description="Progressing, Paused, Promoted, RolledBack or Aborted."
     )
     step_started_at: str = Field(description="When the current step started (RFC 3339).")
+    evidence_since: str | None = Field(
+        default=None,
+        description="When the current step's analysis window began, if later than stepStartedAt: an operator "
+        "that takes a step over after a failover restarts the window, and the step's pause and timeout count "
+        "from here (RFC 3339).",
+    )
     canary_k: int | None = Field(default=None, description="K the canary runs, for tuner-driven canaries.")
     verdict: str = Field(default="", description="Last analysis verdict: Pass, Fail or Inconclusive.")
     message: str = Field(default="", description="Last analysis numbers or the rollback reason.")

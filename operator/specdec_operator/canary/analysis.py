@@ -152,6 +152,43 @@ class Verdict:
     reason: str
     message: str
     comparisons: tuple[Comparison, ...] = ()
+    # When the evidence began (RFC 3339), if later than the step's start: set by a process that took
+    # the step over from another, whose window it could not inherit (canary/evidence.py).
+    evidence_since: str | None = None
+
+
+# Evidence an error rate is above its limit must be this strong: the chance that a canary exactly at
+# the limit shows at least as many errors. Strict, because the test is repeated on every reconcile.
+ERROR_SIGNIFICANCE = 0.01
+
+
+def errors_exceed(errors: float, requests: float, limit: float) -> bool:
+    """Whether `errors` of `requests` show, beyond chance, a true error rate above `limit`.
+
+    One-sided binomial test: P(X >= errors | requests, limit) < ERROR_SIGNIFICANCE. One error in a
+    handful of requests is not proof that a 1% limit is broken; five in a hundred is.
+    """
+    n, k = round(requests), round(errors)
+    if k <= 0 or n <= 0 or k <= limit * n:
+        return False
+    if limit <= 0:
+        return True
+    if limit >= 1:
+        return False
+    # P(X < k), summed in log space so large request counts neither overflow nor underflow.
+    log_p, log_q = math.log(limit), math.log1p(-limit)
+    below = sum(
+        math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q)
+        for i in range(min(k, n + 1))
+    )
+    return 1.0 - below < ERROR_SIGNIFICANCE
+
+
+def _error_text(canary: WindowStats, thresholds: CanaryAnalysis) -> str:
+    return (
+        f"canary error rate {canary.error_rate or 0.0:.2%} ({canary.errors:.0f} of {canary.requests:.0f} requests) "
+        f"> {thresholds.max_error_rate:.2%}"
+    )
 
 
 def _immediate_failures(canary: WindowStats, thresholds: CanaryAnalysis) -> list[tuple[str, str]]:
@@ -161,15 +198,8 @@ def _immediate_failures(canary: WindowStats, thresholds: CanaryAnalysis) -> list
         failures.append(("HealthCheckFailed", f"canary /health failed {canary.health_failures} times"))
     if canary.restarts > 0:
         failures.append(("ContainerRestarts", f"canary containers restarted {canary.restarts} times"))
-    error_rate = canary.error_rate
-    if error_rate is not None and error_rate > thresholds.max_error_rate:
-        failures.append(
-            (
-                "ErrorRateExceeded",
-                f"canary error rate {error_rate:.2%} ({canary.errors:.0f} of {canary.requests:.0f} requests) "
-                f"> {thresholds.max_error_rate:.2%}",
-            )
-        )
+    if errors_exceed(canary.errors, canary.requests, thresholds.max_error_rate):
+        failures.append(("ErrorRateExceeded", _error_text(canary, thresholds)))
     return failures
 
 
@@ -268,6 +298,15 @@ def analyse(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis
             "Inconclusive",
             "InsufficientSamples",
             f"{_samples(canary, stable)}; need {thresholds.min_drafts} each",
+        )
+
+    error_rate = canary.error_rate
+    if error_rate is not None and error_rate > thresholds.max_error_rate:
+        # Above the limit, but not yet beyond chance: no step passes on it; more requests decide.
+        return Verdict(
+            "Inconclusive",
+            "ErrorRateUncertain",
+            f"{_error_text(canary, thresholds)}, not yet significant; {_samples(canary, stable)}",
         )
 
     comparisons, missing = _comparisons(canary, stable, thresholds)

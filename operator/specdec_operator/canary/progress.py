@@ -7,6 +7,10 @@ transition happens per call, so no step is skipped or repeated.
 Status encoding: `weight == 0` on an in-flight canary means its step has not started yet (the canary
 pods are not ready, so no traffic goes to them); `stepStartedAt` then marks when the wait began, and
 the wait is bounded by the analysis timeout.
+
+Evidence is not in status (docs/canary.md): an operator that takes over a running step opens a new
+analysis window and records its start in `evidenceSince`; the step's pause and timeout then count
+from there, so a failover delays a step's end but never turns into a timeout or a rollback.
 """
 
 from __future__ import annotations
@@ -113,10 +117,38 @@ def _finish(
     return CanaryProgress(finished, _terminal_plan(finished, clear_action), event)
 
 
+def _parse_time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def _window_start(status: CanaryStatus) -> datetime:
+    """Where the step's analysis window starts: the step's start, or a later takeover's."""
+    started = _parse_time(status.step_started_at)
+    if status.evidence_since is None:
+        return started
+    return max(started, _parse_time(status.evidence_since))
+
+
 def _elapsed_seconds(status: CanaryStatus, now: datetime) -> float:
-    started = datetime.fromisoformat(status.step_started_at)
     # A clock that steps backwards must not make a window look longer than it was.
-    return max(0.0, (now - started).total_seconds())
+    return max(0.0, (now - _window_start(status)).total_seconds())
+
+
+def _take_over(status: CanaryStatus, verdict: Verdict | None, label: str) -> tuple[CanaryStatus, CanaryEvent | None]:
+    """Record a verdict's later evidence window: the step's clock restarts with the evidence."""
+    if verdict is None or verdict.evidence_since is None or status.weight == 0:
+        return status, None
+    since = _parse_time(verdict.evidence_since)
+    if since <= _window_start(status):
+        return status, None
+    restarted = status.model_copy(update={"evidence_since": format_time(since)})
+    event = CanaryEvent(
+        "Normal",
+        "CanaryEvidenceRestarted",
+        f"{label}: this operator took the step over at {format_time(since)} without its predecessor's "
+        "measurements; the analysis window, the pause and the timeout restart there",
+    )
+    return restarted, event
 
 
 def _with_verdict(status: CanaryStatus, verdict: Verdict | None, **update: object) -> CanaryStatus:
@@ -167,17 +199,23 @@ def _step(
         return CanaryProgress(paused, holding, CanaryEvent("Normal", "CanaryPaused", f"paused by {source} at {label}"))
     if status.phase == "Paused":
         # The window restarts: time spent paused must count neither as analysis nor towards the timeout.
-        resumed = _with_verdict(status, verdict, phase="Progressing", step_started_at=format_time(now))
+        resumed = _with_verdict(
+            status, verdict, phase="Progressing", step_started_at=format_time(now), evidence_since=None
+        )
         event = CanaryEvent("Normal", "CanaryResumed", f"resumed at {label}; its analysis window restarts")
         return CanaryProgress(
             resumed, RolloutPlan(status.weight, step.weight, keep_canary=True, clear_action=one_shot), event
         )
 
-    elapsed = _elapsed_seconds(status, now)
     timeout = settings.analysis.timeout_seconds
     plan = RolloutPlan(status.weight, step.weight, keep_canary=True, clear_action=one_shot)
     if status.weight == 0:
-        return _await_ready(status, steps, label, elapsed, timeout, now, canary_ready, plan)
+        return _await_ready(status, steps, label, _elapsed_seconds(status, now), timeout, now, canary_ready, plan)
+    status, restarted = _take_over(status, verdict, label)
+    if restarted is not None:
+        # The window just opened: nothing in it can pass or time out yet.
+        return CanaryProgress(_with_verdict(status, verdict), plan, restarted)
+    elapsed = _elapsed_seconds(status, now)
 
     window_over = elapsed >= step.pause_seconds
     # At 100% the stable serves nothing, so there is no baseline to pass against: the last window
@@ -211,7 +249,9 @@ def _await_ready(
     """The step has not started: traffic waits until the canary pods are ready, for at most the timeout."""
     if canary_ready:
         weight = steps[status.step].weight
-        started = status.model_copy(update={"weight": weight, "step_started_at": format_time(now)})
+        started = status.model_copy(
+            update={"weight": weight, "step_started_at": format_time(now), "evidence_since": None}
+        )
         event = CanaryEvent(
             "Normal", "CanaryStepStarted", f"{label}: {weight}% of traffic to revision {status.canary_revision}"
         )
@@ -248,7 +288,8 @@ def _pass_step(
         return _finish(status, "Promoted", event, verdict=verdict, clear_action=clear_action)
     following = steps[status.step + 1]
     moved = _with_verdict(
-        status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_time(now)
+        status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_time(now),
+        evidence_since=None,
     )
     event = CanaryEvent(
         "Normal",

@@ -25,12 +25,19 @@ GENERATION_TOKENS = "vllm:generation_tokens"
 REQUESTS_RUNNING = "vllm:num_requests_running"
 INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
 TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"
+# Finished requests by FinishReason; "error" is a request-level engine failure, which vLLM always
+# answers with HTTP 500 (vllm/v1/engine/__init__.py).
+REQUEST_SUCCESS = "vllm:request_success"
+FINISHED_WITH_ERROR = "error"
+# prometheus-fastapi-instrumentator's counter on vLLM's API server, status grouped as "2xx".."5xx";
+# /metrics, /health and the other probes are excluded by vLLM, so it counts API requests only.
+HTTP_REQUESTS = "http_requests"
 
 _SPEC_FAMILIES = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POSITION)
 _HISTOGRAMS = (INTER_TOKEN_LATENCY, TIME_PER_OUTPUT_TOKEN)
 # Labels that split one logical series; every other label (model_name, engine) is summed over,
 # so a data-parallel pod with several engines reads as one pod.
-_KEY_LABELS = ("position", "le")
+_KEY_LABELS = ("position", "le", "finished_reason", "status")
 
 
 class MetricsParseError(ValueError):
@@ -65,6 +72,17 @@ class SpecCounters:
 
 
 @dataclass(frozen=True)
+class RequestCounters:
+    """Requests the engine finished (any reason) and those it finished with an error, plus the API
+    server's view: every API request answered, and those answered with a 5xx status."""
+
+    finished: float = 0.0
+    errored: float = 0.0
+    http: float = 0.0
+    http_5xx: float = 0.0
+
+
+@dataclass(frozen=True)
 class PodSample:
     """The counters and gauges of one scrape. `spec` is None when the pod runs without speculation."""
 
@@ -77,6 +95,7 @@ class PodSample:
     # multiprocess collector, which omits `_created`. A change means the counters restarted.
     created: float | None
     problems: tuple[str, ...] = field(default=())
+    requests: RequestCounters = field(default_factory=RequestCounters)
 
     @property
     def complete(self) -> bool:
@@ -144,6 +163,7 @@ _WANTED_NAMES = frozenset(
     [f"{name}{suffix}" for name in (*_SPEC_FAMILIES, GENERATION_TOKENS) for suffix in ("", "_total")]
     + [DRAFTS + "_created", GENERATION_TOKENS + "_created", REQUESTS_RUNNING]
     + [f"{name}{suffix}" for name in _HISTOGRAMS for suffix in ("", "_bucket", "_sum", "_count")]
+    + [f"{name}{suffix}" for name in (REQUEST_SUCCESS, HTTP_REQUESTS) for suffix in ("", "_total")]
 )
 
 
@@ -202,6 +222,20 @@ def _build_sample(series: _Series) -> PodSample:
         time_per_output_token=histograms[TIME_PER_OUTPUT_TOKEN],
         created=min(created) if created else None,
         problems=tuple(problems),
+        requests=_request_counters(series),
+    )
+
+
+def _request_counters(series: _Series) -> RequestCounters:
+    """Absent families read as zero: vLLM creates an http_requests child only with the first request."""
+    finished = series.get(REQUEST_SUCCESS + "_total", {})
+    http = series.get(HTTP_REQUESTS + "_total", {})
+    reason, status = _KEY_LABELS.index("finished_reason"), _KEY_LABELS.index("status")
+    return RequestCounters(
+        finished=sum(finished.values()),
+        errored=sum(value for key, value in finished.items() if key[reason] == FINISHED_WITH_ERROR),
+        http=sum(http.values()),
+        http_5xx=sum(value for key, value in http.items() if key[status].startswith("5")),
     )
 
 
@@ -226,7 +260,7 @@ def _spec_counters(series: _Series, problems: list[str]) -> SpecCounters | None:
 
 def _per_position(values: Mapping[tuple[str, ...], float], problems: list[str]) -> tuple[float, ...]:
     by_position: dict[int, float] = {}
-    for (position, _), value in values.items():
+    for (position, *_), value in values.items():
         if not position.isdigit():
             problems.append(f"bad position label {position!r}")
             return ()
@@ -245,7 +279,7 @@ def _histogram(series: _Series, name: str, problems: list[str]) -> HistogramSnap
         problems.append(f"{name} histogram missing or partial")
         return None
     try:
-        buckets = tuple(sorted((float(le), value) for (_, le), value in bucket_values.items()))
+        buckets = tuple(sorted((float(le), value) for (_, le, *_), value in bucket_values.items()))
     except ValueError:
         problems.append(f"{name}: bad le label")
         return None

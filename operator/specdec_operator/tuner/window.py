@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from specdec_operator.tuner.samples import HistogramSnapshot, PodSample, ScrapeResult
+from specdec_operator.tuner.samples import HistogramSnapshot, PodSample, RequestCounters, ScrapeResult
+
+# (upper bound in seconds, cumulative count) per `le` bucket, ending at +Inf.
+Buckets = tuple[tuple[float, float], ...]
 
 
 @dataclass(frozen=True, order=True)
@@ -35,6 +38,9 @@ class WindowDelta:
     itl_sum: float = 0.0  # seconds; one inter-token latency per running request per engine step
     itl_count: float = 0.0
     running_seconds: float = 0.0  # num_requests_running gauge x interval, a fallback batch-size signal
+    # Increases of vllm:request_time_per_output_token_seconds: one observation per finished request.
+    tpot_buckets: Buckets = ()
+    requests: RequestCounters = field(default_factory=RequestCounters)
 
     def plus(self, other: WindowDelta) -> WindowDelta:
         return WindowDelta(
@@ -47,6 +53,13 @@ class WindowDelta:
             itl_sum=self.itl_sum + other.itl_sum,
             itl_count=self.itl_count + other.itl_count,
             running_seconds=self.running_seconds + other.running_seconds,
+            tpot_buckets=_add_buckets(self.tpot_buckets, other.tpot_buckets),
+            requests=RequestCounters(
+                finished=self.requests.finished + other.requests.finished,
+                errored=self.requests.errored + other.requests.errored,
+                http=self.requests.http + other.requests.http,
+                http_5xx=self.requests.http_5xx + other.requests.http_5xx,
+            ),
         )
 
     def scaled(self, factor: float) -> WindowDelta:
@@ -61,6 +74,13 @@ class WindowDelta:
             itl_sum=self.itl_sum * factor,
             itl_count=self.itl_count * factor,
             running_seconds=self.running_seconds * factor,
+            tpot_buckets=tuple((bound, count * factor) for bound, count in self.tpot_buckets),
+            requests=RequestCounters(
+                finished=self.requests.finished * factor,
+                errored=self.requests.errored * factor,
+                http=self.requests.http * factor,
+                http_5xx=self.requests.http_5xx * factor,
+            ),
         )
 
     @property
@@ -87,6 +107,22 @@ def _add_positions(left: tuple[float, ...], right: tuple[float, ...]) -> tuple[f
     padded_left = left + (0.0,) * (size - len(left))
     padded_right = right + (0.0,) * (size - len(right))
     return tuple(a + b for a, b in zip(padded_left, padded_right, strict=True))
+
+
+def _add_buckets(left: Buckets, right: Buckets) -> Buckets:
+    """Bucket-wise sum. Layouts differ only across vLLM versions; then the union of the bounds is
+    used, each side counting at a bound what it counted at its next lower one (a lower bound
+    on the true count, which keeps the sum cumulative)."""
+    if not left or not right:
+        return left or right
+    if [bound for bound, _ in left] == [bound for bound, _ in right]:
+        return tuple((bound, a + b) for (bound, a), (_, b) in zip(left, right, strict=True))
+    bounds = sorted({bound for bound, _ in left} | {bound for bound, _ in right})
+    return tuple((bound, _cumulative_at(left, bound) + _cumulative_at(right, bound)) for bound in bounds)
+
+
+def _cumulative_at(buckets: Buckets, bound: float) -> float:
+    return max((count for upper, count in buckets if upper <= bound), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -168,7 +204,8 @@ def _counters(sample: PodSample) -> list[float]:
     for histogram in (sample.inter_token_latency, sample.time_per_output_token):
         if histogram:
             values += [histogram.total, histogram.count, *(count for _, count in histogram.buckets)]
-    return values
+    requests = sample.requests
+    return [*values, requests.finished, requests.errored, requests.http, requests.http_5xx]
 
 
 def _any_decrease(before: PodSample, after: PodSample) -> bool:
@@ -178,28 +215,33 @@ def _any_decrease(before: PodSample, after: PodSample) -> bool:
 
 def _delta(before: PodSample, after: PodSample, seconds: float) -> WindowDelta:
     itl = _histogram_delta(before.inter_token_latency, after.inter_token_latency)
+    tpot = _histogram_delta(before.time_per_output_token, after.time_per_output_token)
     running = after.requests_running or 0.0
+    old_requests, new_requests = before.requests, after.requests
     delta = WindowDelta(
         generation_tokens=(after.generation_tokens or 0.0) - (before.generation_tokens or 0.0),
         pod_seconds=seconds,
         itl_sum=itl.total if itl else 0.0,
         itl_count=itl.count if itl else 0.0,
         running_seconds=running * seconds,
+        tpot_buckets=tpot.buckets if tpot else (),
+        requests=RequestCounters(
+            finished=new_requests.finished - old_requests.finished,
+            errored=new_requests.errored - old_requests.errored,
+            http=new_requests.http - old_requests.http,
+            http_5xx=new_requests.http_5xx - old_requests.http_5xx,
+        ),
     )
     if before.spec is None or after.spec is None:
         return delta
     old, new = before.spec, after.spec
     per_position = tuple(b - a for a, b in zip(old.accepted_per_position, new.accepted_per_position, strict=True))
-    return WindowDelta(
+    return replace(
+        delta,
         drafts=new.drafts - old.drafts,
         draft_tokens=new.draft_tokens - old.draft_tokens,
         accepted=new.accepted - old.accepted,
         accepted_per_position=per_position,
-        generation_tokens=delta.generation_tokens,
-        pod_seconds=delta.pod_seconds,
-        itl_sum=delta.itl_sum,
-        itl_count=delta.itl_count,
-        running_seconds=delta.running_seconds,
     )
 
 

@@ -116,7 +116,7 @@ def completion_steps(replica: VirtualReplica, rng: random.Random, max_tokens: in
     k = engine.speculation.k_for_batch(batch) if engine.speculation else 0
     segment, _ = replica.profile.segment_at(replica.now)
     acceptance = replica.profile.acceptance_for(segment)
-    mean_step_s = replica.profile.step_time.seconds(batch, k)
+    mean_step_s = replica.profile.step_seconds(batch, k)
     steps: list[tuple[int, float]] = []
     remaining = max_tokens
     while remaining > 0:

@@ -2,7 +2,8 @@
 
 Each engine step, every one of the B running sequences drafts K tokens, accepts a prefix sampled from
 the conditional acceptances and emits that prefix plus one token. A step takes
-base_s + per_token_s*B*(K+1) + K*(draft_base_s + draft_per_token_s*B), times a uniform ±5% jitter.
+base_s + per_token_s*B*(K+1) + K*(draft_base_s + draft_per_token_s*B), times the profile's slowdown
+fault (1 unless set), times a uniform ±5% jitter.
 
 Steps are timed one by one (so the clock and the latency histograms are exact), but the acceptance
 outcomes of a run of steps with the same B, K and acceptances are drawn together: the per-position
@@ -94,6 +95,7 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished_requests: int = 0
+    errored_requests: int = 0  # finished with finished_reason="error"; not in finished_requests
     inter_token_latency: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_LATENCY_BUCKETS))
     time_per_output_token: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_LATENCY_BUCKETS))
 
@@ -123,7 +125,7 @@ def expected_accepted_length(acceptance: list[float], k: int) -> float:
 
 def analytic_tokens_per_second(profile: Profile, acceptance: list[float], batch: int, k: int) -> float:
     """Mean generated tokens/s at batch size B and proposal length K (jitter is symmetric, so it cancels)."""
-    return batch * expected_accepted_length(acceptance, k) / profile.step_time.seconds(batch, k)
+    return batch * expected_accepted_length(acceptance, k) / profile.step_seconds(batch, k)
 
 
 class Engine:
@@ -179,7 +181,7 @@ class Engine:
 
     def _step_within(self, run: _Run, last_start: float, t: float) -> bool:
         """Steps starting before last_start and ending by t. False once a step would end after t."""
-        mean = self.profile.step_time.seconds(run.batch, run.k)
+        mean = self.profile.step_seconds(run.batch, run.k)
         low, width = mean * (1 - JITTER), mean * 2 * JITTER
         itl = self.counters.inter_token_latency
         # When no bucket bound falls inside the jitter range, every step lands in the same bucket and
@@ -253,6 +255,11 @@ class Engine:
         if finished == 0:
             return
         counters = self.counters
-        counters.finished_requests += finished
+        # A failed request is one vLLM finishes with FinishReason.ERROR: it ran like the others (its
+        # time per output token is observed alike) but ends in an error the client sees as a 500.
+        rate = self.profile.faults.error_rate
+        errored = sum(1 for _ in range(finished) if self._rng.random() < rate) if rate > 0 else 0
+        counters.errored_requests += errored
+        counters.finished_requests += finished - errored
         counters.prompt_tokens += finished * shape.prompt_tokens
         counters.time_per_output_token.observe(run.elapsed * run.batch / generated, finished)

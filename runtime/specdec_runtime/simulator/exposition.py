@@ -44,8 +44,9 @@ TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"
 
 # vLLM registers a request_success child per FinishReason (vllm/v1/engine/__init__.py) up front.
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
-# Synthetic requests always run to max_tokens.
+# Synthetic requests always run to max_tokens, unless the error_rate fault fails them.
 SIMULATED_FINISH_REASON = "length"
+ERROR_FINISH_REASON = "error"
 
 # Metric family names (as vLLM declares them, counters without _total) the simulator exposes;
 # tests/contract checks each against the vllm 0.33.0 wheel.
@@ -97,9 +98,12 @@ class EngineExposition(Collector):
         success = CounterMetricFamily(
             REQUEST_SUCCESS, "Count of successfully processed requests.", labels=(*LABELS, "finished_reason")
         )
+        finished_by_reason = {
+            SIMULATED_FINISH_REASON: counters.finished_requests,
+            ERROR_FINISH_REASON: counters.errored_requests,
+        }
         for reason in FINISH_REASONS:
-            finished = counters.finished_requests if reason == SIMULATED_FINISH_REASON else 0
-            success.add_metric([*labels, reason], finished, created=self.created)
+            success.add_metric([*labels, reason], finished_by_reason.get(reason, 0), created=self.created)
         yield success
         yield self._histogram(
             INTER_TOKEN_LATENCY, "Histogram of inter-token latency in seconds.", counters.inter_token_latency

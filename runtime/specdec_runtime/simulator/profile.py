@@ -68,11 +68,20 @@ class RequestShape(BaseModel):
 
 
 class Faults(BaseModel):
-    """Failures the canary tests inject. Only the HTTP server honours them."""
+    """Failures the canary tests inject, shown as vLLM would show them.
+
+    error_rate: the fraction of requests that fail: the engine finishes that share of its requests
+        with finished_reason="error" (vLLM's request-level failure, always answered 500), and the
+        HTTP server answers that share of /v1 completions 500.
+    slowdown: every engine step takes this many times as long (a slower kernel, a wrong attention
+        backend): TPOT and inter-token latency grow by the factor at unchanged acceptance.
+    unhealthy_after_s: /health turns 503 this long after loading finished.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     error_rate: float = Field(default=0.0, ge=0, le=1)
+    slowdown: float = Field(default=1.0, gt=0, le=100)
     unhealthy_after_s: float | None = Field(default=None, ge=0)
 
 
@@ -86,6 +95,10 @@ class Profile(BaseModel):
     replicas: int = Field(default=1, ge=1)
     requests: RequestShape = Field(default_factory=RequestShape)
     faults: Faults = Field(default_factory=Faults)
+
+    def step_seconds(self, batch: int, k: int) -> float:
+        """Mean duration of one engine step, with the slowdown fault applied."""
+        return self.step_time.seconds(batch, k) * self.faults.slowdown
 
     @property
     def cycle_s(self) -> float:

@@ -12,6 +12,7 @@ from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, Rollou
 from specdec_operator.api.status import CanaryStatus
 from specdec_operator.canary.analysis import Buckets, Verdict, WindowStats
 from specdec_operator.canary.plan import CanaryTarget
+from tests.unit.canary.exposition import evidence_window
 
 # vLLM 0.33's bucket bounds for vllm:request_time_per_output_token_seconds.
 TPOT_BOUNDS = (
@@ -58,7 +59,11 @@ def tpot_spread(centre_s: float, requests: int = 100) -> Buckets:
 
 
 def window(**overrides: Any) -> WindowStats:
-    """A healthy 120 s window of one GPU at K=4: accepted length 2.7, 22.5 tokens/s, TPOT ~40 ms."""
+    """A healthy 120 s window of one GPU at K=4: accepted length 2.7, 22.5 tokens/s, TPOT ~40 ms.
+
+    Built as production builds it: the numbers become two vLLM /metrics scrapes of one pod, which
+    go through the parser, the counter windows and the canary evidence (tests/unit/canary/exposition.py).
+    """
     values: dict[str, Any] = {
         "seconds": 120.0,
         "gpus": 1,
@@ -71,7 +76,7 @@ def window(**overrides: Any) -> WindowStats:
         "requests": 100.0,
     }
     values.update(overrides)
-    return WindowStats(**values)
+    return evidence_window(**values)
 
 
 def thresholds(**overrides: Any) -> CanaryAnalysis:

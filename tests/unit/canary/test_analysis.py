@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec_operator.canary.analysis import WindowStats, analyse, histogram_quantile
+from specdec_operator.canary.analysis import WindowStats, analyse, errors_exceed, histogram_quantile
 from tests.unit.canary.canaryfactories import buckets, thresholds, tpot_spread, window
 
 INF = math.inf
@@ -74,13 +74,14 @@ def test_window_stats_derived_figures() -> None:
 
 @pytest.mark.parametrize("field", ["drafts", "accepted_tokens", "seconds", "restarts", "errors"])
 def test_window_stats_reject_negative_increases(field: str) -> None:
+    # The dataclass's own guard: the counter windows never hand on a decrease (a reset).
     with pytest.raises(ValueError, match=field):
-        window(**{field: -1})
+        WindowStats(**{"seconds": 120.0, "gpus": 1, "k": 4, field: -1})
 
 
 def test_window_stats_reject_negative_bucket_counts() -> None:
     with pytest.raises(ValueError, match="tpot_buckets"):
-        window(tpot_buckets=((0.1, -1.0), (INF, 0.0)))
+        WindowStats(seconds=120.0, gpus=1, k=4, tpot_buckets=((0.1, -1.0), (INF, 0.0)))
 
 
 LOW_ACCEPTANCE = {"accepted_tokens": 420.0, "generation_tokens": 1420.0}
@@ -161,21 +162,39 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], str, str,
     ),
     (
         "errors",
+        {"errors": 5.0, "requests": 100.0},
+        {},
+        {},
+        "Fail",
+        "ErrorRateExceeded",
+        ["canary error rate 5.00% (5 of 100 requests) > 1.00%"],
+    ),
+    (
+        "errors-above-the-limit-by-chance-hold-the-step",
         {"errors": 3.0, "requests": 100.0},
         {},
         {},
-        "Fail",
-        "ErrorRateExceeded",
-        ["canary error rate 3.00% (3 of 100 requests) > 1.00%"],
+        "Inconclusive",
+        "ErrorRateUncertain",
+        ["canary error rate 3.00% (3 of 100 requests) > 1.00%, not yet significant"],
     ),
     (
-        "one-error-in-one-request-is-enough",
+        "one-error-in-one-request-proves-nothing-yet",
+        {"errors": 1.0, "requests": 1.0},
+        {},
+        {},
+        "Inconclusive",
+        "ErrorRateUncertain",
+        ["100.00% (1 of 1 requests)"],
+    ),
+    (
+        "with-no-errors-tolerated-one-is-enough",
         {"errors": 1.0, "requests": 1.0, "drafts": 1.0},
         {},
-        {},
+        {"max_error_rate": 0.0},
         "Fail",
         "ErrorRateExceeded",
-        ["100.00% (1 of 1 requests)"],
+        ["100.00% (1 of 1 requests) > 0.00%"],
     ),
     (
         "errors-within-budget",
@@ -331,3 +350,21 @@ def test_window_stats_is_frozen() -> None:
     with pytest.raises(AttributeError):
         stats.drafts = 1.0
     assert isinstance(stats, WindowStats)
+
+
+@pytest.mark.parametrize(
+    ("errors", "requests", "limit", "exceeded"),
+    [
+        (5, 100, 0.01, True),  # P(X >= 5 | 100, 1%) = 0.0034
+        (3, 100, 0.01, False),  # 0.079: a 1% canary shows this one time in thirteen
+        (1, 20, 0.01, False),
+        (130, 10_000, 0.01, True),  # three standard deviations above the limit
+        (110, 10_000, 0.01, False),
+        (1, 1, 0.0, True),
+        (0, 50, 0.0, False),
+        (5, 5, 1.0, False),
+        (600, 1_000_000, 0.0005, True),
+    ],
+)
+def test_errors_exceed_is_a_one_sided_binomial_test(errors: int, requests: int, limit: float, exceeded: bool) -> None:
+    assert errors_exceed(errors, requests, limit) is exceeded
