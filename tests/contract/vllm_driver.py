@@ -11,7 +11,8 @@ Commands:
   proposers    {"cases": [{"id", "argv"}]}       the above, then construct the proposer class on CPU
   attention    {"gfx": G, "cases": [...]}        RocmPlatform.get_attn_backend_cls with the device query stubbed
   options      {}                                every option string of the serve parser with its dest
-  metrics      {"k", "model", "served_name"}     PrometheusStatLogger fed fake stats, its exposition text
+  metrics      {"argv"}                          PrometheusStatLogger fed fake stats, its exposition text
+  http_metrics {"requests": [[m, path, json]]}   vLLM's API-server http_requests instrumentation after requests
 """
 
 from __future__ import annotations
@@ -321,7 +322,37 @@ def _metrics(request: dict[str, Any]) -> str:
     return prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
 
 
+def _http_metrics(request: dict[str, Any]) -> str:
+    """vLLM's API-server instrumentation (vllm/entrypoints/serve/instrumentator/metrics.py attach_router) on a
+    FastAPI app with stand-in routes, after the given (method, path, json) requests; the registry's text."""
+    import prometheus_client
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from fastapi.testclient import TestClient
+    from vllm.entrypoints.serve.instrumentator.metrics import attach_router
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    app = FastAPI()
+
+    async def completions(request: Any) -> JSONResponse:  # Starlette-style: gets the Request itself
+        good = "prompt" in await request.json()
+        return JSONResponse({"ok": True} if good else {"error": "bad"}, status_code=200 if good else 400)
+
+    async def ok(request: Any) -> JSONResponse:
+        return JSONResponse({})
+
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/models", ok, methods=["GET"])
+    app.add_route("/health", ok, methods=["GET"])
+    attach_router(app)
+    client = TestClient(app)
+    for method, path, body in request["requests"]:
+        client.request(method, path, json=body)
+    return prometheus_client.generate_latest(get_prometheus_registry()).decode()
+
+
 COMMANDS = {
+    "http_metrics": _http_metrics,
     "models": _models,
     "serve": _serve,
     "proposers": _proposers,
