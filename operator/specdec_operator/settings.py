@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from specdec_operator.render.podspec import PodSettings
 
 # Runtime images are built from runtime/Dockerfile: a pinned vllm/vllm-openai-rocm base plus our launcher.
 # AMD splits its vLLM builds per architecture family, and vLLM's own ROCm image bakes CDNA targets only
@@ -67,4 +71,37 @@ class OperatorSettings(BaseSettings):
     )
     metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
     peering_name: str = Field(default="specdec-operator", description="Kopf peering object for HA.")
+    runtime_pod_security: Literal["restricted", "baseline"] = Field(
+        default="restricted",
+        description="restricted: runtime pods pass the `restricted` Pod Security Standard (non-root image). "
+        "baseline: for runtime images that must run as root.",
+    )
+    runtime_supplemental_groups: list[int] = Field(
+        default_factory=lambda: [44, 109],
+        description="Group ids of /dev/kfd and /dev/dri/renderD* on GPU nodes (video, render); they vary by "
+        "distribution, see docs/runtime-pods.md.",
+    )
+    runtime_fs_group: int | None = Field(
+        default=10001, ge=0, description="fsGroup of runtime pods, so the non-root user can write the weights cache."
+    )
+    weights_cache_claim: str | None = Field(
+        default=None,
+        description="PersistentVolumeClaim, in each model's namespace, mounted as the Hugging Face cache "
+        "unless a model names its own or disables it.",
+    )
+
+    @field_validator("runtime_fs_group", "weights_cache_claim", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        # The chart renders an unset value as an empty string.
+        return None if value == "" else value
+
+    @property
+    def pod_settings(self) -> PodSettings:
+        return PodSettings(
+            security=self.runtime_pod_security,
+            supplemental_groups=tuple(self.runtime_supplemental_groups),
+            fs_group=self.runtime_fs_group,
+            weights_cache_claim=self.weights_cache_claim or None,
+        )
     standalone: bool = Field(default=False, description="Run without peering (single replica, dev).")

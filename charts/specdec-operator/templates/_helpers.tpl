@@ -73,7 +73,8 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Runtime pods are read only: their IPs to scrape vLLM's /metrics, their restarts and readiness.
+# Pods are read only: runtime pods' IPs to scrape vLLM's /metrics, their restarts and readiness; and
+# every pod's amd.com/gpu request (a watch cache), so placement and rollouts count free GPUs.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
@@ -135,6 +136,14 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ toJson .Values.runtime.imageTargets | quote }}
 - name: SPECDEC_SIMULATOR_IMAGE
   value: {{ .Values.runtime.simulatorImage | quote }}
+- name: SPECDEC_RUNTIME_POD_SECURITY
+  value: {{ .Values.runtime.pod.security | quote }}
+- name: SPECDEC_RUNTIME_SUPPLEMENTAL_GROUPS
+  value: {{ toJson .Values.runtime.pod.supplementalGroups | quote }}
+- name: SPECDEC_RUNTIME_FS_GROUP
+  value: {{ .Values.runtime.pod.fsGroup | quote }}
+- name: SPECDEC_WEIGHTS_CACHE_CLAIM
+  value: {{ .Values.runtime.pod.weightsCacheClaim | quote }}
 - name: SPECDEC_RECONCILE_INTERVAL_SECONDS
   value: {{ .Values.reconcileIntervalSeconds | quote }}
 - name: SPECDEC_SCRAPE_INTERVAL_SECONDS

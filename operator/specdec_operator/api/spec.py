@@ -9,6 +9,18 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from specdec_operator.api.base import ApiModel, cel
+from specdec_operator.api.kubeformats import (
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    IMAGE_REFERENCE,
+    formatted,
+)
+from specdec_operator.api.model import SecretKeyRef as SecretKeyRef
+from specdec_operator.api.model import TargetModel
+from specdec_operator.api.model import WeightsSource as WeightsSource
+from specdec_operator.api.placement import Placement
+from specdec_operator.api.placement import Toleration as Toleration
+from specdec_operator.api.pod import HF_HOME, HF_TOKEN, EnvVar, PodOverlay, Resources, WeightsCache
 from specdec_operator.api.vocabulary import (
     MAX_K,
     METHODS_REQUIRING_MODEL,
@@ -17,8 +29,6 @@ from specdec_operator.api.vocabulary import (
     OWNED_VLLM_FLAGS,
     REFUSED_METHODS,
     REFUSED_VLLM_FLAGS,
-    GfxTarget,
-    PartitionMode,
     SpeculativeMethod,
     owned_config_key_reached,
     refused_flag_reached,
@@ -29,60 +39,6 @@ from specdec_operator.api.vocabulary import (
 
 def _cel_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
-
-
-class SecretKeyRef(ApiModel):
-    """A key in a Secret in the model's namespace."""
-
-    name: str = Field(description="Name of the Secret.", min_length=1, max_length=253)
-    key: str = Field(default="token", description="Key inside the Secret.", min_length=1)
-
-
-_ONE_WEIGHTS_SOURCE = "spec.model.source: set either pvcName (weights on a volume) or hubSecretRef, not both"
-
-
-class WeightsSource(ApiModel):
-    """Where the runtime pod finds the target weights."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [cel("!(has(self.pvcName) && has(self.hubSecretRef))", _ONE_WEIGHTS_SOURCE)]
-        }
-    )
-
-    pvc_name: str | None = Field(
-        default=None, description="PersistentVolumeClaim that holds the weights; mounted read-only at /models."
-    )
-    path: str | None = Field(default=None, description="Path of the weights inside the PVC (defaults to model.name).")
-    hub_secret_ref: SecretKeyRef | None = Field(
-        default=None, description="Secret with a Hugging Face token, exported to the runtime as HF_TOKEN."
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> WeightsSource:
-        if self.pvc_name is not None and self.hub_secret_ref is not None:
-            raise ValueError(_ONE_WEIGHTS_SOURCE)
-        return self
-
-
-class TargetModel(ApiModel):
-    """The model that verifies drafts and produces the output."""
-
-    name: str = Field(description="Hugging Face id or path of the target model, e.g. meta-llama/Llama-3.1-70B.")
-    served_name: str | None = Field(
-        default=None, description="Name clients use in requests (--served-model-name); defaults to the resource name."
-    )
-    tensor_parallel_size: Literal[1, 2, 4, 8] = Field(
-        default=1, description="GPUs per replica (-tp). A power of two, at most 8."
-    )
-    max_model_len: int | None = Field(default=None, ge=128, description="Context length cap (--max-model-len).")
-    weights_gib: float | None = Field(
-        default=None,
-        gt=0,
-        description="Size of the target weights in GiB. Used for drafter and placement fit; "
-        "estimated from the parameter count in the name when absent.",
-    )
-    source: WeightsSource | None = Field(default=None, description="Where the weights come from.")
 
 
 PROMPT_LOOKUP_METHODS = ("ngram", "ngram_gpu")
@@ -259,72 +215,6 @@ class Speculation(ApiModel):
         return self
 
 
-class Toleration(ApiModel):
-    """A pod toleration (same fields as core/v1 Toleration)."""
-
-    key: str | None = Field(default=None, description="Taint key; empty matches all keys with operator Exists.")
-    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
-    value: str | None = Field(default=None, description="Taint value for operator Equal.")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None, description="Taint effect to match; empty matches all."
-    )
-    toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
-
-
-_ONE_REPLICA_FIELD = "spec.placement: set replicasPerPool or totalReplicas, not both"
-_GFX_TARGETS_UNIQUE = "spec.placement.gfxTargets must not repeat a target"
-
-
-class Placement(ApiModel):
-    """Where runtime pods may run: one pool per allowed gfx target that has capacity."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel("!(has(self.replicasPerPool) && has(self.totalReplicas))", _ONE_REPLICA_FIELD),
-                cel("self.gfxTargets.all(g, self.gfxTargets.exists_one(h, h == g))", _GFX_TARGETS_UNIQUE),
-            ]
-        }
-    )
-
-    gfx_targets: list[GfxTarget] = Field(
-        min_length=1, max_length=9, description="Allowed AMD gfx targets, in preference order."
-    )
-    partition: PartitionMode | None = Field(
-        default=None, description="Required GPU compute/memory partition mode, e.g. cpx_nps4."
-    )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels runtime pods require.")
-    tolerations: list[Toleration] = Field(
-        default_factory=list, max_length=16, description="Extra tolerations for runtime pods."
-    )
-    replicas_per_pool: int | None = Field(default=None, ge=0, le=1000, description="Replicas in every pool.")
-    total_replicas: int | None = Field(
-        default=None, ge=0, le=1000, description="Replicas across all pools, split in gfxTargets order by capacity."
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Placement:
-        if self.replicas_per_pool is not None and self.total_replicas is not None:
-            raise ValueError(_ONE_REPLICA_FIELD)
-        if len(set(self.gfx_targets)) < len(self.gfx_targets):
-            raise ValueError(_GFX_TARGETS_UNIQUE)
-        return self
-
-
-class EnvVar(ApiModel):
-    """An extra environment variable for the runtime container."""
-
-    name: str = Field(min_length=1, description="Variable name.")
-    value: str = Field(default="", description="Variable value.")
-
-
-class Resources(ApiModel):
-    """Extra container resources. amd.com/gpu is always set to the tensor-parallel size."""
-
-    requests: dict[str, str] = Field(default_factory=dict, description="Resource requests, e.g. cpu: '8'.")
-    limits: dict[str, str] = Field(default_factory=dict, description="Resource limits, e.g. memory: 256Gi.")
-
-
 _ATTENTION_CONFIG_CLASH = (
     "spec.runtime.extraArgs may not set --attention-config as a whole nor its backend key (in any spelling: "
     "-ac, underscores, --attention-config.backend=X, an abbreviation): the operator renders --attention-backend "
@@ -364,8 +254,15 @@ class Runtime(ApiModel):
         }
     )
 
-    image: str | None = Field(default=None, description="Image override for every pool (default: per gfx target).")
-    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment variables.")
+    image: Annotated[str, *formatted(IMAGE_REFERENCE, "spec.runtime.image")] | None = Field(
+        default=None, description="Image override for every pool (default: per gfx target)."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment variables (names unique).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list, max_length=64, description="Extra `vllm serve` arguments, passed through as given."
     )
@@ -374,7 +271,15 @@ class Runtime(ApiModel):
         default=False, description="Run the CPU-only vLLM simulator instead of vLLM (staging rehearsals)."
     )
     simulator_profile: str | None = Field(
-        default=None, description="Simulator profile name (simulate only): sets acceptance, step times and load."
+        default=None,
+        max_length=253,
+        description="Simulator profile name (simulate only): sets acceptance, step times and load.",
+    )
+    pod: PodOverlay = Field(
+        default_factory=PodOverlay, description="Pod knobs from an allow-list (docs/runtime-pods.md)."
+    )
+    weights_cache: WeightsCache | None = Field(
+        default=None, description="Shared Hugging Face cache claim, so a new revision starts from cached weights."
     )
 
     @model_validator(mode="after")
@@ -391,6 +296,10 @@ class Runtime(ApiModel):
             raise ValueError(f"spec.runtime.extraArgs may not set {flag}: {why}")
         if any(owned_config_key_reached(arg) for arg in self.extra_args):
             raise ValueError(_ATTENTION_CONFIG_CLASH)
+        names = [var.name for var in self.env]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"spec.runtime.env: duplicate name {duplicates[0]}")
         return self
 
 
@@ -420,11 +329,18 @@ class CanaryAnalysis(ApiModel):
     )
 
 
+_RouteNamespace = Annotated[str, *formatted(DNS1123_LABEL, "spec.rollout.canary.traffic.httpRouteRef.namespace")]
+
+
 class ObjectRef(ApiModel):
     """A reference to a namespaced object."""
 
-    name: str = Field(min_length=1, description="Object name.")
-    namespace: str | None = Field(default=None, description="Namespace; defaults to the SpeculativeModel's.")
+    name: Annotated[str, *formatted(DNS1123_SUBDOMAIN, "spec.rollout.canary.traffic.httpRouteRef.name")] = Field(
+        description="Object name."
+    )
+    namespace: _RouteNamespace | None = Field(
+        default=None, description="Namespace; defaults to the SpeculativeModel's."
+    )
 
 
 class CanaryTraffic(ApiModel):
@@ -473,6 +389,11 @@ class Canary(ApiModel):
         return self
 
 
+_NO_ROLLOUT_BUDGET = (
+    "spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0: a new revision could never replace a pod"
+)
+
+
 class Rollout(ApiModel):
     """How a new revision (a spec change or a tuner K change) replaces the old one."""
 
@@ -483,7 +404,13 @@ class Rollout(ApiModel):
                     "!has(self.canary) || !has(self.canary.traffic) || !has(self.canary.traffic.httpRouteRef) "
                     "|| self.strategy == 'Canary'",
                     "spec.rollout.canary.traffic.httpRouteRef requires spec.rollout.strategy Canary",
-                )
+                ),
+                # Both default to 1, so only an explicit pair of zeros trips this.
+                cel(
+                    "(has(self.maxSurge) ? self.maxSurge : 1) + (has(self.maxUnavailable) ? self.maxUnavailable : 1)"
+                    " >= 1",
+                    _NO_ROLLOUT_BUDGET,
+                ),
             ]
         }
     )
@@ -493,11 +420,28 @@ class Rollout(ApiModel):
     )
     paused: bool = Field(default=False, description="Hold a canary at its current step (analysis keeps running).")
     canary: Canary | None = Field(default=None, description="Canary settings (strategy Canary).")
+    max_surge: int = Field(
+        default=1,
+        ge=0,
+        le=100,
+        description="Replicas a rollout may add beside the serving ones, used only while the pool has that many "
+        "free GPU slots (a full pool replaces in place instead). 0 always replaces in place.",
+    )
+    max_unavailable: int = Field(
+        default=1,
+        ge=0,
+        le=100,
+        description="Replicas a rollout may take out of service at once when the pool has no free GPUs for a surge "
+        "replica (replace in place; a canary then takes its replicas out of the stable set). 0 never does: a "
+        "rollout on a full pool then waits for free GPUs and reports the Pending pod.",
+    )
 
     @model_validator(mode="after")
     def _route_needs_canary(self) -> Rollout:
         if self.canary and self.canary.traffic.http_route_ref and self.strategy != "Canary":
             raise ValueError("spec.rollout.canary.traffic.httpRouteRef requires spec.rollout.strategy Canary")
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError(_NO_ROLLOUT_BUDGET)
         return self
 
 
@@ -505,6 +449,10 @@ _DRAFT_TP = "spec.drafters[].draftTensorParallelSize must be 1 or spec.model.ten
 _MTP_INITIAL_K = (
     "spec.speculation.initialK must be a K vLLM accepts for every mtp drafter: 0, at most its "
     "spec.drafters[].mtpLayers, or a multiple of it"
+)
+_OWNED_ENV = (
+    "spec.runtime.env may not set HF_TOKEN when spec.model.source.hubSecretRef is set, nor HF_HOME when "
+    "spec.runtime.weightsCache names a claim: the operator sets them"
 )
 
 
@@ -529,6 +477,13 @@ class SpeculativeModelSpec(ApiModel):
                     "(has(self.speculation) ? self.speculation.initialK : 3) % d.mtpLayers == 0)",
                     _MTP_INITIAL_K,
                 ),
+                cel(
+                    "!has(self.runtime) || !has(self.runtime.env) || !self.runtime.env.exists(e, "
+                    "(e.name == 'HF_TOKEN' && has(self.model.source) && has(self.model.source.hubSecretRef)) || "
+                    "(e.name == 'HF_HOME' && has(self.runtime.weightsCache) && has(self.runtime.weightsCache.claimName)"
+                    " && (!has(self.runtime.weightsCache.enabled) || self.runtime.weightsCache.enabled)))",
+                    _OWNED_ENV,
+                ),
             ]
         }
     )
@@ -552,4 +507,10 @@ class SpeculativeModelSpec(ApiModel):
         initial_k = self.speculation.initial_k
         if any(not vllm_accepts_k(d.method, initial_k, d.mtp_layers) for d in self.drafters if d.method == "mtp"):
             raise ValueError(_MTP_INITIAL_K)
+        names = {var.name for var in self.runtime.env}
+        cache = self.runtime.weights_cache
+        if (HF_TOKEN in names and self.model.source and self.model.source.hub_secret_ref) or (
+            HF_HOME in names and cache and cache.enabled and cache.claim_name
+        ):
+            raise ValueError(_OWNED_ENV)
         return self

@@ -34,6 +34,19 @@ class DrafterChoice(ApiModel):
     reason: str = Field(default="", description="Why this drafter was chosen, with memory figures.")
 
 
+class PoolRollout(ApiModel):
+    """How the pool's latest revision is rolled out, decided from its free GPUs when the revision appeared."""
+
+    mode: Literal["Surge", "InPlace"] = Field(
+        description="Surge: new replicas start beside the serving ones (free GPUs). InPlace: the pool is full, so "
+        "serving replicas are replaced (a canary takes its replicas out of the stable set)."
+    )
+    revision: str = Field(description="The revision this decision is for.")
+    max_surge: int = Field(default=0, description="Replicas added at once beside the serving ones.")
+    max_unavailable: int = Field(default=0, description="Serving replicas taken out at once.")
+    reason: str = Field(default="", description="Why, with the pool's free GPUs.")
+
+
 class PoolStatus(ApiModel):
     """One pool: the replicas of this model on one gfx target."""
 
@@ -46,6 +59,7 @@ class PoolStatus(ApiModel):
     revision: str = Field(default="", description="Hash of the pool's stable pod template.")
     image: str = Field(default="", description="Runtime image.")
     nodes: int = Field(default=0, description="Schedulable nodes with this gfx target.")
+    rollout: PoolRollout | None = Field(default=None, description="Rollout mode of the pool's latest revision.")
 
 
 class TuningDecision(ApiModel):

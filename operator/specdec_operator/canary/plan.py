@@ -80,6 +80,43 @@ def split_replicas(total: int, weight: int) -> tuple[int, int]:
     return max(total - canary, 1), canary
 
 
+@dataclass(frozen=True)
+class ServingReplicas:
+    """Ready replicas of each track now, and the canary Deployment's current size."""
+
+    stable_ready: int
+    canary_ready: int
+    canary_size: int
+
+
+def in_place_canary_size(total: int, target: int, serving: ServingReplicas, max_unavailable: int) -> int:
+    """The canary size to set now when the pool has no free GPUs; the stable Deployment gets `total` minus it.
+
+    Like Argo Rollouts' dynamic stable scale: the canary's replicas come out of the stable set, so the two
+    never hold more than `total` replicas' GPUs. The canary moves towards `target` one budget at a time:
+    a size is taken only if the replicas still ready after the move (stable replicas that remain, canary
+    replicas already ready) are at least `total - max_unavailable`; otherwise it waits for readiness.
+    Growing takes stable replicas out for new canary ones; shrinking (a promotion handing over to the new
+    stable revision) takes canary replicas out for new stable ones.
+    """
+    if total < 0 or not 0 <= target <= total or max_unavailable < 1:
+        raise ValueError(f"need 0 <= target <= total and max_unavailable >= 1, got {total}, {target}, "
+                         f"{max_unavailable}")
+    floor = total - max_unavailable
+    current = min(serving.canary_size, total)
+
+    def serving_after(canary: int) -> int:
+        return min(serving.stable_ready, total - canary) + min(serving.canary_ready, canary)
+
+    size = current
+    step = 1 if target > current else -1
+    for candidate in range(current + step, target + step, step):
+        if serving_after(candidate) < floor:
+            break
+        size = candidate
+    return size
+
+
 def canary_summary(status: CanaryStatus | None) -> str:
     """Short text for the Canary printer column."""
     if status is None:

@@ -6,6 +6,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from specdec_operator.api.spec import SpeculativeModelSpec, Toleration
+from specdec_operator.decisions.capacity import GpuUsage, replica_slots
 from specdec_operator.decisions.drafter import DrafterDecision, MemoryBudget, choose_drafter
 from specdec_operator.decisions.weights import WeightsEstimate, target_weights
 from specdec_operator.gpu.devices import device_ids_for_gfx
@@ -27,12 +28,14 @@ class PoolPlan:
     # Nodes the gfx affinity's labels would admit although the inventory cannot vouch for all their GPUs
     # (a mixed node with a device id missing from the table); the pod template excludes them by name.
     excluded_nodes: tuple[str, ...] = ()
+    # Why fewer replicas than the spec asks fit, when other workloads hold the GPUs (InsufficientGpus).
+    shortfall: str | None = None
 
 
 @dataclass(frozen=True)
 class SkippedTarget:
     gfx: str
-    reason: str  # NoCompatibleNodes | InsufficientMemory | NoReplicas
+    reason: str  # NoCompatibleNodes | InsufficientMemory | NoReplicas | InsufficientGpus
     message: str
 
 
@@ -118,8 +121,13 @@ def plan_placement(
     nodes: Sequence[NodeGpus],
     kv_headroom_fraction: float,
     existing_pools: Collection[str] = (),
+    usage: GpuUsage | None = None,
 ) -> PlacementPlan:
     """Pools for the spec's gfx targets.
+
+    Replicas are sized by the GPUs the model could hold: allocatable minus what bound pods of other
+    models and workloads request (`usage`; the model's own pods are not competitors). When that caps
+    a pool below what the spec asks, the plan says so with numbers (InsufficientGpus).
 
     A pool's nodes and slots are the matching nodes it can schedule on now: a cordoned or tainted node
     would only leave a replica Pending. Memory comes from every node whose labels match, tainted or not,
@@ -132,6 +140,7 @@ def plan_placement(
         problem = f"cannot estimate the weights of {spec.model.name!r} from its name: set spec.model.weightsGib"
         return PlacementPlan((), (), None, (problem,))
     tp = spec.model.tensor_parallel_size
+    usage = usage or GpuUsage()
     remaining = spec.placement.total_replicas
     pools: list[PoolPlan] = []
     skipped: list[SkippedTarget] = []
@@ -164,20 +173,38 @@ def plan_placement(
         if decision.drafter is None:
             skipped.append(SkippedTarget(gfx, "InsufficientMemory", decision.reason))
             continue
-        slots = sum(node.allocatable_gpus // tp for node in hosts)
+        allocatable_slots = replica_slots(hosts, {n.name: n.allocatable_gpus for n in hosts}, tp)
+        slots = replica_slots(hosts, {n.name: usage.available_to_model(n) for n in hosts}, tp)
         wanted, none_wanted = _wanted_replicas(gfx, spec, remaining)
         replicas = min(slots, wanted)
         if remaining is not None:
             remaining -= replicas
+        shortfall = _shortfall(gfx, hosts, usage, tp, wanted, replicas, allocatable_slots)
         if replicas == 0:
-            skipped.append(SkippedTarget(gfx, "NoReplicas", none_wanted))
+            if shortfall:
+                skipped.append(SkippedTarget(gfx, "InsufficientGpus", shortfall))
+            else:
+                skipped.append(SkippedTarget(gfx, "NoReplicas", none_wanted))
             continue
-        if replicas < (spec.placement.replicas_per_pool or 0):
+        if replicas < (spec.placement.replicas_per_pool or 0) and not shortfall:
             notes.append(f"replicasPerPool {spec.placement.replicas_per_pool} capped to {replicas}: "
                          f"{len(hosts)} nodes hold {slots} replicas at TP {tp}")
         names = tuple(sorted(n.name for n in hosts))
-        pools.append(PoolPlan(gfx, names, slots, replicas, vram, decision, tuple(notes), unvetted_nodes(nodes, gfx)))
+        pools.append(PoolPlan(gfx, names, slots, replicas, vram, decision, tuple(notes), unvetted_nodes(nodes, gfx),
+                              shortfall))
     return PlacementPlan(tuple(pools), tuple(skipped), weights)
+
+
+def _shortfall(
+    gfx: str, hosts: Sequence[NodeGpus], usage: GpuUsage, tp: int, wanted: int, replicas: int, allocatable_slots: int
+) -> str | None:
+    """The message when other workloads' GPUs, not the fleet's size, keep replicas from fitting."""
+    if replicas >= min(wanted, allocatable_slots):
+        return None
+    allocatable = sum(n.allocatable_gpus for n in hosts)
+    held = sum(min(usage.held_by_others(n.name), n.allocatable_gpus) for n in hosts)
+    return (f"{gfx}: {replicas} of {wanted} replicas fit: {wanted} at TP {tp} need {wanted * tp} GPUs, but other "
+            f"models and workloads hold {held} of the {allocatable} GPUs on {len(hosts)} nodes")
 
 
 def effective_k(previous: int | None, initial_k: int, min_k: int, max_k: int) -> int:

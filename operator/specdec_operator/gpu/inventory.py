@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from specdec_operator.gpu.devices import DEVICES_BY_ID, PARTITIONS_PER_GPU, parse_vram_gib
 
@@ -140,4 +141,78 @@ def node_gpus(
         cordoned=unschedulable,
         unknown_device_ids=tuple(unknown),
         labels=dict(labels),
+    )
+
+
+TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class PodGpus:
+    """One pod's claim on GPUs as the scheduler counts it.
+
+    `node` is None while the pod is not bound (Pending); the scheduler then holds no GPU for it.
+    `model_key` is `namespace/model-label` for our runtime pods (None for any other workload), so a
+    model's own pods are not counted as competitors of itself. `unschedulable` is the scheduler's
+    message (PodScheduled=False, reason Unschedulable) and `pending_since` when it was set.
+    """
+
+    namespace: str
+    name: str
+    gpus: int
+    node: str | None
+    model_key: str | None = None
+    pool: str | None = None
+    unschedulable: str | None = None
+    pending_since: str | None = None
+
+
+def _gpu_quantity(resources: Mapping[str, Any]) -> int:
+    """amd.com/gpu of one container; an extended resource's request defaults to its limit."""
+    for part in ("requests", "limits"):
+        value = (resources.get(part) or {}).get(GPU_RESOURCE)
+        if value is not None:
+            try:
+                return int(str(value))
+            except ValueError:
+                return 0
+    return 0
+
+
+def requested_gpus(pod_spec: Mapping[str, Any]) -> int:
+    """The scheduler's effective request: the larger of the containers' sum and any single init container."""
+    containers = sum(_gpu_quantity(c.get("resources") or {}) for c in pod_spec.get("containers") or [])
+    inits = [_gpu_quantity(c.get("resources") or {}) for c in pod_spec.get("initContainers") or []]
+    return max([containers, *inits])
+
+
+def pod_gpus(
+    namespace: str,
+    name: str,
+    labels: Mapping[str, str],
+    pod_spec: Mapping[str, Any],
+    pod_status: Mapping[str, Any],
+    model_label: str,
+    managed_by: tuple[str, str],
+    pool_label: str,
+) -> PodGpus | None:
+    """What a pod holds or waits for, or None when it neither holds nor wants a GPU (finished pods hold none)."""
+    gpus = requested_gpus(pod_spec)
+    if gpus <= 0 or pod_status.get("phase") in TERMINAL_POD_PHASES:
+        return None
+    ours = labels.get(managed_by[0]) == managed_by[1] and labels.get(model_label)
+    unschedulable = since = None
+    for condition in pod_status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            unschedulable = str(condition.get("message") or condition.get("reason") or "not scheduled")
+            since = condition.get("lastTransitionTime")
+    return PodGpus(
+        namespace=namespace,
+        name=name,
+        gpus=gpus,
+        node=pod_spec.get("nodeName") or None,
+        model_key=f"{namespace}/{labels[model_label]}" if ours else None,
+        pool=labels.get(pool_label) if ours else None,
+        unschedulable=unschedulable,
+        pending_since=str(since) if since else None,
     )

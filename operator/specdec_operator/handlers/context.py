@@ -44,4 +44,5 @@ class OperatorContext:
             image_targets=self.settings.image_targets,
             simulator_image=self.settings.simulator_image,
             kv_headroom_fraction=self.settings.kv_headroom_fraction,
+            pod=self.settings.pod_settings,
         )

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from specdec_operator import KIND
 from specdec_operator.api.spec import SpeculativeModelSpec
-from specdec_operator.gpu.inventory import NodeGpus
+from specdec_operator.gpu.inventory import NodeGpus, PodGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.traffic import clear_manual_action, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
@@ -40,7 +40,7 @@ def utc_now() -> str:
 
 
 async def gather(
-    ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus]
+    ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus], gpu_pods: Sequence[PodGpus] = ()
 ) -> ObservedModel:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -61,6 +61,7 @@ async def gather(
         annotations=dict(meta.get("annotations", {})),
         children=children,
         nodes=nodes,
+        gpu_pods=gpu_pods,
     )
 
 
@@ -113,11 +114,11 @@ async def _tune(ctx: OperatorContext, observed: ObservedModel, logger: Logger) -
 
 
 async def reconcile(
-    ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger
+    ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger, gpu_pods: Sequence[PodGpus] = ()
 ) -> ReconcilePlan:
     started = time.monotonic()
     try:
-        observed = await gather(ctx, body, nodes)
+        observed = await gather(ctx, body, nodes, gpu_pods)
         tuning = await _tune(ctx, observed, logger)
         plan = evaluate(
             observed, ctx.evaluation_settings, utc_now(), k_overrides=tuning.k_overrides,

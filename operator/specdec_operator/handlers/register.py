@@ -17,7 +17,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from specdec_operator import GROUP, KIND, PLURAL, VERSION
-from specdec_operator.gpu.inventory import NodeGpus, node_gpus
+from specdec_operator.gpu.inventory import NodeGpus, PodGpus, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.kube.api import KubeApi, KubeApiError
@@ -85,6 +85,19 @@ def gpu_nodes(
     }
 
 
+@kopf.index("pods")
+def gpu_pods(
+    namespace: str | None, name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> dict[str, PodGpus]:
+    """GPU claims of every watched pod (all models and other workloads) for free-GPU counts.
+
+    A pod without a GPU, or finished, maps to nothing, which also drops an earlier entry of it.
+    """
+    claim = pod_gpus(namespace or "", name, dict(labels), dict(spec), dict(status), contract.LABEL_MODEL,
+                     (contract.LABEL_MANAGED_BY, contract.MANAGED_BY), contract.LABEL_POOL)
+    return {} if claim is None else {f"{namespace}/{name}": claim}
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def model_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     memo.context.nudge(namespace or "", name)
@@ -122,6 +135,7 @@ async def reconcile_loop(
 ) -> None:
     assert namespace is not None  # SpeculativeModel is namespaced
     gpu_nodes: kopf.Index[str, NodeGpus] = kwargs["gpu_nodes"]  # the node index, by its handler's name
+    gpu_pods: kopf.Index[str, PodGpus] = kwargs["gpu_pods"]
     context: OperatorContext = memo.context
     wakeup = context.wakeup(namespace, name)
     # Scrapes ride on the loop, so it ticks at the faster of the two periods; reads only, no writes.
@@ -129,8 +143,9 @@ async def reconcile_loop(
     try:
         while not stopped:
             nodes = [facts for store in gpu_nodes.values() for facts in store]
+            pods = [claim for store in gpu_pods.values() for claim in store]
             try:
-                plan = await reconcile(context, body, nodes, logger)
+                plan = await reconcile(context, body, nodes, logger, pods)
             except KubeApiError as error:
                 # The API said no (a terminating namespace, a conflict, a missing CRD): retry without a trace.
                 logger.warning("reconcile deferred, retrying in %.0fs: %s", min(interval, 10.0), error)

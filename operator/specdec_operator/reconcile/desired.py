@@ -47,13 +47,16 @@ def pool_objects(
     else:
         image = spec.runtime.image or settings.runtime_images.get(plan.gfx, "")
     targets = settings.image_targets.get(image)
-    runtime = plan_runtime(plan.gfx, image, targets, {e.name: e.value for e in spec.runtime.env})
+    plain_env = {e.name: e.value for e in spec.runtime.env if e.value_from is None}
+    runtime = plan_runtime(plan.gfx, image, targets, plain_env)
     assert plan.drafter.drafter is not None  # placement drops pools whose target does not fit
     config = render.with_attention_backend(
         render.runtime_config(spec, observed.name, plan.drafter.drafter, k), runtime.attention_backend
     )
     config_map = render.config_map(ctx, config)
-    template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], track, k, plan.excluded_nodes)
+    template = render.pod_template(
+        ctx, spec, runtime, config_map["metadata"]["name"], track, k, plan.excluded_nodes, settings.pod
+    )
     return DesiredPool(
         plan=plan,
         name=name,

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec_operator.gpu.inventory import NodeGpus
+from specdec_operator.gpu.inventory import NodeGpus, PodGpus
+from specdec_operator.render.podspec import DEFAULT_POD_SETTINGS, PodSettings
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class ObservedModel:
     # Live owned objects, keyed by (kind, name).
     children: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     nodes: Sequence[NodeGpus] = ()
+    # GPU claims of every pod the operator watches (all models, other workloads), for free-GPU counts.
+    gpu_pods: Sequence[PodGpus] = ()
 
     def children_of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         return [body for (child_kind, _), body in sorted(self.children.items()) if child_kind == kind]
@@ -41,3 +44,4 @@ class Settings:
     image_targets: Mapping[str, Sequence[str]]
     simulator_image: str
     kv_headroom_fraction: float
+    pod: PodSettings = DEFAULT_POD_SETTINGS

@@ -10,12 +10,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from specdec_operator.api.spec import ObjectRef, SpeculativeModelSpec
-from specdec_operator.api.status import SpeculationStatus, SpeculativeModelStatus
+from specdec_operator.api.status import PoolRollout, SpeculationStatus, SpeculativeModelStatus
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
 from specdec_operator.conditions import ConditionUpdate
 from specdec_operator.decisions.placement import plan_placement
 from specdec_operator.decisions.runtime_env import RuntimeEnvError
+from specdec_operator.reconcile.capacity import (
+    capacity_conditions,
+    model_usage,
+    modes_for_rollout,
+    rollout_mode_events,
+    rollout_modes,
+)
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
 from specdec_operator.reconcile.events import pool_events
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
@@ -106,8 +113,10 @@ def evaluate(
         held = build_status(observed, previous, previous.pools,
                             [ConditionUpdate("Ready", None, "NodeInventoryEmpty", message)], now)
         return ReconcilePlan(status=held)
+    usage = model_usage(observed)
     placement = plan_placement(
-        spec, observed.nodes, settings.kv_headroom_fraction, existing_pools={p.gfx_target for p in previous.pools}
+        spec, observed.nodes, settings.kv_headroom_fraction, existing_pools={p.gfx_target for p in previous.pools},
+        usage=usage,
     )
     previous_k = {p.name: p.effective_k for p in previous.pools}
     previous_k.update(k_overrides or {})
@@ -119,9 +128,12 @@ def evaluate(
     action, action_events = _manual_action(observed)
     moment = datetime.fromisoformat(now.replace("Z", "+00:00"))
 
+    decisions: dict[str, PoolRollout] = {}
+
     def roll(current_pools: list[DesiredPool]) -> RolloutResult:
+        decisions.update(rollout_modes(spec, current_pools, observed, usage, previous))
         return plan_rollout(current_pools, live_deployments, previous.canary, spec.rollout, verdicts or {}, action,
-                            moment, routed=route is not None)
+                            moment, routed=route is not None, modes=modes_for_rollout(decisions))
 
     live_deployments = {body["metadata"]["name"]: body for body in observed.children_of_kind("Deployment")}
     rollout = roll(pools)
@@ -150,21 +162,31 @@ def evaluate(
             contract.LABEL_REVISION]
         for obj in rollout.deployments if obj["metadata"]["labels"].get(contract.LABEL_TRACK) == "stable"
     }
-    pool_statuses = [pool_status(pool, live_deployments.get(pool.name)) for pool in pools]
+    pool_statuses = [pool_status(pool, live_deployments.get(pool.name)).model_copy(
+        update={"rollout": decisions.get(pool.name)}) for pool in pools]
     updates = placement_conditions(placement, pools, live_deployments, stable_revisions)
     updates += canary_conditions(rollout.canary, pools)
+    updates += capacity_conditions(placement, usage, updates, moment)
     status = build_status(observed, previous, pool_statuses, updates, now, speculation, rollout.canary)
     referenced = _referenced_config_maps(rollout.deployments)
     return ReconcilePlan(
         apply=to_apply,
         delete=_stale_children(observed, wanted | referenced, pools),
         status=status,
-        events=[*pool_events(previous, status, placement), *rollout.events, *action_events],
+        events=[*pool_events(previous, status, placement), *rollout_mode_events(
+            decisions, previous, {p.name: _live_revision(live_deployments.get(p.name)) for p in pools}),
+            *rollout.events, *action_events],
         pools=pools,
         route=route,
         route_weight=rollout.route_weight if route is not None else None,
         clear_action=rollout.clear_action or bool(action_events),
     )
+
+
+def _live_revision(deployment: Mapping[str, Any] | None) -> str | None:
+    labels = (deployment or {}).get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+    revision = labels.get(contract.LABEL_REVISION)
+    return str(revision) if revision else None
 
 
 def _referenced_config_maps(deployments: list[dict[str, Any]]) -> set[tuple[str, str]]:

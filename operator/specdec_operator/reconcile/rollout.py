@@ -15,12 +15,21 @@ from typing import Any
 from specdec_operator.api.spec import Rollout
 from specdec_operator.api.status import CanaryStatus
 from specdec_operator.canary.analysis import Verdict
-from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget, split_replicas
+from specdec_operator.canary.plan import (
+    IN_FLIGHT_PHASES,
+    CanaryTarget,
+    RolloutPlan,
+    ServingReplicas,
+    in_place_canary_size,
+    split_replicas,
+)
 from specdec_operator.canary.progress import ManualAction, advance
+from specdec_operator.decisions.capacity import RolloutMode
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import EventRecord
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
 from specdec_operator.render.names import deployment_name
+from specdec_operator.render.pool import rolling_strategy
 from specdec_runtime import contract
 
 
@@ -60,6 +69,21 @@ def retracked(template: Mapping[str, Any], track: str) -> dict[str, Any]:
     return copied
 
 
+def _ready_replicas(deployment: Mapping[str, Any] | None) -> int:
+    return int((deployment or {}).get("status", {}).get("readyReplicas", 0) or 0)
+
+
+def _size(deployment: Mapping[str, Any] | None) -> int:
+    return int((deployment or {}).get("spec", {}).get("replicas", 0) or 0)
+
+
+def with_strategy(deployment: Mapping[str, Any], mode: RolloutMode | None) -> dict[str, Any]:
+    """The Deployment with the rolling update its pool's rollout mode allows (the default without one)."""
+    body = copy.deepcopy(dict(deployment))
+    body["spec"]["strategy"] = rolling_strategy(mode.max_surge, mode.max_unavailable) if mode else rolling_strategy()
+    return body
+
+
 def _with(deployment: Mapping[str, Any], template: Mapping[str, Any], replicas: int, track: str) -> dict[str, Any]:
     """A copy of our desired Deployment with another template, size and track."""
     body = copy.deepcopy(dict(deployment))
@@ -91,6 +115,27 @@ def plan_rollout(
     action: ManualAction | None,
     now: datetime,
     routed: bool,
+    modes: Mapping[str, RolloutMode] | None = None,
+) -> RolloutResult:
+    """`modes`: each pool's rollout mode (reconcile/capacity.py); a pool without one surges as by default."""
+    modes = modes or {}
+    result = _plan_rollout(pools, live, previous, rollout, verdicts, action, now, routed, modes)
+    result.deployments = [
+        with_strategy(body, modes.get(body["metadata"]["labels"][contract.LABEL_POOL])) for body in result.deployments
+    ]
+    return result
+
+
+def _plan_rollout(
+    pools: Sequence[DesiredPool],
+    live: Mapping[str, Mapping[str, Any]],
+    previous: CanaryStatus | None,
+    rollout: Rollout,
+    verdicts: Mapping[str, Verdict | None],
+    action: ManualAction | None,
+    now: datetime,
+    routed: bool,
+    modes: Mapping[str, RolloutMode],
 ) -> RolloutResult:
     # With nothing in flight all routed traffic goes to the stable Service.
     result = RolloutResult(canary=previous, route_weight=0 if routed else None)
@@ -109,7 +154,10 @@ def plan_rollout(
             if live.get(deployment_name(pool.name, "canary")) is not None and pool.name != canary_pool:
                 result.delete.append(("Deployment", deployment_name(pool.name, "canary")))
             continue
-        _canary_pool(result, pool, stable_live, live, previous, rollout, verdicts, action, now, routed, rolling)
+        in_place = pool.name in modes and modes[pool.name].mode == "InPlace"
+        budget = modes[pool.name].max_unavailable if in_place else 0
+        _canary_pool(result, pool, stable_live, live, previous, rollout, verdicts, action, now, routed, rolling,
+                     budget)
     return result
 
 
@@ -127,7 +175,10 @@ def _canary_candidate(
         pool = names[previous.pool]
         in_flight = previous.phase in IN_FLIGHT_PHASES
         failed_same = previous.phase in ("RolledBack", "Aborted") and previous.canary_revision == pool.revision
-        promoting = previous.phase == "Promoted" and previous.pool in rolling
+        # A promotion lasts until the stable Deployment is rolled and the canary is gone (an in-place
+        # promotion hands the canary's replicas back to the stable one at a time).
+        handing_over = live.get(deployment_name(previous.pool, "canary")) is not None
+        promoting = previous.phase == "Promoted" and (previous.pool in rolling or handing_over)
         if in_flight or failed_same or promoting:
             return previous.pool
     for pool in pools:
@@ -149,16 +200,25 @@ def _canary_pool(
     now: datetime,
     routed: bool,
     rolling: set[str],
+    in_place_budget: int = 0,
 ) -> None:
+    """`in_place_budget` > 0: the pool is full, so the canary takes that many replicas at a time out of the
+    stable set instead of adding its own beside it."""
     stable_rev = stable_revision(stable_live, previous, pool.name, rolling) or pool.revision
     current = previous if previous is not None and previous.pool == pool.name else None
     canary_name = deployment_name(pool.name, "canary")
     canary_live = live.get(canary_name)
+    total = pool.plan.replicas
     canary_ready = (
         canary_live is not None
         and not rolling_pools([canary_live], tracks=("canary",))
         and _template_revision(canary_live) == pool.revision
     )
+    if in_place_budget and current is not None and current.phase in IN_FLIGHT_PHASES and rollout.canary:
+        # In place the canary grows a budget at a time: its step starts once it has all of the step's replicas.
+        steps = rollout.canary.steps
+        step_target = split_replicas(total, steps[min(current.step, len(steps) - 1)].weight)[1]
+        canary_ready = canary_ready and _size(canary_live) >= step_target
     target = CanaryTarget(pool.name, stable_rev, pool.revision, desired_k=pool.k)
     progress = advance(
         current, target=target, rollout=rollout, verdict=verdicts.get(pool.revision), now=now, action=action,
@@ -169,18 +229,13 @@ def _canary_pool(
     if progress.event is not None:
         result.events.append(EventRecord(progress.event.type, progress.event.reason, progress.event.message))
     plan = progress.plan
-    total = pool.plan.replicas
     stable_template = stable_live["spec"]["template"]
-    if plan.promote:
-        result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], total, "stable"))
+    serving = ServingReplicas(_ready_replicas(stable_live), _ready_replicas(canary_live), _size(canary_live))
+    if in_place_budget and total > 0:
+        _in_place_sizes(result, pool, plan.promote, plan.keep_canary, plan.sizing_weight, stable_template, serving,
+                        in_place_budget, canary_name, _template_revision(canary_live))
     else:
-        stable_size, _ = split_replicas(total, plan.sizing_weight) if not routed else (total, 0)
-        result.deployments.append(_with(pool.deployment, stable_template, stable_size, "stable"))
-    if plan.keep_canary:
-        _, canary_size = split_replicas(total, plan.sizing_weight)
-        result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], canary_size, "canary"))
-    elif canary_live is not None:
-        result.delete.append(("Deployment", canary_name))
+        _surge_sizes(result, pool, plan, stable_template, routed, canary_name, serving, canary_live is not None)
     result.route_weight = plan.weight
     rolled_back = progress.status is not None and progress.status.phase in ("RolledBack", "Aborted")
     if rolled_back and progress.status is not None and progress.status.canary_k is not None:
@@ -188,3 +243,75 @@ def _canary_pool(
         if stable_k is not None and stable_k != pool.k:
             # A tuner K change failed its canary: the pool keeps the K its stable revision runs.
             result.k_reverts[pool.name] = stable_k
+
+
+def _surge_sizes(
+    result: RolloutResult,
+    pool: DesiredPool,
+    plan: RolloutPlan,
+    stable_template: Mapping[str, Any],
+    routed: bool,
+    canary_name: str,
+    serving: ServingReplicas,
+    canary_exists: bool,
+) -> None:
+    """Sizes with free GPUs: the canary's replicas beside the stable ones.
+
+    Behind a route the stable set keeps its full size. Without one (the replica ratio is the split) it
+    gives up a replica only for a canary replica that is ready, so serving replicas never drop.
+    """
+    total = pool.plan.replicas
+    if plan.promote:
+        result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], total, "stable"))
+    else:
+        stable_size, canary_target = split_replicas(total, plan.sizing_weight) if not routed else (total, 0)
+        if not routed:
+            stable_size = max(stable_size, total - min(serving.canary_ready, canary_target))
+        result.deployments.append(_with(pool.deployment, stable_template, stable_size, "stable"))
+    if plan.keep_canary:
+        _, canary_size = split_replicas(total, plan.sizing_weight)
+        result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], canary_size, "canary"))
+    elif canary_exists:
+        result.delete.append(("Deployment", canary_name))
+
+
+def _in_place_sizes(
+    result: RolloutResult,
+    pool: DesiredPool,
+    promote: bool,
+    keep_canary: bool,
+    sizing_weight: int,
+    stable_template: Mapping[str, Any],
+    serving: ServingReplicas,
+    budget: int,
+    canary_name: str,
+    canary_revision: str | None,
+) -> None:
+    """Sizes on a full pool: stable + canary replicas == total, moved a budget at a time.
+
+    `canary_revision` is the live canary Deployment's revision (None: no canary Deployment).
+    """
+    total = pool.plan.replicas
+    desired_template = pool.deployment["spec"]["template"]
+    canary_exists = canary_revision is not None
+    stable_at_desired = _template_revision({"spec": {"template": stable_template}}) == pool.revision
+    handing_over = not keep_canary and canary_revision == pool.revision and stable_at_desired
+    if promote or handing_over:
+        # The stable Deployment runs the new revision; it takes the canary's replicas back one budget at a time.
+        canary = in_place_canary_size(total, 0, serving, budget)
+        result.deployments.append(_with(pool.deployment, desired_template, total - canary, "stable"))
+        if canary > 0:
+            result.deployments.append(_with(pool.deployment, desired_template, canary, "canary"))
+        else:
+            result.delete.append(("Deployment", canary_name))
+        return
+    if keep_canary:
+        target = split_replicas(total, sizing_weight)[1]
+        canary = in_place_canary_size(total, target, serving, budget)
+        result.deployments.append(_with(pool.deployment, stable_template, total - canary, "stable"))
+        result.deployments.append(_with(pool.deployment, desired_template, canary, "canary"))
+        return
+    # Rolled back or idle: the canary (failed or cancelled) goes at once; the stable refills its GPUs.
+    result.deployments.append(_with(pool.deployment, stable_template, total, "stable"))
+    if canary_exists:
+        result.delete.append(("Deployment", canary_name))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from specdec_operator.api.affinity import ExtraAffinity
 from specdec_operator.gpu.devices import device_ids_for_gfx, known_device_ids
 from specdec_operator.gpu.inventory import PARTITION_LABELS
 
@@ -44,3 +45,25 @@ def gfx_node_affinity(
         for part in partition_variants
     ]
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
+def _pruned(value: Any) -> Any:
+    """Without empty maps and lists, which the API server does not store (drift.covers compares exactly)."""
+    if isinstance(value, dict):
+        return {k: _pruned(v) for k, v in value.items() if v not in ({}, [], None)}
+    if isinstance(value, list):
+        return [_pruned(item) for item in value]
+    return value
+
+
+def with_extra_affinity(gfx_affinity: dict[str, Any], extra: ExtraAffinity | None) -> dict[str, Any]:
+    """spec.runtime.pod.affinity beside the gfx rules: preferred node terms join the required ones."""
+    if extra is None:
+        return gfx_affinity
+    wire = _pruned(extra.to_wire())
+    affinity = {**gfx_affinity, **{k: v for k, v in wire.items() if k != "nodeAffinity" and v}}
+    preferred = wire.get("nodeAffinity", {}).get("preferredDuringSchedulingIgnoredDuringExecution")
+    if preferred:
+        node = {**gfx_affinity["nodeAffinity"], "preferredDuringSchedulingIgnoredDuringExecution": preferred}
+        affinity["nodeAffinity"] = node
+    return affinity

@@ -6,11 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specdec_operator.api.pod import MODELS_MOUNT, MODELS_VOLUME, SHM_MOUNT, SHM_VOLUME
 from specdec_operator.api.spec import Drafter, SpeculativeModelSpec
 from specdec_operator.decisions.placement import honoured_tolerations
 from specdec_operator.decisions.runtime_env import RuntimePlan
 from specdec_operator.gpu.inventory import GPU_RESOURCE
-from specdec_operator.render.affinity import gfx_node_affinity
+from specdec_operator.render import podspec
+from specdec_operator.render.affinity import gfx_node_affinity, with_extra_affinity
 from specdec_operator.render.drift import canonical_quantity
 from specdec_operator.render.names import (
     content_hash,
@@ -22,7 +24,6 @@ from specdec_operator.render.names import (
 from specdec_runtime import contract
 from specdec_runtime.config import RuntimeConfig, SpeculativeSettings
 
-MODELS_MOUNT = "/models"
 # Model load on a big GPU can take many minutes; /health answers only after it (vLLM binds first).
 STARTUP_PROBE_BUDGET_S = 1800
 
@@ -116,26 +117,41 @@ def pod_template(
     track: str,
     k: int,
     excluded_nodes: Sequence[str] = (),
+    pod_settings: podspec.PodSettings = podspec.DEFAULT_POD_SETTINGS,
 ) -> dict[str, Any]:
     """`excluded_nodes`: the pool plan's nodes that the gfx affinity's labels cannot keep pods off."""
-    env: list[dict[str, Any]] = [_env_var(key, value) for key, value in sorted(runtime.env.items())]
+    cache_claim = podspec.weights_cache_claim(spec, pod_settings)
+    owned_env = podspec.owned_env(spec, cache_claim)
+    owned_names = {var["name"] for var in owned_env}
+    env: list[dict[str, Any]] = [
+        _env_var(key, value) for key, value in sorted(runtime.env.items()) if key not in owned_names
+    ] + owned_env
+    env += podspec.env_from(spec.runtime.env, {var["name"] for var in env})
     source = spec.model.source
-    if source and source.hub_secret_ref:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": source.hub_secret_ref.name, "key": source.hub_secret_ref.key}}})
     mounts = [
         {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_PATH, "readOnly": True},
-        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
     ]
     volumes: list[dict[str, Any]] = [
         {"name": contract.CONFIG_VOLUME, "configMap": {"name": config_map_name}},
         # vLLM's tensor-parallel workers exchange tensors through shared memory; the default 64Mi is too small.
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
     ]
     if source and source.pvc_name:
-        mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
-        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": source.pvc_name, "readOnly": True}})
+        mounts.append({"name": MODELS_VOLUME, "mountPath": MODELS_MOUNT, "readOnly": True})
+        volumes.append(
+            {"name": MODELS_VOLUME, "persistentVolumeClaim": {"claimName": source.pvc_name, "readOnly": True}}
+        )
+    if cache_claim:
+        cache_volume, cache_mount = podspec.cache_volume(cache_claim)
+        volumes.append(cache_volume)
+        mounts.append(cache_mount)
+    overlay = spec.runtime.pod
+    user_volumes, user_mounts = podspec.extra_volumes(overlay)
+    volumes += user_volumes
+    mounts += user_mounts
     annotations: dict[str, str] = {
+        **overlay.annotations,
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(8000),
         "prometheus.io/path": "/metrics",
@@ -155,26 +171,41 @@ def pod_template(
         "startupProbe": _probe(10, STARTUP_PROBE_BUDGET_S // 10),
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 6),
+        "securityContext": podspec.container_security_context(),
     }
     spec_body: dict[str, Any] = {
-        "affinity": gfx_node_affinity(ctx.gfx, spec.placement.partition, spec.placement.node_selector, excluded_nodes),
+        "affinity": with_extra_affinity(
+            gfx_node_affinity(ctx.gfx, spec.placement.partition, spec.placement.node_selector, excluded_nodes),
+            overlay.affinity,
+        ),
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,
+        "securityContext": podspec.pod_security_context(pod_settings),
+        **podspec.pod_spec_knobs(overlay),
     }
     tolerations = [toleration.to_wire() for toleration in honoured_tolerations(spec.placement.tolerations)]
     if tolerations:
         spec_body["tolerations"] = tolerations
-    labels = {**pool_labels(ctx.model, ctx.pool, ctx.gfx), contract.LABEL_TRACK: track}
+    labels = {**overlay.labels, **pool_labels(ctx.model, ctx.pool, ctx.gfx), contract.LABEL_TRACK: track}
     template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec_body}
-    # The revision names the template's content, so reverting a change returns to the same revision.
-    revision = content_hash({"metadata": {"annotations": annotations}, "spec": spec_body})
+    # The revision names the template's content, so reverting a change returns to the same revision. The
+    # user's labels are part of it (only when set, so templates without them keep their revision).
+    hashed: dict[str, Any] = {"annotations": annotations, **({"labels": overlay.labels} if overlay.labels else {})}
+    revision = content_hash({"metadata": hashed, "spec": spec_body})
     template["metadata"]["labels"] = {**labels, contract.LABEL_REVISION: revision}
     return template
 
 
 def revision_of(template: dict[str, Any]) -> str:
     return str(template["metadata"]["labels"][contract.LABEL_REVISION])
+
+
+def rolling_strategy(max_surge: int = 1, max_unavailable: int = 0) -> dict[str, Any]:
+    """The Deployment's rolling update. The default never goes below the desired count (a replica is
+    expensive to restart: model load); on a full pool the rollout decision replaces in place instead
+    (maxSurge 0), since a surge pod would stay Pending there forever."""
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max_unavailable, "maxSurge": max_surge}}
 
 
 def deployment(ctx: PoolContext, template: dict[str, Any], replicas: int, track: str) -> dict[str, Any]:
@@ -196,8 +227,7 @@ def deployment(ctx: PoolContext, template: dict[str, Any], replicas: int, track:
             "replicas": replicas,
             "selector": {"matchLabels": selector},
             "revisionHistoryLimit": 3,
-            # A replica is expensive to restart (model load), so never go below the desired count.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "strategy": rolling_strategy(),
             "template": template,
         },
     }

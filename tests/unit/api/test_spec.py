@@ -32,8 +32,14 @@ MINIMAL_DEFAULTS_GOLDEN: dict[str, Any] = {
         },
     },
     "placement": {"gfxTargets": ["gfx942"], "nodeSelector": {}, "tolerations": []},
-    "runtime": {"env": [], "extraArgs": [], "resources": {"requests": {}, "limits": {}}, "simulate": False},
-    "rollout": {"strategy": "Rolling", "paused": False},
+    "runtime": {
+        "env": [],
+        "extraArgs": [],
+        "resources": {"requests": {}, "limits": {}},
+        "simulate": False,
+        "pod": {"labels": {}, "annotations": {}, "imagePullSecrets": [], "volumes": []},
+    },
+    "rollout": {"strategy": "Rolling", "paused": False, "maxSurge": 1, "maxUnavailable": 1},
 }
 
 
@@ -130,6 +136,13 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.rollout.canary.traffic.httpRouteRef requires spec.rollout.strategy Canary",
     ),
     ("unknown-strategy", {"rollout": {"strategy": "BlueGreen"}}, "spec.rollout.strategy"),
+    (
+        "rollout-budget-both-zero",
+        {"rollout": {"maxSurge": 0, "maxUnavailable": 0}},
+        "spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0",
+    ),
+    ("rollout-max-unavailable-negative", {"rollout": {"maxUnavailable": -1}}, "spec.rollout.maxUnavailable"),
+    ("rollout-max-surge-over-100", {"rollout": {"maxSurge": 101}}, "spec.rollout.maxSurge"),
     ("replicas-negative", {"placement": {"replicasPerPool": -1}}, "spec.placement.replicasPerPool"),
     ("unknown-partition", {"placement": {"partition": "xpx_nps9"}}, "spec.placement.partition"),
     ("toleration-bad-effect", {"placement": {"tolerations": [{"effect": "Never"}]}}, "spec.placement.tolerations.0"),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from specdec_operator.gpu.inventory import GpuGroup, NodeGpus, Taint, node_gpus
+from specdec_operator.gpu.inventory import GpuGroup, NodeGpus, PodGpus, Taint, node_gpus, pod_gpus, requested_gpus
 from tests.unit.gpu.gpufactories import (
     DOCS_PARTITION_LABEL,
     MI100,
@@ -209,3 +209,48 @@ def test_groups_are_plain_values() -> None:
     gpus = homogeneous_node("n", MI300X, 8)
     assert gpus.groups == (GpuGroup("74a1", "MI300X", "gfx942", 192, 8),)
     assert gpus.gfx_targets == frozenset({"gfx942"})
+
+
+def _pod_spec(requests: dict[str, str] | None = None, limits: dict[str, str] | None = None,
+              init: dict[str, str] | None = None, node: str | None = "mi300x-0") -> dict[str, object]:
+    resources: dict[str, object] = {}
+    if requests is not None:
+        resources["requests"] = requests
+    if limits is not None:
+        resources["limits"] = limits
+    body: dict[str, object] = {"containers": [{"name": "c", "resources": resources}, {"name": "sidecar"}]}
+    if init is not None:
+        body["initContainers"] = [{"name": "i", "resources": {"limits": init}}]
+    if node:
+        body["nodeName"] = node
+    return body
+
+
+OURS = {"app.kubernetes.io/managed-by": "specdec-operator", "specdec.io/model": "llama8b",
+        "specdec.io/pool": "llama8b-gfx942"}
+
+
+def _claim(labels: dict[str, str], spec: dict[str, object], status: dict[str, object]) -> PodGpus | None:
+    return pod_gpus("inference", "p", labels, spec, status, "specdec.io/model",
+                    ("app.kubernetes.io/managed-by", "specdec-operator"), "specdec.io/pool")
+
+
+def test_pod_claim_reads_requests_or_limits_and_init_containers() -> None:
+    assert requested_gpus(_pod_spec(requests={"amd.com/gpu": "4"})) == 4
+    assert requested_gpus(_pod_spec(limits={"amd.com/gpu": "2"})) == 2  # an extended request defaults to its limit
+    assert requested_gpus(_pod_spec(requests={"amd.com/gpu": "1"}, init={"amd.com/gpu": "8"})) == 8
+    assert requested_gpus(_pod_spec(requests={"cpu": "2"})) == 0
+
+
+def test_pod_claim_of_other_workloads_finished_pods_and_pending_ones() -> None:
+    other = _claim({"app": "trainer"}, _pod_spec(requests={"amd.com/gpu": "8"}), {"phase": "Running"})
+    assert other == PodGpus("inference", "p", 8, "mi300x-0")
+    assert _claim({}, _pod_spec(requests={"amd.com/gpu": "8"}), {"phase": "Succeeded"}) is None
+    assert _claim({}, _pod_spec(requests={"cpu": "1"}), {"phase": "Running"}) is None
+    pending = _claim(OURS, _pod_spec(limits={"amd.com/gpu": "8"}, node=None), {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient amd.com/gpu.",
+         "lastTransitionTime": "2026-11-30T10:00:00Z"}
+    ]})
+    assert pending == PodGpus("inference", "p", 8, None, "inference/llama8b", "llama8b-gfx942",
+                              "0/3 nodes are available: 3 Insufficient amd.com/gpu.", "2026-11-30T10:00:00Z")

@@ -48,6 +48,10 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("runtime.images", {"gfx908": "vllm/vllm-openai-rocm:v0.33.0"}),  # MI100: vLLM 0.33 has no ROCm support
         ("runtime.images", {"gfx942": "vllm/vllm-openai-rocm"}),  # untagged image floats
         ("runtime.imageTargets", {"vllm/vllm-openai-rocm:v0.33.0": []}),
+        ("runtime.pod.security", "privileged"),
+        ("runtime.pod.supplementalGroups", ["video"]),
+        ("runtime.pod.fsGroup", -1),
+        ("runtime.pod.weightsCacheClaim", "HF Cache"),
         ("scrape.intervalSeconds", 0),
         ("scrape.concurrency", 0),
         ("kvHeadroomFraction", 1),

@@ -9,6 +9,7 @@ from specdec_operator.api.spec import Drafter, SpeculativeModelSpec
 from specdec_operator.decisions.runtime_env import RuntimePlan, plan_runtime
 from specdec_operator.render import pool as render
 from specdec_operator.render.names import pool_name
+from specdec_operator.render.podspec import DEFAULT_POD_SETTINGS, PodSettings
 from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES
 from specdec_runtime.config import RuntimeConfig
 
@@ -50,15 +51,18 @@ def rendered_pool(
     drafter: Drafter | None = None,
     replicas: int = 1,
     track: str = "stable",
+    pod_settings: PodSettings = DEFAULT_POD_SETTINGS,
 ) -> RenderedPool:
     ctx = context(gfx)
-    runtime = runtime_plan(gfx, {e.name: e.value for e in spec.runtime.env})
+    runtime = runtime_plan(gfx, {e.name: e.value for e in spec.runtime.env if e.value_from is None})
     config = render.with_attention_backend(
         render.runtime_config(spec, MODEL, drafter or spec.drafters[0], spec.speculation.initial_k if k is None else k),
         runtime.attention_backend,
     )
     config_map = render.config_map(ctx, config)
-    template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], track, 3)
+    template = render.pod_template(
+        ctx, spec, runtime, config_map["metadata"]["name"], track, 3, pod_settings=pod_settings
+    )
     return RenderedPool(
         config=config,
         config_map=config_map,

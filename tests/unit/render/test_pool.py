@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from specdec_operator.api.spec import Drafter
 from specdec_operator.api.vocabulary import REFUSED_METHODS, SPECULATIVE_METHODS
@@ -116,9 +117,11 @@ def test_tensor_parallel_size_and_gpu_resources_follow_tp() -> None:
 
 
 def test_user_resources_are_kept_but_cannot_change_the_gpu_count() -> None:
+    with pytest.raises(ValidationError, match=r"may not set amd\.com/gpu"):
+        spec(runtime={"resources": {"requests": {"amd.com/gpu": "1"}}})
     model = spec(
         model={"tensorParallelSize": 2},
-        runtime={"resources": {"requests": {"cpu": "16", "amd.com/gpu": "1"}, "limits": {"memory": "256Gi"}}},
+        runtime={"resources": {"requests": {"cpu": "16"}, "limits": {"memory": "256Gi"}}},
     )
     resources = rendered_pool(model).container["resources"]
     assert resources == {

@@ -1,0 +1,70 @@
+"""`spec.model`: the target model and where its weights come from."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from specdec_operator.api.base import ApiModel, cel
+from specdec_operator.api.kubeformats import CONFIG_KEY, DNS1123_SUBDOMAIN, formatted
+
+
+class SecretKeyRef(ApiModel):
+    """A key in a Secret in the model's namespace."""
+
+    name: Annotated[str, *formatted(DNS1123_SUBDOMAIN, "spec.model.source.hubSecretRef.name")] = Field(
+        description="Name of the Secret."
+    )
+    key: Annotated[str, *formatted(CONFIG_KEY, "spec.model.source.hubSecretRef.key")] = Field(
+        default="token", description="Key inside the Secret."
+    )
+
+
+_ONE_WEIGHTS_SOURCE = "spec.model.source: set either pvcName (weights on a volume) or hubSecretRef, not both"
+
+
+class WeightsSource(ApiModel):
+    """Where the runtime pod finds the target weights."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("!(has(self.pvcName) && has(self.hubSecretRef))", _ONE_WEIGHTS_SOURCE)]
+        }
+    )
+
+    pvc_name: Annotated[str, *formatted(DNS1123_SUBDOMAIN, "spec.model.source.pvcName")] | None = Field(
+        default=None, description="PersistentVolumeClaim that holds the weights; mounted read-only at /models."
+    )
+    path: str | None = Field(default=None, description="Path of the weights inside the PVC (defaults to model.name).")
+    hub_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret with a Hugging Face token, exported to the runtime as HF_TOKEN."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WeightsSource:
+        if self.pvc_name is not None and self.hub_secret_ref is not None:
+            raise ValueError(_ONE_WEIGHTS_SOURCE)
+        return self
+
+
+class TargetModel(ApiModel):
+    """The model that verifies drafts and produces the output."""
+
+    name: str = Field(description="Hugging Face id or path of the target model, e.g. meta-llama/Llama-3.1-70B.")
+    served_name: str | None = Field(
+        default=None, description="Name clients use in requests (--served-model-name); defaults to the resource name."
+    )
+    tensor_parallel_size: Literal[1, 2, 4, 8] = Field(
+        default=1, description="GPUs per replica (-tp). A power of two, at most 8."
+    )
+    max_model_len: int | None = Field(default=None, ge=128, description="Context length cap (--max-model-len).")
+    weights_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="Size of the target weights in GiB. Used for drafter and placement fit; "
+        "estimated from the parameter count in the name when absent.",
+    )
+    source: WeightsSource | None = Field(default=None, description="Where the weights come from.")
+
+

@@ -1,0 +1,96 @@
+"""`spec.placement`: allowed gfx targets, node constraints and tolerations of the runtime pods."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from specdec_operator.api.base import ApiModel, cel
+from specdec_operator.api.kubeformats import LABEL_VALUE, QUALIFIED_NAME, check_keys, formatted, keys_rule
+from specdec_operator.api.vocabulary import GfxTarget, PartitionMode
+
+_EXISTS_WITHOUT_VALUE = "spec.placement.tolerations[].value must be empty when operator is Exists"
+_SECONDS_NEED_NO_EXECUTE = "spec.placement.tolerations[].tolerationSeconds requires effect NoExecute"
+
+
+class Toleration(ApiModel):
+    """A pod toleration (same fields as core/v1 Toleration)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                    _EXISTS_WITHOUT_VALUE),
+                cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                    _SECONDS_NEED_NO_EXECUTE),
+            ]
+        }
+    )
+
+    key: Annotated[str, *formatted(QUALIFIED_NAME, "spec.placement.tolerations[].key")] | None = Field(
+        default=None, description="Taint key; empty matches all keys with operator Exists."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: Annotated[str, *formatted(LABEL_VALUE, "spec.placement.tolerations[].value")] | None = Field(
+        default=None, description="Taint value for operator Equal."
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all."
+    )
+    toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(_EXISTS_WITHOUT_VALUE)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(_SECONDS_NEED_NO_EXECUTE)
+        return self
+
+
+_NODE_SELECTOR = "spec.placement.nodeSelector"
+_ONE_REPLICA_FIELD = "spec.placement: set replicasPerPool or totalReplicas, not both"
+_GFX_TARGETS_UNIQUE = "spec.placement.gfxTargets must not repeat a target"
+
+
+class Placement(ApiModel):
+    """Where runtime pods may run: one pool per allowed gfx target that has capacity."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("!(has(self.replicasPerPool) && has(self.totalReplicas))", _ONE_REPLICA_FIELD),
+                cel("self.gfxTargets.all(g, self.gfxTargets.exists_one(h, h == g))", _GFX_TARGETS_UNIQUE),
+            ]
+        }
+    )
+
+    gfx_targets: list[GfxTarget] = Field(
+        min_length=1, max_length=9, description="Allowed AMD gfx targets, in preference order."
+    )
+    partition: PartitionMode | None = Field(
+        default=None, description="Required GPU compute/memory partition mode, e.g. cpx_nps4."
+    )
+    node_selector: Annotated[
+        dict[str, Annotated[str, *formatted(LABEL_VALUE, "spec.placement.nodeSelector values")]],
+        Field(json_schema_extra={"x-kubernetes-validations": [keys_rule(QUALIFIED_NAME, _NODE_SELECTOR)]}),
+    ] = Field(default_factory=dict, max_length=16, description="Extra node labels runtime pods require.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=16, description="Extra tolerations for runtime pods."
+    )
+    replicas_per_pool: int | None = Field(default=None, ge=0, le=1000, description="Replicas in every pool.")
+    total_replicas: int | None = Field(
+        default=None, ge=0, le=1000, description="Replicas across all pools, split in gfxTargets order by capacity."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Placement:
+        if self.replicas_per_pool is not None and self.total_replicas is not None:
+            raise ValueError(_ONE_REPLICA_FIELD)
+        if len(set(self.gfx_targets)) < len(self.gfx_targets):
+            raise ValueError(_GFX_TARGETS_UNIQUE)
+        check_keys(QUALIFIED_NAME, _NODE_SELECTOR, self.node_selector)
+        return self
+
+
