@@ -27,6 +27,8 @@ class OperatorContext:
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     tuners: dict[tuple[str, str], ModelTuner] = field(default_factory=dict)
     route_warnings: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # last posted per model
+    # (reason, message) of a Gateway that refuses a model's HTTPRoute as last read: the canary step holds.
+    route_rejections: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
