@@ -1,4 +1,4 @@
-"""Runs inside .venv-vllm (hack/vllm-env): feeds cases to vLLM 0.33.0's own code and prints what it says.
+"""Runs inside the vLLM venv that hack/vllm-env builds: feeds cases to vLLM 0.33.0's own code and prints what it says.
 
 `python vllm_driver.py COMMAND < cases.json > results.json`; one JSON document in, one out. Nothing here
 imports the project (its venv has no specdec packages): tests/contract renders the cases with the operator's
