@@ -1,4 +1,4 @@
-"""`hack/cluster up|down|status|kubeconfig`."""
+"""`hack/cluster up|down|status|build|tools`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop every process by PID and remove the data dir")
     sub.add_parser("status", help="show what is running")
     sub.add_parser("build", help="only build (or find cached) binaries and print their paths")
+    sub.add_parser("tools", help="build (or find cached) the test tools (promtool) and print their paths")
     args = parser.parse_args(argv)
     cluster = LocalCluster()
     try:
@@ -30,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
             from localcluster.build import ensure_binaries
 
             for name, path in ensure_binaries(cluster.log).items():
+                print(f"{name}\t{path}")
+        elif args.command == "tools":
+            from localcluster.build import ensure_tools
+
+            for name, path in ensure_tools(cluster.log).items():
                 print(f"{name}\t{path}")
         else:
             print(json.dumps(cluster.status(), indent=2))

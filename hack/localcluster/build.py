@@ -19,7 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from localcluster.errors import ClusterError
-from localcluster.versions import BUILDS, GATEWAY_API_VERSION, KWOK_VERSION, GoBuild
+from localcluster.versions import (
+    BUILDS,
+    GATEWAY_API_VERSION,
+    KWOK_VERSION,
+    PROMETHEUS_OPERATOR_VERSION,
+    TOOLS,
+    GoBuild,
+)
 
 Log = Callable[[str], None]
 
@@ -128,9 +135,18 @@ def ensure_binaries(log: Log) -> dict[str, Path]:
     return binaries
 
 
+def ensure_tools(log: Log) -> dict[str, Path]:
+    """The test tools (promtool), built on demand and cached like the control plane's binaries."""
+    tools: dict[str, Path] = {}
+    for build in TOOLS:
+        directory = ensure_build(build, log)
+        tools.update({name: directory / name for name in build.packages})
+    return tools
+
+
 def module_source_dir(module: str, version: str, from_build: str) -> Path:
     """Where the Go module cache holds a module's files (downloading it if needed)."""
-    build = next(b for b in BUILDS if b.name == from_build)
+    build = next(b for b in (*BUILDS, *TOOLS) if b.name == from_build)
     result = subprocess.run(
         [go_binary(), "mod", "download", "-json", f"{module}@{version}"],
         cwd=build.module_dir, capture_output=True, text=True, check=False,
@@ -160,3 +176,10 @@ def kwok_stage_files() -> list[Path]:
 def gateway_api_crd_files() -> list[Path]:
     root = module_source_dir("sigs.k8s.io/gateway-api", GATEWAY_API_VERSION, "helm")
     return sorted((root / "config" / "crd" / "standard").glob("*.yaml"))
+
+
+def prometheus_operator_crd_files() -> list[Path]:
+    """prometheus-operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule, ...) from its Go module zip."""
+    root = module_source_dir("github.com/prometheus-operator/prometheus-operator", PROMETHEUS_OPERATOR_VERSION,
+                             "promtool")
+    return sorted((root / "example" / "prometheus-operator-crd").glob("*.yaml"))

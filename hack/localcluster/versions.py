@@ -12,6 +12,10 @@ ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
 GATEWAY_API_VERSION = "v1.4.1"
+# Prometheus tags its Go module v0.<major><minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
+PROMETHEUS_VERSION = "v0.316.0"
+# The module zip carries example/prometheus-operator-crd/*.yaml, the CRDs the e2e tests install.
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 
 
 def _version_ldflags(version: str) -> list[str]:
@@ -59,4 +63,12 @@ BUILDS: tuple[GoBuild, ...] = (
     GoBuild(name="etcd", version=ETCD_VERSION, packages={"etcd": "go.etcd.io/etcd/server/v3"}),
     GoBuild(name="kwok", version=KWOK_VERSION, packages={"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
     GoBuild(name="helm", version=HELM_VERSION, packages={"helm": "helm.sh/helm/v3/cmd/helm"}),
+)
+
+# Tools the tests use but the control plane does not need: built on demand (`hack/cluster tools`), so a
+# cluster start never waits for them. promtool evaluates the chart's alerting rules (`promtool test rules`);
+# remove_all_sd leaves out every service-discovery plugin, which promtool's rule tests never use.
+TOOLS: tuple[GoBuild, ...] = (
+    GoBuild(name="promtool", version=PROMETHEUS_VERSION,
+            packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"}, tags="remove_all_sd"),
 )

@@ -8,6 +8,19 @@ import sys
 from collections.abc import Sequence
 
 
+def version_line(prog: str = "specdec-operator") -> str:
+    """The installed package's version and the API version it serves."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from specdec_operator import API_VERSION
+
+    try:
+        installed = version("specdec-operator")
+    except PackageNotFoundError:  # run from a source tree without installing
+        installed = "unknown"
+    return f"{prog} {installed} (API {API_VERSION}, Python {sys.version.split()[0]})"
+
+
 def _crds(args: argparse.Namespace) -> int:
     from specdec_operator.crdfiles import check_crd_files, write_crd_files
 
@@ -29,7 +42,8 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = OperatorSettings()
     namespaces = settings.namespaces
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    log_format = kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN
+    kopf.configure(verbose=args.verbose, log_format=log_format)
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,
@@ -44,6 +58,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec-operator", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
 
     crds = sub.add_parser("crds", help="generate the CRD YAML from the pydantic models")
@@ -56,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.set_defaults(func=_run)
     # `status` and `bench` parse their own flags (see main); listed here for --help.
-    sub.add_parser("status", help="fleet view of every SpeculativeModel (`status --help`)", add_help=False)
+    sub.add_parser(
+        "status", help="fleet view of every SpeculativeModel: -n/-A, -l SELECTOR, -o table|wide|json|yaml, --watch "
+        "(`status --help`)", add_help=False,
+    )
     sub.add_parser("bench", help="benchmarks, e.g. `bench tuner --profile FILE` (`bench tuner --help`)", add_help=False)
     return parser
 

@@ -47,3 +47,41 @@ CANARY_WEIGHT = Gauge("specdec_canary_weight", "Percent of traffic on the canary
 ROLLOUTS = Counter(
     "specdec_rollouts", "Finished canary rollouts by result.", (*_POOL, "result"), registry=REGISTRY
 )
+ACTIVE = Gauge(
+    "specdec_active",
+    "1 on the replica that acts (kopf peering did not pause it), 0 on a standby.",
+    registry=REGISTRY,
+)
+
+# Every metric labelled by one SpeculativeModel. A model's series leave /metrics when it is deleted or
+# when this replica stops acting for it (standby), so dashboards and alerts never read a stale number.
+MODEL_METRICS: tuple[Gauge | Counter, ...] = (
+    EFFECTIVE_K, RECOMMENDED_K, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH, POSITION_ACCEPTANCE, TOKENS_PER_SECOND,
+    K_CHANGES, TUNER_DECISIONS, CANARY_WEIGHT, ROLLOUTS,
+)
+
+
+def forget_model(namespace: str, model: str) -> None:
+    """Remove every series of one model (all its pools)."""
+    for metric in MODEL_METRICS:
+        metric.remove_by_labels({"namespace": namespace, "model": model})
+
+
+def forget_pools_except(namespace: str, model: str, pools: set[str]) -> None:
+    """Remove the series of a model's pools that no longer exist (a gfx target dropped from its placement)."""
+    for metric in MODEL_METRICS:
+        gone = {
+            sample.labels["pool"]
+            for family in metric.collect()
+            for sample in family.samples
+            if sample.labels.get("namespace") == namespace and sample.labels.get("model") == model
+            and sample.labels.get("pool") not in pools
+        }
+        for pool in gone:
+            metric.remove_by_labels({"namespace": namespace, "model": model, "pool": pool})
+
+
+def forget_all_models() -> None:
+    """A replica that stops acting exports no model series: the active one speaks for every model."""
+    for metric in MODEL_METRICS:
+        metric.clear()

@@ -118,3 +118,6 @@ class OperatorSettings(BaseSettings):
             weights_cache_claim=self.weights_cache_claim or None,
         )
     standalone: bool = Field(default=False, description="Run without peering (single replica, dev).")
+    log_format: Literal["plain", "json"] = Field(
+        default="plain", description="Log lines as plain text or as JSON objects (kopf's JSON formatter)."
+    )

@@ -3,8 +3,9 @@
 Helm installs the files in a chart's crds/ directory only when the CRD is absent, and never upgrades or
 deletes them: uninstalling a release must not delete every SpeculativeModel in the cluster with it. The
 session's `crds` fixture has already applied the same CRD, so here helm skips it and the test checks
-that it survives the uninstall. kopf's peering CRDs are templates, so they come and go with the release
-(unless another release owns them already, see `Release`).
+that it survives the uninstall. kopf's peering CRDs are templates annotated helm.sh/resource-policy: keep
+(other kopf operators may use them), so they are created with the release (unless another release owns
+them already, see `Release`) and stay after it.
 """
 
 from __future__ import annotations
@@ -87,8 +88,15 @@ def test_install_creates_every_object_and_uninstall_removes_them(cluster: LocalC
             assert ipaddress.ip_address(pod["status"]["podIP"]).is_loopback
 
         release.uninstall()
+        kept = [obj for obj in created
+                if obj["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep"]
+        assert sorted(obj["kind"] for obj in kept) == ["CustomResourceDefinition"] * expected[
+            "CustomResourceDefinition"]
         for obj in created:
-            wait_for(f"{resource_ref(obj)} deleted", partial(_absent, cluster, obj), 60)
+            if obj in kept:
+                assert _exists(cluster, obj), f"{resource_ref(obj)} was deleted despite its keep policy"
+            else:
+                wait_for(f"{resource_ref(obj)} deleted", partial(_absent, cluster, obj), 60)
         # crds/ stays by Helm's design, and with it every SpeculativeModel.
         assert cluster.kubectl("get", "crd", SM_CRD, "-o", "name", check=False).strip(), f"{SM_CRD} was deleted"
     finally:

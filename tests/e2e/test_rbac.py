@@ -205,3 +205,42 @@ def test_the_operator_never_hits_a_403(sa_operator: ServiceAccountOperator) -> N
     """Runs after the scenarios above: nothing the operator did needed more than the role grants."""
     log = sa_operator.process.log_path.read_text(errors="replace")
     assert "Forbidden" not in log, [line[:200] for line in log.splitlines() if "Forbidden" in line][:3]
+
+
+@pytest.mark.parametrize("resource", ["configmaps", "services", "deployments.apps"])
+def test_nothing_outside_the_watched_namespace_can_be_touched(
+    cluster: LocalCluster, sa_operator: ServiceAccountOperator, resource: str
+) -> None:
+    """ConfigMaps, Services and Deployments the operator does not own, outside its namespaces: no verb at all."""
+    outside = unique_name("e2e-rbac-outside")
+    cluster.kubectl("create", "namespace", outside)
+    try:
+        cluster.kubectl("create", "configmap", "platform-config", "-n", outside, "--from-literal=a=b")
+        for verb in ("get", "list", "watch", "create", "patch", "update", "delete"):
+            answer = sa_operator.kubectl("auth", "can-i", verb, resource, "-n", outside)
+            assert (answer.returncode, answer.stdout.strip()) == (1, "no"), (verb, resource, answer)
+        # Real requests, not only the authorizer's opinion: read and overwrite attempts come back Forbidden.
+        path = {"configmaps": "/api/v1/namespaces/{ns}/configmaps", "services": "/api/v1/namespaces/{ns}/services",
+                "deployments.apps": "/apis/apps/v1/namespaces/{ns}/deployments"}[resource].format(ns=outside)
+        assert api_get_status(cluster, path, sa_operator.token) == 403
+        patched = sa_operator.kubectl("patch", "configmap", "platform-config", "-n", outside, "--type=merge",
+                                      "-p", '{"data":{"a":"operator-was-here"}}')
+        assert patched.returncode != 0 and "Forbidden" in patched.stderr, patched
+        assert json.loads(cluster.kubectl("get", "configmap", "platform-config", "-n", outside,
+                                          "-o", "json"))["data"] == {"a": "b"}
+    finally:
+        cluster.kubectl("delete", "namespace", outside, "--wait=false", check=False)
+
+
+def test_the_role_grants_only_what_the_chart_declares(sa_operator: ServiceAccountOperator) -> None:
+    """The verbs dropped as unused really are absent in the watched namespace (and the rest present)."""
+    workload = sa_operator.workload_namespace
+    expectations = {
+        ("watch", "configmaps"): "no", ("watch", "services"): "no", ("get", "pods"): "no",
+        ("get", "deployments.apps"): "no", ("watch", "httproutes.gateway.networking.k8s.io"): "no",
+        ("list", "pods"): "yes", ("watch", "pods"): "yes",  # the scrape list and the GPU-claim pod index
+        ("watch", "deployments.apps"): "yes", ("patch", "speculativemodels.specdec.io"): "yes",
+    }
+    for (verb, resource), expected in expectations.items():
+        answer = sa_operator.kubectl("auth", "can-i", verb, resource, "-n", workload)
+        assert answer.stdout.strip() == expected, (verb, resource, answer.stdout)

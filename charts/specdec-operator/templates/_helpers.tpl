@@ -50,47 +50,51 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 */}}
 {{- define "specdec-operator.namespacedRules" -}}
 {{- $root := .root -}}
-# SpeculativeModels: kopf lists and watches them to drive reconciles; patch writes kopf's finalizer and
-# its progress annotations. No create or delete: users (and Git) own these objects.
+# Every verb below is one the operator's code sends; tests/unit/packaging/test_chart_rbac.py holds this
+# list to the code and tests/e2e/test_rbac.py proves it is enough. No `get` on workloads: the reconcile
+# reads its children with one labelled LIST per kind and never fetches one by name.
+# SpeculativeModels: kopf lists and watches them to drive reconciles; patch writes kopf's finalizer, its
+# progress annotations and the removal of a used one-shot canary annotation. No create or delete: users
+# (and Git) own these objects.
 - apiGroups: ["specdec.io"]
   resources: ["speculativemodels"]
-  verbs: ["get", "list", "watch", "patch"]
-# Status subresource: observed pools, effective K, tuner decisions and canary state.
+  verbs: ["list", "watch", "patch"]
+# Status subresource: observed pools, effective K, tuner decisions and canary state (a merge patch).
 - apiGroups: ["specdec.io"]
   resources: ["speculativemodels/status"]
-  verbs: ["get", "patch"]
-# Runtime pools and canaries. Server-side apply is a PATCH that creates a missing object, which the API
-# server authorises as create; delete removes canary Deployments after promotion or rollback.
+  verbs: ["patch"]
+# Runtime pools and canaries. list reads a model's children; watch wakes a model's loop when one of its
+# Deployments changes (rollout progress). Server-side apply is a PATCH that creates a missing object, which
+# the API server authorises as create; delete removes canary Deployments after promotion or rollback.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Per-pool runtime ConfigMaps and Services: applied like Deployments; stale ConfigMaps of replaced
-# revisions are deleted.
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# Per-pool runtime ConfigMaps and Services: listed with the model's other children, applied like
+# Deployments; stale ones of replaced revisions and removed pools are deleted.
 - apiGroups: [""]
   resources: ["configmaps", "services"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 # A PodDisruptionBudget per pool keeps voluntary evictions from emptying it; deleted with the pool.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Pods are read only: runtime pods' IPs to scrape vLLM's /metrics, their restarts and readiness; and
-# every pod's amd.com/gpu request (a watch cache), so placement and rollouts count free GPUs.
+  verbs: ["list", "create", "patch", "delete"]
+# Pods are read only. list: a model's runtime pods (labelled) give the IPs to scrape vLLM's /metrics and
+# probe /health, and their restarts; list and watch: kopf's pod index (handlers/register.py gpu_pods)
+# caches every watched pod's amd.com/gpu request and scheduling state, so placement and rollouts count
+# free GPUs. No get: nothing reads one pod by name.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
-# Events on SpeculativeModels (kopf writes core/v1 events; the operator's own use events.k8s.io).
-# patch lets a repeated event bump its count instead of creating a new object.
+  verbs: ["list", "watch"]
+# Events on SpeculativeModels: kopf posts core/v1 events (decisions, canary steps, warnings).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-# Canary traffic: the operator re-weights the backendRefs of the HTTPRoute a model names; it never
-# creates or deletes routes, which belong to the platform team.
+  verbs: ["create"]
+# Canary traffic: the operator reads the HTTPRoute a model names (its weights and status.parents) and
+# re-weights its backendRefs with a server-side apply; it never creates or deletes routes, which belong
+# to the platform team.
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "patch"]
 {{- if and $root.Values.peering.enabled (not .clusterwide) }}
 {{ include "specdec-operator.peeringRules" (dict "root" $root "resource" "kopfpeerings") }}
 {{- end }}
@@ -102,7 +106,8 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 - apiGroups: ["kopf.dev"]
   resources: [{{ .resource | quote }}]
   verbs: ["list", "watch"]
-# Keep-alives are patched into our own peering object only.
+# Keep-alives (and the removal of dead peers) are patched into our own peering object only; get lets
+# the operator see at start-up whether the object exists before creating it.
 - apiGroups: ["kopf.dev"]
   resources: [{{ .resource | quote }}]
   resourceNames: [{{ .root.Values.peering.name | quote }}]
@@ -164,4 +169,6 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ not .Values.peering.enabled | quote }}
 - name: SPECDEC_AUTOTUNE_DEFAULTS
   value: {{ toJson .Values.tuner | quote }}
+- name: SPECDEC_LOG_FORMAT
+  value: {{ .Values.logging.format | quote }}
 {{- end -}}

@@ -20,12 +20,13 @@ from prometheus_client import start_http_server
 from specdec_operator import GROUP, KIND, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, PodGpus, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.handlers.leadership import track_leadership
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.schedule import LoopSchedule
 from specdec_operator.handlers.tuning import next_wake, scrape_tick
 from specdec_operator.handlers.writes import newest_body
 from specdec_operator.kube.api import KubeApi, KubeApiError
-from specdec_operator.metrics import REGISTRY
+from specdec_operator.metrics import REGISTRY, forget_model
 from specdec_operator.settings import OperatorSettings
 from specdec_runtime import contract
 
@@ -49,6 +50,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     memo.context = OperatorContext(settings=operator_settings, api=api, http=http)
     if not operator_settings.standalone:
         await ensure_peering(api, operator_settings)
+    # Before kopf's peering starts (it waits for the startup handlers): kopf's first verdict is not missed.
+    track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone)
     if operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))
@@ -183,6 +186,8 @@ async def reconcile_loop(
                 await asyncio.sleep(DEBOUNCE_S)
     finally:
         context.forget(namespace, name)
+        # The loop ends when the model is deleted or this replica pauses for a peer: its series go too.
+        forget_model(namespace, name)
 
 
 def _retry_at(context: OperatorContext, namespace: str, name: str) -> float | None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import kopf
 
 from specdec_operator.canary.progress import CANARY_ACTION_ANNOTATION
-from specdec_operator.canary.traffic import RouteError, canary_percent, route_weights, weighted_route
+from specdec_operator.canary.traffic import (
+    RouteError,
+    canary_percent,
+    route_rejection,
+    route_weights,
+    weighted_route,
+)
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import CANARY_WEIGHT
@@ -34,8 +40,22 @@ async def sync_route(
     if route is None:
         _warn_once(ctx, body, observed, "HTTPRouteNotFound", f"HTTPRoute {namespace}/{plan.route.name} not found")
         return
-    ctx.route_warnings.pop((observed.namespace, observed.name), None)
-    if canary_percent(route_weights(route, observed.namespace, stable, canary)) == plan.route_weight:
+    key = (observed.namespace, observed.name)
+    current = canary_percent(route_weights(route, observed.namespace, stable, canary))
+    rejection = route_rejection(route)
+    if rejection is not None:
+        ctx.route_rejections[key] = rejection
+        if current is None or plan.route_weight > current:
+            # More traffic must not go where a Gateway says it cannot: hold this weight; the canary's
+            # analysis reads the rejection and holds the step (see tuning.route_hold). Less traffic
+            # (a rollback) always goes through.
+            _warn_once(ctx, body, observed, rejection[0],
+                       f"canary weight held at {current}% instead of {plan.route_weight}%: {rejection[1]}")
+            return
+    else:
+        ctx.route_rejections.pop(key, None)
+        ctx.route_warnings.pop(key, None)
+    if current == plan.route_weight:
         return
     try:
         await ctx.api.apply(weighted_route(route, observed.namespace, stable, canary, plan.route_weight))

@@ -116,6 +116,19 @@ def next_wake(ctx: OperatorContext, namespace: str, name: str) -> tuple[float, f
     return None if tuner is None else (tuner.next_scrape_at, tuner.next_evaluation_at)
 
 
+def route_hold(verdicts: dict[str, Verdict | None], rejection: tuple[str, str] | None) -> dict[str, Verdict | None]:
+    """A Gateway that refuses the route turns a canary's Pass into Inconclusive: a step must not pass on
+    traffic that never reached the canary. The step holds; if the route stays refused it times out with the
+    Gateway's reason in the rollback event and in status.canary. A Fail stays a Fail (a dead canary rolls
+    back whatever the route says)."""
+    if rejection is None:
+        return verdicts
+    reason, message = rejection
+    held = Verdict("Inconclusive", reason, f"HTTPRoute not usable for the canary: {message}")
+    return {revision: verdict if verdict is not None and verdict.outcome == "Fail" else held
+            for revision, verdict in verdicts.items()}
+
+
 async def tuning_step(
     ctx: OperatorContext,
     session: aiohttp.ClientSession,
@@ -150,8 +163,10 @@ async def tuning_step(
     if now >= tuner.next_scrape_at:
         await _observe_round(ctx, session, tuner, observed.namespace, observed.name, previous, contexts)
     thresholds = spec.rollout.canary.analysis if spec.rollout.canary else None
-    verdicts = canary_verdicts(
-        tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size, spec.speculation.initial_k
+    verdicts = route_hold(
+        canary_verdicts(tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size,
+                        spec.speculation.initial_k),
+        ctx.route_rejections.get(key),
     )
     if not autotune.enabled:
         tuner.next_evaluation_at = math.inf  # nothing to evaluate: the loop must not wake for it

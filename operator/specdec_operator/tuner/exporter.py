@@ -15,12 +15,17 @@ from specdec_operator.metrics import (
     RECOMMENDED_K,
     TOKENS_PER_SECOND,
     TUNER_DECISIONS,
+    forget_pools_except,
 )
 from specdec_operator.tuner.engine import TunerReport
 
 
 def publish(namespace: str, model: str, report: TunerReport) -> None:
-    """Set the per-pool gauges from the stats and count the decisions; a Change or Explore counts as a K change."""
+    """Set the per-pool gauges from the stats and count the decisions; a Change or Explore counts as a K change.
+
+    The report covers every pool the model has now: series of pools that are gone leave /metrics.
+    """
+    forget_pools_except(namespace, model, {stats.pool for stats in report.stats})
     for stats in report.stats:
         labels = (namespace, model, stats.pool)
         if stats.pool in report.effective_k:

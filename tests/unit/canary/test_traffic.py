@@ -195,3 +195,58 @@ def test_weights_are_exact_percents_and_idempotent(weight: int, start: int) -> N
     stored = apply(route, body)
     assert route_weights(stored, NS, STABLE, CANARY) == [RuleWeights(0, 100 - weight, weight)]
     assert weighted_route(stored, NS, STABLE, CANARY, weight) == body
+
+
+def _route_with_parents(*conditions: dict[str, object], generation: int = 3) -> dict[str, object]:
+    return {
+        "metadata": {"name": "chat", "namespace": "gw", "generation": generation},
+        "spec": {"rules": []},
+        "status": {"parents": [{"parentRef": {"name": "public", "namespace": "gw"}, "controllerName": "x/y",
+                                "conditions": list(conditions)}]},
+    }
+
+
+def _condition(kind: str, status: str, reason: str, observed: int = 3, message: str = "") -> dict[str, object]:
+    return {"type": kind, "status": status, "reason": reason, "observedGeneration": observed, "message": message}
+
+
+def test_an_accepted_route_with_resolved_refs_is_not_rejected() -> None:
+    from specdec_operator.canary.traffic import route_rejection
+
+    route = _route_with_parents(_condition("Accepted", "True", "Accepted"),
+                                _condition("ResolvedRefs", "True", "ResolvedRefs"))
+    assert route_rejection(route) is None
+
+
+def test_no_gateway_status_holds_nothing() -> None:
+    from specdec_operator.canary.traffic import route_rejection
+
+    assert route_rejection({"metadata": {"name": "r", "namespace": "n", "generation": 1}, "spec": {}}) is None
+
+
+def test_a_cross_namespace_backend_without_reference_grant_is_named() -> None:
+    from specdec_operator.canary.traffic import route_rejection
+
+    route = _route_with_parents(
+        _condition("Accepted", "True", "Accepted"),
+        _condition("ResolvedRefs", "False", "RefNotPermitted", message="backendRef team-a/m-canary not permitted"),
+    )
+    assert route_rejection(route) == (
+        "HTTPRouteBackendUnresolved",
+        "Gateway gw/public reports ResolvedRefs=False (RefNotPermitted): backendRef team-a/m-canary not permitted",
+    )
+
+
+def test_a_gateway_that_refuses_the_route_is_named() -> None:
+    from specdec_operator.canary.traffic import route_rejection
+
+    rejection = route_rejection(_route_with_parents(_condition("Accepted", "False", "NotAllowedByListeners")))
+    assert rejection is not None and rejection[0] == "HTTPRouteNotAccepted"
+    assert "NotAllowedByListeners" in rejection[1]
+
+
+def test_a_condition_about_an_older_generation_is_ignored() -> None:
+    from specdec_operator.canary.traffic import route_rejection
+
+    stale = _route_with_parents(_condition("ResolvedRefs", "False", "BackendNotFound", observed=2), generation=3)
+    assert route_rejection(stale) is None

@@ -67,3 +67,16 @@ def one(manifests: list[Manifest], kind: str) -> Manifest:
 def load_values() -> dict[str, Any]:
     values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     return values
+
+
+def find_promtool() -> str:
+    """promtool from $SPECDEC_PROMTOOL, PATH, or the cached build of `hack/cluster tools` (never built here)."""
+    from localcluster.versions import TOOLS
+
+    (build,) = [tool for tool in TOOLS if tool.name == "promtool"]
+    built = binary_dir(build) / "promtool"
+    candidate = os.environ.get("SPECDEC_PROMTOOL") or shutil.which("promtool") or (str(built) if built.exists()
+                                                                                  else None)
+    if not candidate or not os.access(candidate, os.X_OK):
+        pytest.skip("promtool not found: run `hack/cluster tools` (hack/test does) or set SPECDEC_PROMTOOL")
+    return candidate

@@ -134,6 +134,7 @@ def _env_names() -> list[Any]:
         "SPECDEC_METRICS_PORT",
         "SPECDEC_PEERING_NAME",
         "SPECDEC_STANDALONE",
+        "SPECDEC_LOG_FORMAT",
         *PENDING_SETTINGS,
     ]
     return [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import subprocess
@@ -59,11 +60,12 @@ def parse_table(text: str) -> list[dict[str, str]]:
     """Cells by the header's column offsets, so a misaligned row reads wrong."""
     header, *lines = text.rstrip("\n").split("\n")
     cells = list(re.finditer(r"\S+", header))
-    assert [cell.group() for cell in cells] == list(COLUMNS)
+    columns = [cell.group() for cell in cells]
+    assert columns in (list(COLUMNS), list(fleetview.WIDE_COLUMNS))
     starts = [cell.start() for cell in cells]
     ends = [*starts[1:], None]
     return [
-        {column: line[start:end].strip() for column, start, end in zip(COLUMNS, starts, ends, strict=True)}
+        {column: line[start:end].strip() for column, start, end in zip(columns, starts, ends, strict=True)}
         for line in lines
     ]
 
@@ -165,6 +167,7 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.models: list[dict[str, Any]] = []
         self.paths: list[str] = []
+        self.selectors: list[str | None] = []
         self.fail_with: int | None = None
         self.port = 0
         self._loop = asyncio.new_event_loop()
@@ -175,7 +178,10 @@ class FakeApiServer:
         if self.fail_with:
             return web.json_response({"kind": "Status", "code": self.fail_with}, status=self.fail_with)
         namespace = request.match_info.get("namespace")
-        items = [obj for obj in self.models if namespace in (None, obj["metadata"]["namespace"])]
+        self.selectors.append(request.query.get("labelSelector"))
+        wanted = dict(term.split("=", 1) for term in (request.query.get("labelSelector") or "").split(",") if term)
+        items = [obj for obj in self.models if namespace in (None, obj["metadata"]["namespace"])
+                 and wanted.items() <= obj["metadata"].get("labels", {}).items()]
         start = int(request.query.get("continue") or 0)
         more = {"continue": str(start + 1)} if start + 1 < len(items) else {}
         return web.json_response({"kind": "SpeculativeModelList", "metadata": more, "items": items[start : start + 1]})
@@ -332,3 +338,77 @@ def test_kubectl_plugin_rejects_unknown_commands(
         fleetview.kubectl_plugin_main()
     assert exited.value.code == 2
     assert "unknown command 'scale'" in capsys.readouterr().err
+
+
+def _labelled(model: dict[str, Any], **labels: str) -> dict[str, Any]:
+    model["metadata"]["labels"] = labels
+    return model
+
+
+def test_selector_is_sent_to_the_api_server(api: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    api.models = [_labelled(make_model("a", pools=[make_pool("a-gfx942", "gfx942", 3)]), team="ml"),
+                  _labelled(make_model("b", pools=[make_pool("b-gfx942", "gfx942", 3)]), team="search")]
+    assert status_main(["-A", "-l", "team=ml"]) == 0
+    assert [row["NAME"] for row in parse_table(capsys.readouterr().out)] == ["a"]
+    assert set(api.selectors) == {"team=ml"}
+    assert status_main(["-A", "-l", "team=none"]) == 0
+    assert capsys.readouterr().out == "No SpeculativeModels found in any namespace matching team=none.\n"
+
+
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_json_and_yaml_print_the_objects_as_a_list(
+    api: FakeApiServer, capsys: pytest.CaptureFixture[str], output: str
+) -> None:
+    assert status_main(["-A", "-o", output]) == 0
+    text = capsys.readouterr().out
+    listed = yaml.safe_load(text)  # JSON is YAML too; the json branch must also parse as JSON
+    if output == "json":
+        assert json.loads(text) == listed
+    assert (listed["apiVersion"], listed["kind"]) == ("v1", "List")
+    assert [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in listed["items"]] == [
+        ("team-a", "llama-70b"), ("team-b", "qwen-7b")]
+    assert listed["items"][1] == api.models[1]
+
+
+def test_json_with_nothing_found_is_an_empty_list(api: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert status_main(["-n", "team-c", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["items"] == []
+
+
+def test_wide_adds_accepted_length_drafts_nodes_revision_and_image(
+    api: FakeApiServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = {**make_pool("q-gfx90a", "gfx90a", 2), "nodes": 3, "revision": "5d8f", "image": "rt:cdna"}
+    stats = [{"pool": "q-gfx90a", "k": 2, "drafts": 4200, "meanAcceptedLength": 2.456}]
+    api.models = [make_model("q", "team-b", pools=[pool], stats=stats)]
+    assert status_main(["-A", "-o", "wide"]) == 0
+    (row,) = parse_table(capsys.readouterr().out)
+    assert {k: row[k] for k in ("ACCEPTED-LEN", "DRAFTS", "NODES", "REVISION", "IMAGE", "K")} == {
+        "ACCEPTED-LEN": "2.46", "DRAFTS": "4200", "NODES": "3", "REVISION": "5d8f", "IMAGE": "rt:cdna", "K": "2"}
+
+
+def test_version_flags(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from specdec_operator import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    assert re.fullmatch(r"specdec-operator \d+\.\d+\.\d+\S* \(API specdec\.io/v1alpha1, Python 3\.\d+\.\d+\)\n",
+                        capsys.readouterr().out)
+    monkeypatch.setattr(sys, "argv", ["kubectl-specdec", "--version"])
+    with pytest.raises(SystemExit):
+        fleetview.kubectl_plugin_main()
+    assert capsys.readouterr().out.startswith("kubectl specdec ")
+
+
+def test_plugin_help_documents_the_plugin_and_every_status_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["kubectl-specdec", "--help"])
+    with pytest.raises(SystemExit) as exited:
+        fleetview.kubectl_plugin_main()
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert "kubectl-specdec" in text and "kubectl plugin list" in text
+    for flag in ("--namespace", "--all-namespaces", "--selector", "--output", "--watch", "--interval", "--kubeconfig"):
+        assert flag in text, flag
