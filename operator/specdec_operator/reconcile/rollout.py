@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from specdec_operator.api.spec import Rollout
-from specdec_operator.api.status import CanaryStatus
+from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.plan import (
     IN_FLIGHT_PHASES,
@@ -52,12 +52,11 @@ def _template_revision(deployment: Mapping[str, Any] | None) -> str | None:
     return str(revision) if revision else None
 
 
-def _template_k(deployment: Mapping[str, Any]) -> int | None:
-    annotations = deployment.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations", {})
-    try:
-        return int(annotations.get(contract.ANNOTATION_K, ""))
-    except ValueError:
+def _k_before(decision: TuningDecision | None, pool: str, canary_k: int) -> int | None:
+    """The K a tuner change left, from the decision record in status (never from a live object)."""
+    if decision is None or decision.pool != pool or decision.to_k != canary_k or decision.action == "Hold":
         return None
+    return decision.from_k
 
 
 def retracked(template: Mapping[str, Any], track: str) -> dict[str, Any]:
@@ -116,10 +115,12 @@ def plan_rollout(
     now: datetime,
     routed: bool,
     modes: Mapping[str, RolloutMode] | None = None,
+    last_decision: TuningDecision | None = None,
 ) -> RolloutResult:
-    """`modes`: each pool's rollout mode (reconcile/capacity.py); a pool without one surges as by default."""
+    """`modes`: each pool's rollout mode (reconcile/capacity.py); a pool without one surges as by default.
+    `last_decision`: the tuner's decision record in status, the K a failed tuner canary returns to."""
     modes = modes or {}
-    result = _plan_rollout(pools, live, previous, rollout, verdicts, action, now, routed, modes)
+    result = _plan_rollout(pools, live, previous, rollout, verdicts, action, now, routed, modes, last_decision)
     result.deployments = [
         with_strategy(body, modes.get(body["metadata"]["labels"][contract.LABEL_POOL])) for body in result.deployments
     ]
@@ -136,6 +137,7 @@ def _plan_rollout(
     now: datetime,
     routed: bool,
     modes: Mapping[str, RolloutMode],
+    last_decision: TuningDecision | None,
 ) -> RolloutResult:
     # With nothing in flight all routed traffic goes to the stable Service.
     result = RolloutResult(canary=previous, route_weight=0 if routed else None)
@@ -157,7 +159,7 @@ def _plan_rollout(
         in_place = pool.name in modes and modes[pool.name].mode == "InPlace"
         budget = modes[pool.name].max_unavailable if in_place else 0
         _canary_pool(result, pool, stable_live, live, previous, rollout, verdicts, action, now, routed, rolling,
-                     budget)
+                     last_decision, budget)
     return result
 
 
@@ -200,6 +202,7 @@ def _canary_pool(
     now: datetime,
     routed: bool,
     rolling: set[str],
+    last_decision: TuningDecision | None,
     in_place_budget: int = 0,
 ) -> None:
     """`in_place_budget` > 0: the pool is full, so the canary takes that many replicas at a time out of the
@@ -239,7 +242,7 @@ def _canary_pool(
     result.route_weight = plan.weight
     rolled_back = progress.status is not None and progress.status.phase in ("RolledBack", "Aborted")
     if rolled_back and progress.status is not None and progress.status.canary_k is not None:
-        stable_k = _template_k(stable_live)
+        stable_k = _k_before(last_decision, pool.name, progress.status.canary_k)
         if stable_k is not None and stable_k != pool.k:
             # A tuner K change failed its canary: the pool keeps the K its stable revision runs.
             result.k_reverts[pool.name] = stable_k
