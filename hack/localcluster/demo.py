@@ -138,6 +138,8 @@ class Demo:
             # Simulated pods live on loopback IPs; the operator must never dial anything else here.
             "SPECDEC_SCRAPE_LOOPBACK_ONLY": "true",
             "SPECDEC_METRICS_PORT": str(self.metrics_port),
+            # The demo plots tokens/s from status: refresh it often (production: every 5 minutes).
+            "SPECDEC_STATUS_STATS_PERIOD_SECONDS": "15",
         })
         self._start_child("demo-operator", [sys.executable, "-m", "specdec_operator.cli", "run"])
         deadline = time.monotonic() + 60

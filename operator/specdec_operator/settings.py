@@ -56,6 +56,19 @@ class OperatorSettings(BaseSettings):
         default=30.0, gt=0, description="Level-triggered resync period per SpeculativeModel."
     )
     scrape_interval_seconds: float = Field(default=15.0, gt=0, description="Runtime pod /metrics scrape period.")
+    status_stats_period_seconds: float = Field(
+        default=300.0, ge=0,
+        description="Live statistics (acceptance, tokens/s) reach status at most this often per model when "
+        "nothing else changed; decisions and condition changes are written at once. /metrics is always fresh.",
+    )
+    api_timeout_seconds: float = Field(default=20.0, gt=0, description="Timeout of every Kubernetes API request.")
+    refused_write_backoff_seconds: float = Field(
+        default=10.0, gt=0,
+        description="First retry delay of an owned object the API server refused; doubles per refusal.",
+    )
+    refused_write_backoff_max_seconds: float = Field(
+        default=600.0, gt=0, description="Longest delay between retries of a refused owned object.",
+    )
     scrape_timeout_seconds: float = Field(default=5.0, gt=0, description="Per-pod scrape timeout.")
     scrape_concurrency: int = Field(default=32, ge=1, description="Scrapes in flight at once.")
     scrape_loopback_only: bool = Field(

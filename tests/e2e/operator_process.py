@@ -22,6 +22,8 @@ E2E_SETTINGS = {
     "SPECDEC_SCRAPE_TIMEOUT_SECONDS": "2",
     # Fake pods have loopback IPs; refusing anything else keeps tests from dialling private ranges.
     "SPECDEC_SCRAPE_LOOPBACK_ONLY": "true",
+    # Refused owned objects are retried after 2, 4, 8, ... s (production: 10 s doubling to 10 min).
+    "SPECDEC_REFUSED_WRITE_BACKOFF_SECONDS": "2",
 }
 
 

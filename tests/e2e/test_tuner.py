@@ -68,7 +68,7 @@ def test_k_converges_to_each_profiles_optimum_and_stays(
         decision = status["speculation"]["lastDecision"]
         assert decision["toK"] == optimum and decision["reason"], decision
         stats = status["speculation"]["pools"][0]
-        assert stats["k"] == optimum and stats["perPositionAcceptance"], stats
+        assert status["pools"][0]["effectiveK"] == optimum and stats["perPositionAcceptance"], stats
         assert stats["meanAcceptedLength"] > 1.0
         changes = [e for e in kube.events(name) if e["reason"] in ("KChanged", "KExplore")]
         assert changes and "predicted gain" in changes[-1]["message"] and "confidence" in changes[-1]["message"]

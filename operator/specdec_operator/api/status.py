@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from datetime import datetime
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from specdec_operator.api.base import ApiModel
+
+
+def _rfc3339(value: str) -> str:
+    """Stamps the operator reads back (cooldown, canary step clock) must parse; a hand edit may break them."""
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an RFC 3339 time") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"{value!r} has no time zone (RFC 3339 needs one, e.g. Z)")
+    return value
+
+
+# Kept a plain string in the CRD schema: the API server stores what it is given, and the operator reports
+# an unreadable stamp as a Degraded condition naming the field instead of acting on it.
+Timestamp = Annotated[str, AfterValidator(_rfc3339)]
 
 ConditionType = Literal["Ready", "Progressing", "Degraded", "Tuning"]
 
@@ -37,7 +54,10 @@ class PoolStatus(ApiModel):
     name: str = Field(description="Pool name (also the Deployment name).")
     gfx_target: str = Field(description="AMD gfx target of the pool's nodes.")
     drafter: DrafterChoice = Field(description="Drafter in use.")
-    effective_k: int = Field(description="Proposal length the pool runs now (operator-owned, within spec bounds).")
+    effective_k: int = Field(
+        description="The pool's K: the tuner's (or spec's) decision, written here first; Deployments are rendered "
+        "from this field alone."
+    )
     replicas: int = Field(default=0, description="Desired replicas.")
     ready_replicas: int = Field(default=0, description="Ready replicas.")
     revision: str = Field(default="", description="Hash of the pool's stable pod template.")
@@ -48,7 +68,8 @@ class PoolStatus(ApiModel):
 class TuningDecision(ApiModel):
     """The tuner's last decision for a pool, with its evidence."""
 
-    time: str = Field(description="When the decision was made (RFC 3339).")
+    id: str = Field(default="", description="Decision id, unique per model; set when the decision is recorded.")
+    time: Timestamp = Field(description="When the decision was made (RFC 3339); its cooldown counts from here.")
     pool: str = Field(description="Pool the decision applies to.")
     from_k: int = Field(description="K before.")
     to_k: int = Field(description="K after (equal to fromK when the decision was to hold).")
@@ -61,8 +82,7 @@ class TuningDecision(ApiModel):
 class PoolSpeculationStats(ApiModel):
     """Measured speculative-decoding statistics of one pool over the last window."""
 
-    pool: str = Field(description="Pool name.")
-    k: int = Field(description="K the statistics were measured at.")
+    pool: str = Field(description="Pool name (its K is status.pools[].effectiveK).")
     drafts: int = Field(default=0, description="Drafts in the window.")
     acceptance_rate: float | None = Field(default=None, description="Accepted / drafted tokens.")
     mean_accepted_length: float | None = Field(
@@ -76,14 +96,18 @@ class PoolSpeculationStats(ApiModel):
 
 
 class SpeculationStatus(ApiModel):
-    """Speculative-decoding statistics and the tuner's last decision."""
+    """Speculative-decoding statistics and the tuner's last decision.
+
+    The statistics are refreshed here at a bounded rate (see statusStatsPeriodSeconds in the operator
+    settings); the operator's /metrics carries the fresh numbers."""
 
     acceptance_rate: float | None = Field(default=None, description="Model-wide accepted / drafted tokens.")
     mean_accepted_length: float | None = Field(default=None, description="Model-wide mean accepted length.")
     tokens_per_second: float | None = Field(default=None, description="Model-wide generated tokens/s.")
     pools: list[PoolSpeculationStats] = Field(default_factory=list, description="Per-pool statistics.")
-    last_decision: TuningDecision | None = Field(default=None, description="Most recent tuning decision.")
-    last_change_time: str | None = Field(default=None, description="When K last changed for any pool (cooldown).")
+    last_decision: TuningDecision | None = Field(
+        default=None, description="Most recent K change (Change or Explore): the decision record."
+    )
 
 
 class CanaryStatus(ApiModel):
@@ -97,7 +121,7 @@ class CanaryStatus(ApiModel):
     phase: Literal["Progressing", "Paused", "Promoted", "RolledBack", "Aborted"] = Field(
         description="Progressing, Paused, Promoted, RolledBack or Aborted."
     )
-    step_started_at: str = Field(description="When the current step started (RFC 3339).")
+    step_started_at: Timestamp = Field(description="When the current step started (RFC 3339).")
     canary_k: int | None = Field(default=None, description="K the canary runs, for tuner-driven canaries.")
     verdict: str = Field(default="", description="Last analysis verdict: Pass, Fail or Inconclusive.")
     message: str = Field(default="", description="Last analysis numbers or the rollback reason.")

@@ -188,6 +188,7 @@ def run_tuner(profile: Profile, options: BenchOptions) -> TunerRun:
         decision = report.decision
         if decision is not None and decision.to_k != decision.from_k:
             changes.append(KChange(t, decision.from_k, decision.to_k, decision.action, decision.reason))
+            state.commit(decision, t)  # the bench's "status write" always succeeds
             pool.change_k(decision.to_k, t)
     pool.advance_to(end)
     return TunerRun(

@@ -15,6 +15,7 @@ from specdec_operator.settings import OperatorSettings
 
 if TYPE_CHECKING:
     from specdec_operator.handlers.tuning import ModelTuner
+    from specdec_operator.handlers.writes import Refusals
 
 Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -27,6 +28,17 @@ class OperatorContext:
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     tuners: dict[tuple[str, str], ModelTuner] = field(default_factory=dict)
     route_warnings: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # last posted per model
+    # The object our last status write returned, per model: newer than kopf's body until the watch catches up.
+    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    stats_written_at: dict[tuple[str, str], float] = field(default_factory=dict)  # monotonic
+    refusals: dict[tuple[str, str], Refusals] = field(default_factory=dict)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop every per-model memory when the model's loop ends."""
+        key = (namespace, name)
+        for per_model in (self.wakeups, self.tuners, self.route_warnings, self.written, self.stats_written_at,
+                          self.refusals):
+            per_model.pop(key, None)
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())

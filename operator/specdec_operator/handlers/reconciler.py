@@ -10,16 +10,19 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from specdec_operator import KIND
 from specdec_operator.api.spec import SpeculativeModelSpec
+from specdec_operator.canary.plan import canary_summary
+from specdec_operator.conditions import ConditionUpdate, apply_updates
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.traffic import clear_manual_action, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
+from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, write_status
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES, ROLLOUTS
 from specdec_operator.reconcile.observed import ObservedModel
-from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status
+from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status, read_status
+from specdec_operator.reconcile.status_build import summarise
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
 from specdec_operator.render.names import label_value
 from specdec_runtime import contract
@@ -64,46 +67,103 @@ async def gather(
     )
 
 
-def changed_paths(old: Any, new: Any, path: str = "status") -> list[str]:
-    """Leaf paths whose values differ, for a log line that says why a status write happened."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [p for key in sorted(old.keys() | new.keys()) for p in changed_paths(old.get(key), new.get(key),
-                                                                                     f"{path}.{key}")]
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [p for i, (a, b) in enumerate(zip(old, new, strict=True)) for p in changed_paths(a, b, f"{path}[{i}]")]
-    return [] if old == new else [path]
-
-
-async def write(
-    ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan, logger: Logger
-) -> bool:
-    """Apply, delete, then status; returns whether the status changed."""
-    for obj in plan.apply:
-        await ctx.api.apply(obj)
-    for kind, name in plan.delete:
-        await ctx.api.delete(kind, observed.namespace, name)
-    if plan.status is None:
-        return False
-    new_status = plan.status.to_wire()
-    if new_status == dict(observed.status):
-        return False
-    logger.info("status changed: %s", changed_paths(dict(observed.status), new_status))
-    await ctx.api.patch_status(KIND, observed.namespace, observed.name, new_status)
+def _post_events(body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) -> None:
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
         result = ROLLOUT_RESULTS.get(event.reason)
-        if result is not None and plan.status.canary is not None:
+        if result is not None and plan.status is not None and plan.status.canary is not None:
             ROLLOUTS.labels(observed.namespace, observed.name, plan.status.canary.pool, result).inc()
-    return True
+
+
+async def write(
+    ctx: OperatorContext,
+    body: kopf.Body,
+    baseline: Mapping[str, Any],
+    observed: ObservedModel,
+    plan: ReconcilePlan,
+    logger: Logger,
+) -> bool:
+    """Status first (the decision record), then traffic, then owned objects rendered from that status.
+
+    Returns whether the status changed. With an unreadable status only its conditions are written.
+    """
+    key = (observed.namespace, observed.name)
+    changed = False
+    if plan.status is not None:
+        if plan.status_unreadable:
+            computed = {**dict(observed.status), "conditions": plan.status.to_wire().get("conditions", [])}
+        else:
+            computed = plan.status.to_wire()
+        written = await write_status(ctx, baseline, computed, logger)
+        changed = written is not None
+        if written is not None:
+            baseline = written
+            _post_events(body, observed, plan)
+    if plan.status_unreadable:
+        return changed
+    # Traffic moves before Deployments: a canary loses its weight before it is deleted.
+    await sync_route(ctx, body, observed, plan, logger)
+    if await apply_owned(ctx, body, key, plan.apply, logger) and plan.status is not None:
+        refused = refusals_of(ctx, key).summary()
+        if refused:
+            # A refusal appeared or changed: the condition carries the server's words within this reconcile.
+            update = ConditionUpdate("Degraded", True, "WriteRefused", "; ".join(refused))
+            conditions = apply_updates(plan.status.conditions, [update], observed.generation, utc_now())
+            status = plan.status.model_copy(update={"conditions": conditions})
+            changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
+        else:
+            ctx.nudge(*key)  # accepted now: the next pass computes Degraded from scratch
+    for kind, name in plan.delete:
+        await ctx.api.delete(kind, observed.namespace, name)
+    return changed
+
+
+async def record_decision(
+    ctx: OperatorContext,
+    body: kopf.Body,
+    baseline: Mapping[str, Any],
+    observed: ObservedModel,
+    tuning: TuningOutcome,
+    logger: Logger,
+) -> None:
+    """Write the tuner's K decision to status, and nothing else; commit it in the tuner only once it is stored.
+
+    The next pass (nudged at once) renders the Deployments from the recorded K, like any other pass.
+    """
+    decision = tuning.proposal
+    assert decision is not None
+    previous = parse_previous_status(observed.status)
+    pools = [p.model_copy(update={"effective_k": decision.to_k}) if p.name == decision.pool else p
+             for p in previous.pools]
+    speculation = tuning.speculation or previous.speculation
+    status = previous.model_copy(update={
+        "pools": pools,
+        "speculation": speculation,
+        "summary": summarise(pools, speculation.acceptance_rate, canary_summary(previous.canary)),
+    })
+    try:
+        await write_status(ctx, baseline, status.to_wire(), logger, force_stats=True)
+    except KubeApiError as error:
+        logger.warning("K decision %s (%s: K %d -> %d) not recorded, the tuner keeps K %d: %s",
+                       decision.id, decision.pool, decision.from_k, decision.to_k, decision.from_k, error)
+        raise
+    tuning.commit(ctx.tuners.get((observed.namespace, observed.name)), observed.namespace, observed.name)
+    for event in tuning.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+    logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k, decision.to_k)
+    ctx.nudge(observed.namespace, observed.name)
 
 
 async def _tune(ctx: OperatorContext, observed: ObservedModel, logger: Logger) -> TuningOutcome:
-    """Tuning needs a valid spec and pools that exist; anything else is the plan's business to report."""
+    """Tuning needs a valid spec, a readable status and pools that exist; anything else is the plan's to report."""
     try:
         spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
     except ValidationError:
         return TuningOutcome()
-    previous = parse_previous_status(observed.status)
+    read = read_status(observed.status)
+    if read.problems:
+        return TuningOutcome()  # no K decision on top of a status we cannot fully read
+    previous = read.status
     rolling = rolling_pools(observed.children_of_kind("Deployment"))
     try:
         return await tuning_step(ctx, ctx.http, observed, spec, previous, rolling)
@@ -116,24 +176,31 @@ async def reconcile(
     ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger
 ) -> ReconcilePlan:
     started = time.monotonic()
+    key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
     try:
-        observed = await gather(ctx, body, nodes)
+        baseline = newest_body(ctx, key, body)
+        observed = await gather(ctx, baseline, nodes)
         tuning = await _tune(ctx, observed, logger)
+        if tuning.proposal is not None:
+            await record_decision(ctx, body, baseline, observed, tuning, logger)
+            RECONCILES.labels(result="ok").inc()
+            return ReconcilePlan()
         plan = evaluate(
-            observed, ctx.evaluation_settings, utc_now(), k_overrides=tuning.k_overrides,
-            speculation=tuning.speculation, verdicts=tuning.verdicts,
+            observed, ctx.evaluation_settings, utc_now(), speculation=tuning.speculation, verdicts=tuning.verdicts,
+            refusals=refusals_of(ctx, key).summary(),
         )
         plan.events.extend(tuning.events)
-        # Traffic moves before Deployments: a canary loses its weight before it is deleted.
-        await sync_route(ctx, body, observed, plan, logger)
-        changed = await write(ctx, body, observed, plan, logger)
-        await clear_manual_action(ctx, observed, plan)
+        changed = await write(ctx, body, baseline, observed, plan, logger)
+        if not plan.status_unreadable:
+            await clear_manual_action(ctx, observed, plan)
     except Exception:
         RECONCILES.labels(result="error").inc()
         raise
     finally:
         RECONCILE_SECONDS.observe(time.monotonic() - started)
     RECONCILES.labels(result="invalid" if plan.invalid_spec else "ok").inc()
+    if plan.status_unreadable:
+        logger.warning("status unreadable, holding: %s", "; ".join(plan.status_unreadable))
     if plan.apply or plan.delete or changed:
         logger.info(
             "reconciled: applied %d, deleted %d, status %s",

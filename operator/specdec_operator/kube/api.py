@@ -1,19 +1,31 @@
 """Server-side apply, status patches, reads and deletes, over kubernetes_asyncio's ApiClient.
 
 Every write goes through here, under one field manager, and is counted in specdec_api_writes_total.
+Every call has a timeout; throttling (429), server errors (5xx) and broken connections are retried with
+exponential backoff and full jitter, honouring Retry-After (kube/retry.py). Refusals (4xx) are not
+retried here: they carry the server's message up to the reconcile, which reports them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 
+from specdec_operator.kube.retry import RETRIABLE_STATUSES, Backoff, parse_error_body, retry_after_seconds
 from specdec_operator.metrics import API_WRITES
 
 USER_AGENT = "specdec-operator"
+# A stuck connection must never hang a model's loop: every request ends within this many seconds.
+REQUEST_TIMEOUT_S = 20.0
+DEFAULT_BACKOFF = Backoff()
+log = logging.getLogger(__name__)
 
 # kind -> (API path prefix, plural). Only kinds the operator owns or reads.
 RESOURCES: dict[str, tuple[str, str]] = {
@@ -33,20 +45,38 @@ CLUSTER_SCOPED = frozenset({"ClusterKopfPeering"})
 class KubeApiError(Exception):
     """A non-2xx answer, with the API server's own message."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
-        self.status = status
+        self.status = status  # 0 when no answer arrived (timeout, connection refused)
         self.reason = reason
         self.message = message
+        self.retry_after_s = retry_after_s
+
+    @property
+    def refused(self) -> bool:
+        """The server understood the request and said no (bad input, forbidden, conflict): retrying the
+        same request will not help until something changes."""
+        return 400 <= self.status < 500 and self.status != 429
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient, field_manager: str) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        field_manager: str,
+        *,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self._client = api_client
         self.field_manager = field_manager
+        self._timeout_s = timeout_s
+        self._backoff = backoff
+        self._sleep = sleep
 
     @classmethod
-    async def connect(cls, field_manager: str) -> KubeApi:
+    async def connect(cls, field_manager: str, timeout_s: float = REQUEST_TIMEOUT_S) -> KubeApi:
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
@@ -54,7 +84,7 @@ class KubeApi:
         api_client = client.ApiClient()
         # Lets the audit log tell the operator's own writes apart from kopf's and from humans'.
         api_client.user_agent = USER_AGENT
-        return cls(api_client, field_manager)
+        return cls(api_client, field_manager, timeout_s=timeout_s)
 
     async def close(self) -> None:
         await self._client.close()
@@ -78,22 +108,49 @@ class KubeApi:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Any:
-        response = await self._client.call_api(
-            path,
-            method,
-            query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-        )
-        text = await response.read()
-        data = json.loads(text) if text else None
+        """One request, retried on 429/5xx/connection errors; every request we send is idempotent."""
+        attempt = 0
+        while True:
+            try:
+                return await self._call_once(method, path, query=query, body=body, content_type=content_type)
+            except KubeApiError as error:
+                if error.status not in RETRIABLE_STATUSES and error.status != 0:
+                    raise
+                if attempt >= self._backoff.attempts:
+                    raise
+                delay = self._backoff.delay(attempt, error.retry_after_s)
+                log.info("%s %s answered %s; retry %d in %.2fs", method, path, error, attempt + 1, delay)
+                await self._sleep(delay)
+                attempt += 1
+
+    async def _call_once(
+        self, method: str, path: str, *, query: list[tuple[str, str]] | None, body: Any, content_type: str
+    ) -> Any:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._client.call_api(
+                    path,
+                    method,
+                    query_params=query or [],
+                    header_params={"Accept": "application/json", "Content-Type": content_type},
+                    body=body,
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _return_http_data_only=True,
+                    _request_timeout=self._timeout_s,
+                )
+                try:
+                    text: bytes = await response.read()
+                finally:
+                    response.release()
+        except (TimeoutError, aiohttp.ClientError) as error:
+            # No answer at all: status 0, retried like a 503.
+            raise KubeApiError(0, "Unreachable", f"{method} {path}: {type(error).__name__}: {error}") from error
         if response.status >= 400:
-            info = data if isinstance(data, dict) else {}
-            raise KubeApiError(response.status, str(info.get("reason", "")), str(info.get("message", text[:200])))
-        return data
+            reason, message = parse_error_body(response.status, text)
+            retry_after = retry_after_seconds(dict(response.headers), time.time())
+            raise KubeApiError(response.status, reason, message, retry_after)
+        return json.loads(text) if text else None
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -157,12 +214,23 @@ class KubeApi:
             "PATCH", self._path(kind, namespace, name), body=dict(patch), content_type="application/merge-patch+json"
         )
 
-    async def patch_status(self, kind: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Merge-patch the status subresource; lists in status are replaced whole, as we compute them whole."""
+    async def patch_status(
+        self, kind: str, namespace: str, name: str, patch: Mapping[str, Any], resource_version: str | None
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource and return the object the server stored.
+
+        `patch` is the status diff (None removes a key; lists are replaced whole, as we compute them whole).
+        With `resource_version` the write is conditional: a 409 means someone wrote in between, and the
+        caller must re-read and re-evaluate instead of overwriting.
+        """
         API_WRITES.labels(kind=kind, verb="patch-status").inc()
-        await self._call(
+        body: dict[str, Any] = {"status": dict(patch)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        result: dict[str, Any] = await self._call(
             "PATCH",
             self._path(kind, namespace, name, "status"),
-            body={"status": dict(status)},
+            body=body,
             content_type="application/merge-patch+json",
         )
+        return result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,7 +13,7 @@ from specdec_operator.api.spec import ObjectRef, SpeculativeModelSpec
 from specdec_operator.api.status import SpeculationStatus, SpeculativeModelStatus
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
-from specdec_operator.conditions import ConditionUpdate
+from specdec_operator.conditions import ConditionUpdate, apply_updates
 from specdec_operator.decisions.placement import plan_placement
 from specdec_operator.decisions.runtime_env import RuntimeEnvError
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
@@ -40,6 +40,8 @@ class ReconcilePlan:
     route: ObjectRef | None = None  # HTTPRoute whose backend weights we own
     route_weight: int | None = None  # canary percent to set on it
     clear_action: bool = False  # remove the one-shot specdec.io/canary-action annotation
+    # Fields of the stored status that did not parse: only conditions may be written while this is set.
+    status_unreadable: tuple[str, ...] = ()
 
 
 def validation_message(error: ValidationError) -> str:
@@ -50,12 +52,53 @@ def validation_message(error: ValidationError) -> str:
     return message if message.startswith("spec.") else f"spec.{path}: {message}"
 
 
+@dataclass(frozen=True)
+class StatusRead:
+    """The stored status, parsed field by field: what parsed, and what did not (`status.<path>: why`)."""
+
+    status: SpeculativeModelStatus
+    problems: tuple[str, ...] = ()
+
+
+def read_status(raw: Mapping[str, Any]) -> StatusRead:
+    """Parse each top-level status field on its own so one bad field never discards the rest.
+
+    Status holds decisions (each pool's K, the canary step and its clock, the tuner's cooldown): rebuilding
+    it from scratch would send every pool back to initialK and restart the fleet, so an unreadable field is
+    reported, never silently replaced.
+    """
+    kept: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in dict(raw).items():
+        try:
+            SpeculativeModelStatus.model_validate({key: value})
+        except ValidationError as error:
+            for detail in error.errors():
+                path = ".".join(str(part) for part in ("status", *detail["loc"]))
+                problems.append(f"{path}: {str(detail['msg']).removeprefix('Value error, ')}")
+            continue
+        kept[key] = value
+    return StatusRead(SpeculativeModelStatus.model_validate(kept), tuple(problems))
+
+
 def parse_previous_status(raw: Mapping[str, Any]) -> SpeculativeModelStatus:
-    try:
-        return SpeculativeModelStatus.model_validate(dict(raw))
-    except ValidationError:
-        # A status we cannot read is rebuilt from scratch; effective K then restarts at initialK.
-        return SpeculativeModelStatus()
+    """The readable part of the stored status (see `read_status` for what was not readable)."""
+    return read_status(raw).status
+
+
+def _unreadable(observed: ObservedModel, read: StatusRead, now: str) -> ReconcilePlan:
+    """Hold everything: no K changes, no owned object rewritten, until a human repairs (or removes) the field.
+
+    Only the conditions are written: Degraded names the field, and Ready says the model is held.
+    """
+    message = "status cannot be read, holding every pool and Deployment until it is repaired: " + "; ".join(
+        read.problems)
+    updates = [ConditionUpdate("Degraded", True, "StatusUnreadable", message)]
+    conditions = apply_updates(read.status.conditions, updates, observed.generation, now)
+    held = read.status.model_copy(update={"conditions": conditions})
+    return ReconcilePlan(
+        status=held, events=[EventRecord("Warning", "StatusUnreadable", message)], status_unreadable=read.problems,
+    )
 
 
 def _invalid(observed: ObservedModel, previous: SpeculativeModelStatus, message: str, now: str) -> ReconcilePlan:
@@ -91,11 +134,16 @@ def evaluate(
     observed: ObservedModel,
     settings: Settings,
     now: str,
-    k_overrides: Mapping[str, int] | None = None,
     speculation: SpeculationStatus | None = None,
     verdicts: Mapping[str, Verdict | None] | None = None,
+    refusals: Sequence[str] = (),
 ) -> ReconcilePlan:
-    previous = parse_previous_status(observed.status)
+    """Render from status: each pool's K is `status.pools[].effectiveK` (the tuner writes its decisions there
+    first). `refusals` are the API server's messages for owned objects it refused on earlier attempts."""
+    read = read_status(observed.status)
+    if read.problems:
+        return _unreadable(observed, read, now)
+    previous = read.status
     try:
         spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
     except ValidationError as error:
@@ -110,7 +158,6 @@ def evaluate(
         spec, observed.nodes, settings.kv_headroom_fraction, existing_pools={p.gfx_target for p in previous.pools}
     )
     previous_k = {p.name: p.effective_k for p in previous.pools}
-    previous_k.update(k_overrides or {})
     try:
         pools = desired_pools(observed, spec, placement, previous_k, settings)
     except RuntimeEnvError as error:
@@ -121,17 +168,21 @@ def evaluate(
 
     def roll(current_pools: list[DesiredPool]) -> RolloutResult:
         return plan_rollout(current_pools, live_deployments, previous.canary, spec.rollout, verdicts or {}, action,
-                            moment, routed=route is not None)
+                            moment, routed=route is not None, last_decision=previous.speculation.last_decision)
 
     live_deployments = {body["metadata"]["name"]: body for body in observed.children_of_kind("Deployment")}
     rollout = roll(pools)
     if rollout.k_reverts:
-        # The reverted K makes the desired revision the stable one again: re-plan from there.
-        previous_k.update(rollout.k_reverts)
-        pools = desired_pools(observed, spec, placement, previous_k, settings)
-        events = rollout.events
-        rollout = roll(pools)
-        rollout.events[:0] = events
+        # The K before the decision (from the decision record) makes the stable revision the desired one again
+        # only if K was all the canary changed; a spec change rolled back keeps the K in status.
+        reverted_k = {**previous_k, **rollout.k_reverts}
+        reverted = desired_pools(observed, spec, placement, reverted_k, settings)
+        stable = rollout.canary.stable_revision if rollout.canary is not None else None
+        if any(p.name in rollout.k_reverts and p.revision == stable for p in reverted):
+            previous_k, pools = reverted_k, reverted
+            events = rollout.events
+            rollout = roll(pools)
+            rollout.events[:0] = events
     desired: list[dict[str, Any]] = []
     if pools:
         desired.append(model_service(observed))
@@ -153,6 +204,9 @@ def evaluate(
     pool_statuses = [pool_status(pool, live_deployments.get(pool.name)) for pool in pools]
     updates = placement_conditions(placement, pools, live_deployments, stable_revisions)
     updates += canary_conditions(rollout.canary, pools)
+    if refusals:
+        # Last, so it wins over the placement's Degraded=False: the server's own words, per object.
+        updates.append(ConditionUpdate("Degraded", True, "WriteRefused", "; ".join(refusals)))
     status = build_status(observed, previous, pool_statuses, updates, now, speculation, rollout.canary)
     referenced = _referenced_config_maps(rollout.deployments)
     return ReconcilePlan(

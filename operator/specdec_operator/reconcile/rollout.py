@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from specdec_operator.api.spec import Rollout
-from specdec_operator.api.status import CanaryStatus
+from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget, split_replicas
 from specdec_operator.canary.progress import ManualAction, advance
@@ -43,12 +43,11 @@ def _template_revision(deployment: Mapping[str, Any] | None) -> str | None:
     return str(revision) if revision else None
 
 
-def _template_k(deployment: Mapping[str, Any]) -> int | None:
-    annotations = deployment.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations", {})
-    try:
-        return int(annotations.get(contract.ANNOTATION_K, ""))
-    except ValueError:
+def _k_before(decision: TuningDecision | None, pool: str, canary_k: int) -> int | None:
+    """The K a tuner change left, from the decision record in status (never from a live object)."""
+    if decision is None or decision.pool != pool or decision.to_k != canary_k or decision.action == "Hold":
         return None
+    return decision.from_k
 
 
 def retracked(template: Mapping[str, Any], track: str) -> dict[str, Any]:
@@ -91,6 +90,7 @@ def plan_rollout(
     action: ManualAction | None,
     now: datetime,
     routed: bool,
+    last_decision: TuningDecision | None = None,
 ) -> RolloutResult:
     # With nothing in flight all routed traffic goes to the stable Service.
     result = RolloutResult(canary=previous, route_weight=0 if routed else None)
@@ -109,7 +109,8 @@ def plan_rollout(
             if live.get(deployment_name(pool.name, "canary")) is not None and pool.name != canary_pool:
                 result.delete.append(("Deployment", deployment_name(pool.name, "canary")))
             continue
-        _canary_pool(result, pool, stable_live, live, previous, rollout, verdicts, action, now, routed, rolling)
+        _canary_pool(result, pool, stable_live, live, previous, rollout, verdicts, action, now, routed, rolling,
+                     last_decision)
     return result
 
 
@@ -149,6 +150,7 @@ def _canary_pool(
     now: datetime,
     routed: bool,
     rolling: set[str],
+    last_decision: TuningDecision | None,
 ) -> None:
     stable_rev = stable_revision(stable_live, previous, pool.name, rolling) or pool.revision
     current = previous if previous is not None and previous.pool == pool.name else None
@@ -184,7 +186,7 @@ def _canary_pool(
     result.route_weight = plan.weight
     rolled_back = progress.status is not None and progress.status.phase in ("RolledBack", "Aborted")
     if rolled_back and progress.status is not None and progress.status.canary_k is not None:
-        stable_k = _template_k(stable_live)
+        stable_k = _k_before(last_decision, pool.name, progress.status.canary_k)
         if stable_k is not None and stable_k != pool.k:
             # A tuner K change failed its canary: the pool keeps the K its stable revision runs.
             result.k_reverts[pool.name] = stable_k

@@ -65,7 +65,6 @@ def speculation_status(
     previous: SpeculationStatus,
     stats: Sequence[PoolSpeculationStats],
     decision: TuningDecision | None,
-    change_time: str | None,
 ) -> SpeculationStatus:
     """Model-wide figures weight each pool by its drafts; tokens/s add up across pools."""
     weighted = [(s.drafts, s) for s in stats if s.drafts > 0]
@@ -83,7 +82,6 @@ def speculation_status(
         tokens_per_second=round(sum(rates), 2) if rates else None,
         pools=list(stats),
         last_decision=decision or previous.last_decision,
-        last_change_time=change_time or previous.last_change_time,
     )
 
 

@@ -3,7 +3,11 @@
 It ties the counter windows, the acceptance estimator, each pool's step-cost model and the policy
 together. Everything it remembers is either re-learnable from the counters (they simply re-window
 after an operator restart) or kept in status: the effective K per pool (handed in on every call),
-the last change time (cooldown) and the last decision (hysteresis), see `from_status`.
+and the last decision (its time drives the cooldown, its fromK the hysteresis), see `from_status`.
+
+Times handed to the tuner are monotonic seconds; only `from_status` translates a wall-clock stamp.
+A decision is a proposal until `commit`: the reconciler commits it only after the decision is in status,
+so a failed write leaves the tuner exactly where the cluster is.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class TunerReport:
     decisions: tuple[TuningDecision, ...]  # one per pool, holds included, each with its evidence
     decision: TuningDecision | None  # the single Change or Explore to carry out now, if any
     scrape_events: Mapping[str, int]  # outcomes and window events since the last evaluation
+    effective_k: Mapping[str, int] = field(default_factory=dict)  # pool -> the K its stats were measured at
 
 
 @dataclass
@@ -80,10 +85,14 @@ class TunerState:
         self._recent_since: float | None = None
 
     @classmethod
-    def from_status(cls, status: SpeculationStatus) -> TunerState:
-        """Rebuild after an operator restart: cooldown and hysteresis come back from status."""
-        last_change = _parse_time(status.last_change_time) if status.last_change_time else None
+    def from_status(cls, status: SpeculationStatus, *, wall_now: float, monotonic_now: float) -> TunerState:
+        """Rebuild after an operator restart: cooldown and hysteresis come back from status.
+
+        The decision's wall-clock stamp becomes a point on the monotonic clock (its age is kept).
+        """
         decision = status.last_decision
+        stamp = _parse_time(decision.time) if decision is not None and decision.action != "Hold" else None
+        last_change = None if stamp is None else monotonic_now - max(0.0, wall_now - stamp)
         previous = {decision.pool: decision.from_k} if decision and decision.action != "Hold" else {}
         return cls(last_change_at=last_change, previous_k=previous)
 
@@ -114,7 +123,7 @@ class TunerState:
         return report
 
     def evaluate(self, now: float, pools: Sequence[PoolContext], speculation: Speculation) -> TunerReport:
-        """Per-pool stats and at most one decision. A returned Change/Explore is taken as carried out."""
+        """Per-pool stats and at most one proposed decision; nothing about K is remembered until `commit`."""
         evidence = [self._evidence(pool, speculation) for pool in pools]
         outcome = decide(evidence, speculation, now=now, last_change_at=self.last_change_at)
         recommended = {a.pool: a.recommended_k for a in outcome.assessments}
@@ -125,16 +134,16 @@ class TunerState:
             decisions=tuple(a.decision for a in outcome.assessments),
             decision=outcome.decision,
             scrape_events=dict(self._events),
+            effective_k={pool.name: pool.effective_k for pool in pools},
         )
-        if outcome.decision is not None:
-            self._changed(outcome.decision, now)
         for history in self._pools.values():
             history.recent = {}
         self._events = Counter()
         self._recent_since = now
         return report
 
-    def _changed(self, decision: TuningDecision, now: float) -> None:
+    def commit(self, decision: TuningDecision, now: float) -> None:
+        """The decision is durable (in status): start its cooldown and remember the K it left."""
         history = self._pools.get(decision.pool)
         self.last_change_at = now
         self._previous_k[decision.pool] = decision.from_k
@@ -188,14 +197,12 @@ class TunerState:
         if at_k is None or at_k.drafts <= 0:
             return PoolSpeculationStats(
                 pool=pool.name,
-                k=k,
                 drafts=int(history.samples) if k > 0 else 0,
                 tokens_per_second=_round(tokens_per_second),
                 recommended_k=recommended_k,
             )
         return PoolSpeculationStats(
             pool=pool.name,
-            k=k,
             drafts=int(history.samples),
             acceptance_rate=_round(at_k.accepted / at_k.draft_tokens if at_k.draft_tokens > 0 else None),
             mean_accepted_length=_round(1 + at_k.accepted / at_k.drafts),

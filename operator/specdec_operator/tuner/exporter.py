@@ -1,7 +1,11 @@
-"""Publish a TunerReport in the operator's own Prometheus metrics (per model and pool)."""
+"""Publish a TunerReport in the operator's own Prometheus metrics (per model and pool).
+
+These gauges are the fresh numbers: status carries the same statistics refreshed at a bounded rate.
+"""
 
 from __future__ import annotations
 
+from specdec_operator.api.status import TuningDecision
 from specdec_operator.metrics import (
     ACCEPTANCE_RATE,
     EFFECTIVE_K,
@@ -19,7 +23,8 @@ def publish(namespace: str, model: str, report: TunerReport) -> None:
     """Set the per-pool gauges from the stats and count the decisions; a Change or Explore counts as a K change."""
     for stats in report.stats:
         labels = (namespace, model, stats.pool)
-        EFFECTIVE_K.labels(*labels).set(stats.k)
+        if stats.pool in report.effective_k:
+            EFFECTIVE_K.labels(*labels).set(report.effective_k[stats.pool])
         if stats.recommended_k is not None:
             RECOMMENDED_K.labels(*labels).set(stats.recommended_k)
         if stats.acceptance_rate is not None:
@@ -32,5 +37,9 @@ def publish(namespace: str, model: str, report: TunerReport) -> None:
             POSITION_ACCEPTANCE.labels(*labels, str(position)).set(rate)
     for decision in report.decisions:
         TUNER_DECISIONS.labels(namespace, model, decision.pool, decision.action).inc()
-    if report.decision is not None and report.decision.to_k != report.decision.from_k:
-        K_CHANGES.labels(namespace, model, report.decision.pool).inc()
+
+
+def count_k_change(namespace: str, model: str, decision: TuningDecision) -> None:
+    """Counted once the decision is in status, not when it is proposed."""
+    if decision.to_k != decision.from_k:
+        K_CHANGES.labels(namespace, model, decision.pool).inc()

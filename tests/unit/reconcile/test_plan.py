@@ -205,9 +205,15 @@ def test_effective_k_survives_reconciles_within_the_bounds(
     assert {p.k for p in plan.pools} == {k}
 
 
-def test_k_override_from_the_tuner_wins_for_its_pool() -> None:
-    plan = evaluate(observed(THREE_POOLS), SETTINGS, T0, k_overrides={"llama8b-gfx90a": 6})
+def test_a_k_decision_recorded_in_status_is_what_gets_rendered() -> None:
+    first, second = settle(THREE_POOLS)
+    recorded = status_wire(second)
+    next(p for p in recorded["pools"] if p["name"] == "llama8b-gfx90a")["effectiveK"] = 6
+    plan = evaluate(observed(THREE_POOLS, status=recorded, children=live_children(first)), SETTINGS, T2)
     assert {p.name: p.k for p in plan.pools} == {"llama8b-gfx942": 3, "llama8b-gfx90a": 6, "llama8b-gfx1100": 3}
+    [deployment] = [o for o in plan.apply if o["kind"] == "Deployment"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert deployment["metadata"]["name"] == "llama8b-gfx90a" and annotations[contract.ANNOTATION_K] == "6"
 
 
 def test_stale_children_are_deleted_but_the_two_newest_old_config_maps_are_kept() -> None:
@@ -252,9 +258,35 @@ def test_empty_node_inventory_holds_existing_pools() -> None:
     assert len(status_wire(plan)["pools"]) == 3
 
 
-def test_unreadable_previous_status_is_rebuilt() -> None:
-    plan = evaluate(observed(THREE_POOLS, status={"pools": [{"name": 7}]}), SETTINGS, T0)
-    assert len(status_wire(plan)["pools"]) == 3
+def test_an_unreadable_status_field_holds_everything_and_names_the_field() -> None:
+    first, second = settle(THREE_POOLS)
+    stored = status_wire(second)
+    stored["speculation"]["lastDecision"] = {"time": "yesterday", "pool": "llama8b-gfx942", "fromK": 3, "toK": 4,
+                                             "action": "Change", "reason": "edited by hand"}
+    for pool in stored["pools"]:
+        pool["effectiveK"] = 4  # would roll every pool if the status were acted on
+    plan = evaluate(observed(THREE_POOLS, status=stored, children=live_children(first)), SETTINGS, T2)
+    assert (plan.apply, plan.delete, plan.pools) == ([], [], [])
+    assert plan.status_unreadable == ("status.speculation.lastDecision.time: 'yesterday' is not an RFC 3339 time",)
+    status, reason, message = condition(plan, "Degraded")
+    assert (status, reason) == ("True", "StatusUnreadable") and "status.speculation.lastDecision.time" in message
+    assert reasons(plan) == [("Warning", "StatusUnreadable")]
+    kept = status_wire(plan)
+    # Everything that parsed is kept as stored, K included; only the unreadable field is left out of the model.
+    assert [p["effectiveK"] for p in kept["pools"]] == [4, 4, 4]
+    assert kept["pools"] == stored["pools"] and kept["summary"] == stored["summary"]
+
+
+def test_one_bad_top_level_field_keeps_the_others() -> None:
+    from specdec_operator.reconcile.plan import read_status
+
+    _, second = settle(THREE_POOLS)
+    stored = {**status_wire(second), "canary": {"pool": "x", "phase": "Sideways"}}
+    read = read_status(stored)
+    assert len(read.status.pools) == 3 and read.status.canary is None
+    assert {problem.split(":")[0] for problem in read.problems} == {
+        "status.canary.stableRevision", "status.canary.canaryRevision", "status.canary.phase",
+        "status.canary.stepStartedAt"}
 
 
 def test_pods_of_every_pool_select_the_service_and_use_the_pool_configmap() -> None:

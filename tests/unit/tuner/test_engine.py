@@ -54,7 +54,7 @@ def test_stats_carry_the_measured_acceptance_and_throughput() -> None:
         state.observe([_pool(3)], [_scrape(replica, float(t), 3)])
     report = state.evaluate(125.0, [_pool(3)], QUICK_SPEC)
     (stats,) = report.stats
-    assert stats.k == 3 and stats.drafts > 1000
+    assert report.effective_k == {"p": 3} and stats.drafts > 1000
     assert stats.mean_accepted_length == pytest.approx(1 + 0.8 + 0.8 * 0.6 + 0.8 * 0.6 * 0.48, rel=0.03)
     assert len(stats.per_position_acceptance) == 3
     assert stats.tokens_per_second is not None and stats.tokens_per_second > 0
@@ -64,9 +64,10 @@ def test_stats_carry_the_measured_acceptance_and_throughput() -> None:
 
 
 def test_cooldown_and_hysteresis_survive_an_operator_restart_through_status() -> None:
-    decision = TuningDecision(time="1970-01-01T00:00:00Z", pool="p", from_k=3, to_k=5, action="Change", reason="r")
-    status = SpeculationStatus(last_decision=decision, last_change_time="1970-01-01T00:01:40Z")
-    state, replica = TunerState.from_status(status), _replica(5)
+    decision = TuningDecision(time="1970-01-01T00:01:40Z", pool="p", from_k=3, to_k=5, action="Change", reason="r")
+    status = SpeculationStatus(last_decision=decision)
+    # The wall clock says the decision is 5 s old; the new process's monotonic clock reads 105.
+    state, replica = TunerState.from_status(status, wall_now=105.0, monotonic_now=105.0), _replica(5)
     assert state.last_change_at == 100.0
     for t in range(105, 145, 5):
         state.observe([_pool(5)], [_scrape(replica, float(t), 5)])
@@ -124,7 +125,7 @@ def test_bad_scrapes_never_raise_and_never_move_k(plan: list[tuple[str, int, int
 
 def test_a_report_is_published_in_the_operator_metrics() -> None:
     from specdec_operator.metrics import REGISTRY
-    from specdec_operator.tuner.exporter import publish
+    from specdec_operator.tuner.exporter import count_k_change, publish
 
     state, replica = TunerState(), _replica(3)
     for t in range(5, 125, 5):
@@ -134,6 +135,10 @@ def test_a_report_is_published_in_the_operator_metrics() -> None:
     labels = {"namespace": "ns", "model": "llama", "pool": "p"}
     assert REGISTRY.get_sample_value("specdec_effective_k", labels) == 3
     assert REGISTRY.get_sample_value("specdec_recommended_k", labels) == 2
+    # A proposal is not a K change until it is in status.
+    assert REGISTRY.get_sample_value("specdec_k_changes_total", labels) is None
+    assert report.decision is not None
+    count_k_change("ns", "llama", report.decision)
     assert REGISTRY.get_sample_value("specdec_k_changes_total", labels) == 1
     assert REGISTRY.get_sample_value("specdec_position_acceptance", {**labels, "position": "0"}) == pytest.approx(
         0.8, abs=0.03

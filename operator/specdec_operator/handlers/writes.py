@@ -1,0 +1,153 @@
+"""The writes of a reconcile, in the order that keeps status the one source of truth.
+
+Status first, with a resourceVersion precondition (a 409 means someone wrote in between: re-read,
+re-evaluate, never overwrite); the server's answer becomes the next pass's baseline, because kopf's
+`body` only moves with watch events and can be older than our own last write. Owned objects follow,
+rendered from that status. An owned object the API server refuses is reported (Degraded condition and
+a Warning event with the server's message) and retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from specdec_operator import KIND
+from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.kube.api import KubeApiError
+from specdec_operator.kube.retry import DownstreamBackoff
+from specdec_operator.reconcile.status_write import merge_patch, status_to_write
+
+ModelKey = tuple[str, str]
+
+
+def _resource_version(body: Mapping[str, Any] | None) -> int:
+    try:
+        return int((body or {}).get("metadata", {}).get("resourceVersion", ""))
+    except (TypeError, ValueError):
+        return -1
+
+
+def newest_body(ctx: OperatorContext, key: ModelKey, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Whichever is newer: kopf's view of the object, or the object our own last write returned."""
+    written = ctx.written.get(key)
+    if written is not None and _resource_version(written) > _resource_version(body):
+        return written
+    ctx.written.pop(key, None)  # the watch caught up (or someone else wrote): kopf's body is the baseline
+    return {k: v for k, v in dict(body).items()}
+
+
+def stats_due(ctx: OperatorContext, key: ModelKey, now: float) -> bool:
+    """Live statistics reach status at most once per period; the period starts when we first see a model,
+    so a restarted operator does not rewrite them either."""
+    first = ctx.stats_written_at.setdefault(key, now)
+    return now - first >= ctx.settings.status_stats_period_seconds
+
+
+async def write_status(
+    ctx: OperatorContext,
+    baseline: Mapping[str, Any],
+    computed: Mapping[str, Any],
+    logger: Logger,
+    *,
+    force_stats: bool = False,
+) -> dict[str, Any] | None:
+    """Write `computed` over the stored status; returns the stored object, or None when nothing changed."""
+    meta = baseline["metadata"]
+    key = (meta["namespace"], meta["name"])
+    stored = dict(baseline.get("status") or {})
+    now = time.monotonic()
+    wanted, fresh_stats = status_to_write(stored, computed, force_stats or stats_due(ctx, key, now))
+    patch = merge_patch(stored, wanted)
+    if not patch:
+        return None
+    logger.info("status changed: %s", sorted(_leaf_paths(patch, "status")))
+    try:
+        result = await ctx.api.patch_status(KIND, key[0], key[1], patch, str(meta.get("resourceVersion") or ""))
+    except KubeApiError as error:
+        if error.status == 409:
+            # Someone wrote in between. Re-read now; the next pass re-evaluates from what is really stored.
+            fresh = await ctx.api.get(KIND, key[0], key[1])
+            if fresh is not None:
+                ctx.written[key] = fresh
+            ctx.nudge(*key)
+        raise
+    ctx.written[key] = result
+    if fresh_stats:
+        ctx.stats_written_at[key] = now
+    return result
+
+
+def _leaf_paths(patch: Mapping[str, Any], prefix: str) -> list[str]:
+    paths: list[str] = []
+    for key, value in patch.items():
+        if isinstance(value, Mapping) and value:
+            paths += _leaf_paths(value, f"{prefix}.{key}")
+        else:
+            paths.append(f"{prefix}.{key}")
+    return paths
+
+
+@dataclass
+class Refusals:
+    """Owned objects of one model the API server refused, with its messages and the retry schedule."""
+
+    backoff: DownstreamBackoff
+    messages: dict[str, str] = field(default_factory=dict)  # "Kind/name" -> the server's message
+
+    def summary(self) -> list[str]:
+        return [f"{name}: {message}" for name, message in sorted(self.messages.items())]
+
+
+def refusals_of(ctx: OperatorContext, key: ModelKey) -> Refusals:
+    found = ctx.refusals.get(key)
+    if found is None:
+        found = ctx.refusals[key] = Refusals(DownstreamBackoff(
+            ctx.settings.refused_write_backoff_seconds, ctx.settings.refused_write_backoff_max_seconds))
+    return found
+
+
+def _attempt_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """("Kind/name", the same plus a digest of the body): a changed body is a new attempt, tried at once."""
+    name = f"{obj['kind']}/{obj['metadata']['name']}"
+    digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return name, f"{name}@{digest}"
+
+
+async def apply_owned(
+    ctx: OperatorContext, body: kopf.Body, key: ModelKey, objects: list[dict[str, Any]], logger: Logger
+) -> bool:
+    """Apply each object; returns whether the set of refusals changed (then the condition must follow)."""
+    refusals = refusals_of(ctx, key)
+    before = dict(refusals.messages)
+    attempts = [_attempt_key(obj) for obj in objects]
+    refusals.backoff.forget_except({attempt for _, attempt in attempts})
+    now = time.monotonic()
+    for obj, (name, attempt) in zip(objects, attempts, strict=True):
+        if not refusals.backoff.ready(attempt, now):
+            continue
+        try:
+            await ctx.api.apply(obj)
+        except KubeApiError as error:
+            if not error.refused or error.status == 409:
+                raise
+            wait = refusals.backoff.refused(attempt, now)
+            refusals.messages[name] = error.message
+            failures = refusals.backoff.failures(attempt)
+            logger.warning("%s refused by the API server (%d in a row, next try in %.1fs): %s",
+                           name, failures, wait, error.message)
+            kopf.warn(body, reason="WriteRefused",
+                      message=f"{name} refused ({failures} in a row, next try in {wait:.1f}s): {error.message}"[:1000])
+            continue
+        refusals.backoff.succeeded(attempt)
+        refusals.messages.pop(name, None)
+    # Objects no longer desired cannot stay refused.
+    wanted = {name for name, _ in attempts}
+    refusals.messages = {name: message for name, message in refusals.messages.items() if name in wanted}
+    return refusals.messages != before

@@ -1,0 +1,270 @@
+"""The handler layer against a fake of our KubeApi seam: write order, decisions, conflicts, corrupted status,
+bounded statistics and refused owned objects."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import kopf
+import pytest
+
+from specdec_operator.api.status import SpeculationStatus, TuningDecision
+from specdec_operator.handlers.context import OperatorContext
+from specdec_operator.handlers.reconciler import reconcile, record_decision
+from specdec_operator.handlers.tuning import ModelTuner, TuningOutcome
+from specdec_operator.kube.api import KubeApiError
+from specdec_operator.metrics import REGISTRY
+from specdec_operator.reconcile.observed import EventRecord, ObservedModel
+from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
+from specdec_operator.tuner.engine import TunerState
+from specdec_runtime import contract
+from tests.unit.api.specfactories import drafter_wire, spec_wire
+from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents, kopf_events
+from tests.unit.reconcile.reconcilefactories import FLEET, NAMESPACE
+
+NAME = "llama8b"
+POOL = "llama8b-gfx942"
+SPEC = spec_wire(drafters=[drafter_wire("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")],
+                 placement={"gfxTargets": ["gfx942"]})
+LOG = logging.getLogger("test")
+
+
+def settings(**overrides: Any) -> OperatorSettings:
+    values: dict[str, Any] = {
+        "runtime_images": DEFAULT_IMAGES, "image_targets": DEFAULT_IMAGE_TARGETS, "namespaces": [NAMESPACE],
+        "status_stats_period_seconds": 300.0, "refused_write_backoff_seconds": 0.2,
+        "refused_write_backoff_max_seconds": 1.0, **overrides,
+    }
+    return OperatorSettings.model_validate(values)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def events() -> AsyncIterator[PostedEvents]:
+    with kopf_events() as posted:
+        yield posted
+
+
+def context(api: FakeKubeApi, http: aiohttp.ClientSession, **overrides: Any) -> OperatorContext:
+    return OperatorContext(settings=settings(**overrides), api=api, http=http)
+
+
+def model_body(api: FakeKubeApi, spec: dict[str, Any] | None = None) -> kopf.Body:
+    stored = api.put({"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel",
+                      "metadata": {"namespace": NAMESPACE, "name": NAME}, "spec": spec or SPEC})
+    return kopf.Body(stored)
+
+
+async def current(api: FakeKubeApi) -> kopf.Body:
+    """kopf's body after its watch caught up."""
+    found = await api.get("SpeculativeModel", NAMESPACE, NAME)
+    assert found is not None
+    return kopf.Body(found)
+
+
+async def settled(ctx: OperatorContext, api: FakeKubeApi) -> kopf.Body:
+    await reconcile(ctx, model_body(api), FLEET, LOG)
+    api.roll_out()
+    await reconcile(ctx, await current(api), FLEET, LOG)
+    api.calls.clear()
+    return await current(api)
+
+
+def deployment_k(api: FakeKubeApi) -> str:
+    deployment = api.objects[("Deployment", NAMESPACE, POOL)]
+    return str(deployment["spec"]["template"]["metadata"]["annotations"][contract.ANNOTATION_K])
+
+
+def proposal(from_k: int, to_k: int) -> TuningOutcome:
+    decision = TuningDecision(id="d1", time="2026-11-30T12:00:00Z", pool=POOL, from_k=from_k, to_k=to_k,
+                              action="Change", reason="gain +4.0% >= 3.0%", predicted_gain=0.04, confidence=0.9)
+    return TuningOutcome(speculation=SpeculationStatus(last_decision=decision), proposal=decision, proposed_at=50.0,
+                         events=(EventRecord("Normal", "KChanged", "K 3 -> 5 (decision d1)"),))
+
+
+def observed_of(body: kopf.Body) -> ObservedModel:
+    return ObservedModel(namespace=NAMESPACE, name=NAME, uid=body["metadata"]["uid"],
+                         generation=body["metadata"]["generation"], spec=body["spec"], status=body["status"])
+
+
+async def test_status_is_written_before_any_owned_object(http: aiohttp.ClientSession, events: PostedEvents) -> None:
+    api = FakeKubeApi()
+    await reconcile(context(api, http), model_body(api), FLEET, LOG)
+    verbs = [call.verb for call in api.calls]
+    assert verbs[0] == "patch-status" and "apply" in verbs
+    assert all(verb != "patch-status" for verb in verbs[1:]), verbs
+
+
+async def test_a_decision_is_in_status_before_any_deployment_and_then_rendered_once(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    body = await settled(ctx, api)
+    events.drain()
+    assert deployment_k(api) == "3"
+    tuner = ctx.tuners[(NAMESPACE, NAME)] = ModelTuner(TunerState())
+    outcome = proposal(3, 5)
+    await record_decision(ctx, body, dict(body), observed_of(body), outcome, LOG)
+    assert [c.verb for c in api.calls] == ["patch-status"]  # the decision alone, nothing rendered yet
+    stored = api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]
+    assert stored["pools"][0]["effectiveK"] == 5 and stored["speculation"]["lastDecision"]["id"] == "d1"
+    assert tuner.state.last_change_at == 50.0  # committed only now
+    assert events.drain() == [("Normal", "KChanged", "K 3 -> 5 (decision d1)")]
+    # kopf's body is still the one from before the write: the written object is the baseline, no revert.
+    await reconcile(ctx, body, FLEET, LOG)
+    deployment_applies = api.writes("apply", "Deployment")
+    assert [c.name for c in deployment_applies] == [POOL] and deployment_k(api) == "5"
+    api.roll_out()
+    api.calls.clear()
+    await reconcile(ctx, await current(api), FLEET, LOG)
+    await reconcile(ctx, body, FLEET, LOG)  # a stale body again, after the rollout: still nothing to do
+    assert api.writes("apply", "Deployment") == []
+
+
+@pytest.mark.parametrize("refusal", [
+    KubeApiError(409, "Conflict", "the object has been modified"),
+    KubeApiError(422, "Invalid", "denied by ValidatingAdmissionPolicy 'freeze-status'"),
+])
+async def test_a_refused_decision_write_changes_nothing_and_is_not_committed(
+    http: aiohttp.ClientSession, events: PostedEvents, refusal: KubeApiError
+) -> None:
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    body = await settled(ctx, api)
+    events.drain()
+    tuner = ctx.tuners[(NAMESPACE, NAME)] = ModelTuner(TunerState())
+    labels = {"namespace": NAMESPACE, "model": NAME, "pool": POOL}
+    changes_before = REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0
+    api.refuse[("patch-status", "SpeculativeModel")] = lambda _: refusal
+    with pytest.raises(KubeApiError):
+        await record_decision(ctx, body, dict(body), observed_of(body), proposal(3, 5), LOG)
+    assert tuner.state.last_change_at is None
+    assert (REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0) == changes_before
+    assert events.drain() == []
+    await reconcile(ctx, body, FLEET, LOG)  # the next pass renders what status says: still K=3
+    assert api.writes("apply", "Deployment") == [] and deployment_k(api) == "3"
+
+
+async def test_a_concurrent_status_write_is_reread_never_overwritten(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    body = await settled(ctx, api)
+    # Another replica recorded a decision in between; our body does not know it yet.
+    other = api.objects[("SpeculativeModel", NAMESPACE, NAME)]
+    other["status"]["pools"][0]["effectiveK"] = 6
+    other["metadata"]["resourceVersion"] = "999999"
+    ctx.written.clear()
+    with pytest.raises(KubeApiError) as raised:
+        await record_decision(ctx, body, dict(body), observed_of(body), proposal(3, 5), LOG)
+    assert raised.value.status == 409
+    assert api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["pools"][0]["effectiveK"] == 6
+    assert ctx.written[(NAMESPACE, NAME)]["metadata"]["resourceVersion"] == "999999"  # re-read at once
+    await reconcile(ctx, body, FLEET, LOG)  # re-evaluated from what is stored
+    assert deployment_k(api) == "6"
+
+
+async def test_a_corrupted_status_holds_every_pool_and_names_the_field(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    await settled(ctx, api)
+    events.drain()
+    stored = api.objects[("SpeculativeModel", NAMESPACE, NAME)]
+    stored["status"]["speculation"]["lastDecision"] = {
+        "time": "last tuesday", "pool": POOL, "fromK": 3, "toK": 4, "action": "Change", "reason": "by hand"}
+    stored["status"]["pools"][0]["effectiveK"] = 4
+    stored["spec"]["placement"]["replicasPerPool"] = 3  # a spec change that would otherwise roll the pool
+    ctx.written.clear()
+    for _ in range(2):
+        await reconcile(ctx, await current(api), FLEET, LOG)
+    assert [c.verb for c in api.calls] == ["patch-status"]  # one conditions write, then quiet
+    assert set(api.calls[0].body) == {"conditions"}
+    after = api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]
+    assert after["speculation"]["lastDecision"]["time"] == "last tuesday"  # kept for the human to repair
+    degraded = next(c for c in after["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "StatusUnreadable" and "status.speculation.lastDecision.time" in degraded["message"]
+    [(kind, reason, message)] = events.drain()
+    assert (kind, reason) == ("Warning", "StatusUnreadable") and "lastDecision.time" in message
+    assert deployment_k(api) == "3"
+
+
+async def test_removed_status_fields_disappear(http: aiohttp.ClientSession, events: PostedEvents) -> None:
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    await settled(ctx, api)
+    stored = api.objects[("SpeculativeModel", NAMESPACE, NAME)]
+    stored["status"]["speculation"]["lastChangeTime"] = "2026-11-30T12:00:00Z"  # written by an older operator
+    ctx.written.clear()
+    await reconcile(ctx, await current(api), FLEET, LOG)
+    assert [c.body for c in api.writes("patch-status")] == [{"speculation": {"lastChangeTime": None}}]
+    assert "lastChangeTime" not in api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["speculation"]
+
+
+async def test_a_refused_owned_object_is_reported_and_retried_with_backoff(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    message = ('Deployment.apps "llama8b-gfx942" is invalid: spec.template.spec.containers[0].resources.limits: '
+               'Invalid value: "2Gibibytes": quantities must match the regular expression')
+    api.refuse[("apply", "Deployment")] = lambda _: KubeApiError(422, "Invalid", message)
+    await reconcile(ctx, model_body(api), FLEET, LOG)
+    status = api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "WriteRefused" and message in degraded["message"]
+    posted = [event for event in events.drain() if event[0] == "Warning"]
+    assert [(t, r) for t, r, _ in posted] == [("Warning", "WriteRefused")] and message in posted[0][2]
+    attempts = []
+    for _ in range(6):  # about 0.9 s of a loop that runs every 0.15 s: backoff 0.2 s, 0.4 s, ...
+        await reconcile(ctx, await current(api), FLEET, LOG)
+        attempts.append(len(api.writes("apply", "Deployment")))
+        await asyncio.sleep(0.15)
+    assert 2 <= attempts[-1] <= 4, attempts  # not every pass: backed off
+    # The first pass wrote its status, then the condition within the same reconcile; retries rewrite nothing.
+    assert len(api.writes("patch-status")) == 2
+    del api.refuse[("apply", "Deployment")]
+    await asyncio.sleep(1.0)
+    for _ in range(2):
+        await reconcile(ctx, await current(api), FLEET, LOG)
+    degraded = next(c for c in api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["conditions"]
+                    if c["type"] == "Degraded")
+    assert degraded["status"] == "False"
+
+
+async def test_live_statistics_reach_status_at_a_bounded_rate(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    from specdec_operator.handlers.writes import write_status
+
+    api = FakeKubeApi()
+    ctx = context(api, http, status_stats_period_seconds=0.3)
+    body = await settled(ctx, api)
+    base = dict(await current(api))
+    fresher = copy.deepcopy(base["status"])
+    fresher["speculation"]["acceptanceRate"] = 0.71
+    fresher["summary"]["acceptance"] = "71%"
+    assert await write_status(ctx, base, fresher, LOG) is None  # a first sight starts the period
+    await asyncio.sleep(0.35)
+    written = await write_status(ctx, base, fresher, LOG)
+    assert written is not None and written["status"]["speculation"]["acceptanceRate"] == 0.71
+    fresher["speculation"]["acceptanceRate"] = 0.72
+    assert await write_status(ctx, written, fresher, LOG) is None  # not due again yet
+    decided = copy.deepcopy(fresher)
+    decided["pools"][0]["effectiveK"] = 4
+    now_written = await write_status(ctx, written, decided, LOG)  # a decision goes at once, stats ride along
+    assert now_written is not None and now_written["status"]["speculation"]["acceptanceRate"] == 0.72
+    assert body is not None
