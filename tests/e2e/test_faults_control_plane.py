@@ -2,16 +2,17 @@
 is repeated or skipped, and nothing rolls out more than once.
 
 Two models share the namespace. One has its tuner's K decision recorded in status while a policy holds
-the Deployment rollout back; the other is in the first step of a canary. Then the policy goes and
-kube-apiserver (or etcd, keeping its data dir) is restarted at once, so the outage lands between the
-recorded decision and its rollout, and inside the canary step. Counted in the API server's audit log
-(the restarted API server appends to the same file) and cross-checked with the Deployment controller's
-own revision counter.
+the Deployment rollout back; the other is in the first step of a canary. Then kube-apiserver (or etcd,
+keeping its data dir) is killed and started again, and only then does the policy go: the outage lands
+between the recorded decision and its rollout, and inside the canary step. Counted in the API server's
+audit log (the restarted API server appends to the same file) and cross-checked with the Deployment
+controller's own revision counter.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -38,6 +39,15 @@ QUIET_AFTER_S = 15
 def _deployment_revision(kube: Kube, name: str) -> str:
     """The Deployment controller's own count of pod templates this Deployment went through."""
     return str(kube.get("deployment", name)["metadata"]["annotations"]["deployment.kubernetes.io/revision"])
+
+
+def _utc_now() -> str:
+    """Now, in the audit log's format (RFC 3339 with microseconds), so the two compare as text."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _at(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _canary_steps(entries: list[AuditEntry]) -> list[tuple[Any, ...]]:
@@ -78,10 +88,12 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
         in_step = wait_for("canary step 1 at 10%",
                            lambda: (c := canary_status(kube, CANARY)) and c["phase"] == "Progressing"
                            and c["weight"] == 10 and c, 90, 0.5)
-        hold.remove_now()
-        # At once: the operator retries the rollout with backoff, so the outage lands before it succeeds
-        # (or, at worst, during the ReplicaSet rollout it starts).
+        # The outage lands between the recorded decision and its rollout by construction: the policy (stored
+        # in etcd) holds the rollout across the restart and goes only once the API server is back.
+        outage_began = _utc_now()
         down_s = cluster.restart(component, kill=True)
+        back = _utc_now()
+        hold.remove()
 
     wait_for(f"K={recorded_k} rolled out after the restart", lambda: running_k(kube, tuned_pool) == recorded_k, 120, 1)
     wait_for("the canary promoted", lambda: (c := canary_status(kube, CANARY)) and c["phase"] == "Promoted",
@@ -98,15 +110,16 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
     stable_rollouts = rollouts(entries, stable, stable_baseline)
     canary_deletes = [e for e in entries if e.is_write_of("deployments", canary_deployment) and e.verb == "delete"
                       and e.ok]
-    print(f"\n{component} restart: down {down_s:.1f}s; test {time.monotonic() - started:.0f}s. "
-          f"K: recorded {k_recorded}, rollouts {[c.k for c in k_rollouts]}, Deployment revision "
+    print(f"\n{component} restart: down {down_s:.1f}s from {outage_began}; test {time.monotonic() - started:.0f}s. "
+          f"K: recorded {k_recorded}, rollouts {[(c.k, c.received) for c in k_rollouts]}, Deployment revision "
           f"{_deployment_revision(kube, tuned_pool)}. Canary: steps {[(s[0], s[1], s[3]) for s in steps]}, "
           f"route weights {weights}, canary Deployment created {sum(c.created for c in canary_rollouts)}x and "
           f"deleted {len(canary_deletes)}x, stable rollouts {len(stable_rollouts)}")
 
-    # The K change: recorded once, rolled out once, never reverted.
+    # The K change: recorded once, rolled out once (after the outage), never reverted.
     assert k_recorded in ([INITIAL_K, recorded_k], [recorded_k]), f"K recorded in status: {k_recorded}"
     assert [c.k for c in k_rollouts] == [recorded_k], f"exactly one rollout of the tuned pool: {k_rollouts}"
+    assert k_rollouts[0].received > back, "the rollout was not held across the outage"
     assert _deployment_revision(kube, tuned_pool) == "2", "the Deployment controller saw more than one rollout"
     assert running_k(kube, tuned_pool) == recorded_k == decided_k(kube.get("sm", TUNED)["status"], tuned_pool)
 
@@ -119,6 +132,8 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
     assert indices == sorted(indices) and sorted(set(indices)) == list(range(indices[0], indices[0] + 3)), (
         f"steps repeated or skipped: {in_flight}")
     assert (in_step["step"], in_step["stepStartedAt"]) in step_starts, f"step 1 was started again: {in_flight}"
+    next_step = min(started_at for step, started_at in step_starts if step == in_step["step"] + 1)
+    assert _at(in_step["stepStartedAt"]) <= _at(outage_began) <= _at(next_step), "the outage missed step 1"
     assert steps[-1][3] == "Promoted", steps
     assert [w for w in weights if w] == [10, 50, 100] and weights[-1] == 0, f"route weights: {weights}"
     assert [c.created for c in canary_rollouts] == [True], f"canary Deployment (re)created: {canary_rollouts}"

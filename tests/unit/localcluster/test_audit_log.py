@@ -43,6 +43,8 @@ def test_only_template_changes_after_the_cursor_count_as_rollouts(tmp_path: Path
         entry(3, "patch", "deployments", "m-gfx942", code=422, request=deployment(2)),  # refused
         entry(4, "update", "deployments", "m-gfx942", response=deployment(2), agent="kube-controller-manager"),
         entry(5, "patch", "deployments", "m-gfx942", response=deployment(5)),  # a revert
+        {**entry(6, "patch", "deployments", "m-gfx942", response=deployment(9)),
+         "requestURI": "/apis/apps/v1/namespaces/ns/deployments/m-gfx942?dryRun=All"},  # stores nothing
         {"stage": "ResponseStarted", "verb": "patch"},
         "not json",
     ])
