@@ -1,8 +1,9 @@
 """The control plane restarts in the middle of a K change and of a canary step: nothing is lost, no step
 is repeated or skipped, and nothing rolls out more than once.
 
-Two models share the namespace. One has its tuner's K decision recorded in status while a policy holds
-the Deployment rollout back; the other is in the first step of a canary. Then kube-apiserver (or etcd,
+Two tuned models share the namespace, both moving K away from 5. One rolls its pool directly, and its
+decision is recorded in status while a policy holds the Deployment rollout back; the other takes the
+change through a canary and is in the canary's first step. Then kube-apiserver (or etcd,
 keeping its data dir) is killed and started again, and only then does the policy go: the outage lands
 between the recorded decision and its rollout, and inside the canary step. Counted in the API server's
 audit log (the restarted API server appends to the same file) and cross-checked with the Deployment
@@ -22,7 +23,7 @@ from tests.e2e.audit import AuditEntry, AuditLog, recorded_sequence, rollouts, r
 from tests.e2e.faults import INITIAL_K, AdmissionFault, decided_k, running_k, settle, template, tuned_model
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
-from tests.e2e.test_canary import canary_model, canary_status, change, route, stable_revision
+from tests.e2e.test_canary import canary_model, canary_status, route, stable_revision
 from tests.e2e.test_canary import settle as settle_canary
 
 pytestmark = pytest.mark.e2e
@@ -71,7 +72,8 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
     hold = AdmissionFault.refuse_rollouts(kube, tuned_pool)
     started = time.monotonic()
     with hold.installed(verify=False):
-        body = canary_model(CANARY, pause_s=STEP_PAUSE_S)
+        body = canary_model(CANARY, pause_s=STEP_PAUSE_S, autotune=True, profile="e2e-opt-k2")
+        body["spec"]["speculation"] = tuned_model(CANARY)["spec"]["speculation"]
         kube.apply([tuned_model(TUNED), route(CANARY), body])
         assert settle(kube, TUNED) == tuned_pool
         hold.verify()
@@ -84,10 +86,10 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
             return k if k not in (None, INITIAL_K) else None
 
         recorded_k = wait_for("a K decision recorded in status while its rollout is held", recorded, DECISION_S, 1)
-        change(kube, body)
-        in_step = wait_for("canary step 1 at 10%",
+        in_step = wait_for("the tuner's canary in step 1 at 10%",
                            lambda: (c := canary_status(kube, CANARY)) and c["phase"] == "Progressing"
-                           and c["weight"] == 10 and c, 90, 0.5)
+                           and c["weight"] == 10 and c, DECISION_S, 0.5)
+        canary_k = int(in_step["canaryK"])
         # The outage lands between the recorded decision and its rollout by construction: the policy (stored
         # in etcd) holds the rollout across the restart and goes only once the API server is back.
         outage_began = _utc_now()
@@ -99,12 +101,14 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
     wait_for("the canary promoted", lambda: (c := canary_status(kube, CANARY)) and c["phase"] == "Promoted",
              PROMOTION_S, 1, describe=lambda: canary_status(kube, CANARY))
     wait_for("canary Deployment removed", lambda: kube.get("deployment", canary_deployment) is None, 60)
+    wait_for(f"K={canary_k} on the promoted stable pool", lambda: running_k(kube, stable) == canary_k, 60, 1)
     time.sleep(QUIET_AFTER_S)
     entries = audit.entries(namespace)
 
     k_rollouts = rollouts(entries, tuned_pool, tuned_baseline)
     k_recorded = recorded_sequence(status_writes(entries, TUNED), lambda s: decided_k(s, tuned_pool))
     steps = _canary_steps(entries)
+    canary_recorded = recorded_sequence(status_writes(entries, CANARY), lambda s: decided_k(s, stable))
     weights = route_weights(entries, f"{CANARY}-route", f"{CANARY}-canary")
     canary_rollouts = rollouts(entries, canary_deployment)
     stable_rollouts = rollouts(entries, stable, stable_baseline)
@@ -112,7 +116,8 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
                       and e.ok]
     print(f"\n{component} restart: down {down_s:.1f}s from {outage_began}; test {time.monotonic() - started:.0f}s. "
           f"K: recorded {k_recorded}, rollouts {[(c.k, c.received) for c in k_rollouts]}, Deployment revision "
-          f"{_deployment_revision(kube, tuned_pool)}. Canary: steps {[(s[0], s[1], s[3]) for s in steps]}, "
+          f"{_deployment_revision(kube, tuned_pool)}. Canary: K recorded {canary_recorded}, "
+          f"steps {[(s[0], s[1], s[3]) for s in steps]}, "
           f"route weights {weights}, canary Deployment created {sum(c.created for c in canary_rollouts)}x and "
           f"deleted {len(canary_deletes)}x, stable rollouts {len(stable_rollouts)}")
 
@@ -123,8 +128,9 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
     assert _deployment_revision(kube, tuned_pool) == "2", "the Deployment controller saw more than one rollout"
     assert running_k(kube, tuned_pool) == recorded_k == decided_k(kube.get("sm", TUNED)["status"], tuned_pool)
 
-    # The canary: each step started once, in order, none skipped; the step in flight kept its start time.
+    # The canary: one decision, each step started once, in order, none skipped; the step in flight kept its start time.
     # (Weight 0 at step 0 is the wait for the canary's pods; the step's clock starts with its traffic.)
+    assert canary_recorded in ([INITIAL_K, canary_k], [canary_k]), f"canary model's K in status: {canary_recorded}"
     in_flight = [s for s in steps if s[3] in ("Progressing", "Paused") and s[1] > 0]
     step_starts = {(s[0], s[2]) for s in in_flight}
     assert len(step_starts) == len({s[0] for s in in_flight}), f"a step was restarted: {in_flight}"
@@ -136,7 +142,8 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
     assert _at(in_step["stepStartedAt"]) <= _at(outage_began) <= _at(next_step), "the outage missed step 1"
     assert steps[-1][3] == "Promoted", steps
     assert [w for w in weights if w] == [10, 50, 100] and weights[-1] == 0, f"route weights: {weights}"
-    assert [c.created for c in canary_rollouts] == [True], f"canary Deployment (re)created: {canary_rollouts}"
+    assert [(c.created, c.k) for c in canary_rollouts] == [(True, canary_k)], f"canary Deployment: {canary_rollouts}"
     assert len(canary_deletes) == 1
-    assert len(stable_rollouts) == 1 and stable_rollouts[0].revision == stable_revision(kube, CANARY) != old_revision
+    assert [c.k for c in stable_rollouts] == [canary_k], f"stable Deployment rollouts: {stable_rollouts}"
+    assert stable_rollouts[0].revision == stable_revision(kube, CANARY) != old_revision
     assert _deployment_revision(kube, stable) == "2", "the stable Deployment rolled more than once"
