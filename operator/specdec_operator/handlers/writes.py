@@ -25,6 +25,8 @@ from specdec_operator.kube.retry import DownstreamBackoff
 from specdec_operator.reconcile.status_write import merge_patch, status_to_write
 
 ModelKey = tuple[str, str]
+# The API server's words for a namespace being deleted: every write is refused, the model goes with it.
+TERMINATING = "because it is being terminated"
 
 
 def _resource_version(body: Mapping[str, Any] | None) -> int:
@@ -135,8 +137,8 @@ async def apply_owned(
         try:
             await ctx.api.apply(obj)
         except KubeApiError as error:
-            if not error.refused or error.status == 409:
-                raise
+            if not error.refused or error.status == 409 or TERMINATING in error.message:
+                raise  # not about this object: a conflict, or its namespace is going away with the model
             wait = refusals.backoff.refused(attempt, now)
             refusals.messages[name] = error.message
             failures = refusals.backoff.failures(attempt)
