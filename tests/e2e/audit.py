@@ -88,6 +88,12 @@ class AuditEntry:
         return 200 <= self.code < 300
 
     @property
+    def denied(self) -> bool:
+        """Refused by admission (a policy or webhook said no: 403, or 422 for an invalid object); a 409
+        conflict is the optimistic-concurrency check doing its job, not a refusal."""
+        return self.code in (403, 422)
+
+    @property
     def by_operator(self) -> bool:
         return self.user_agent.startswith(OPERATOR_AGENTS)
 

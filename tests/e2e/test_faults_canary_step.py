@@ -69,7 +69,7 @@ def test_refused_step_advance_moves_nothing_then_the_canary_goes_on_from_its_ste
         cursor = AuditLog(cluster.paths.logs / "audit.log")
         time.sleep(REFUSED_FOR_S)
         held = cursor.entries(namespace)
-    refused = [entry for entry in status_writes(held, MODEL) if not entry.ok]
+    refused = [entry for entry in status_writes(held, MODEL) if entry.denied]
     moved = [f"{e.verb} {e.resource}/{e.name}" for e in held if e.by_operator and e.ok
              and e.resource in ("deployments", "httproutes")]
     print(f"\nrefused step advance: {len(refused)} status writes refused in {REFUSED_FOR_S}s "

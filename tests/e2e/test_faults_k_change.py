@@ -67,12 +67,12 @@ def test_refused_status_write_holds_the_deployment_then_it_rolls_once(
     with AdmissionFault.refuse_status_writes(kube, model).installed():
         def refused_decisions() -> list[AuditEntry]:
             return [entry for entry in status_writes(audit.entries(namespace), model)
-                    if not entry.ok and decided_k(written_status(entry), pool) not in (None, INITIAL_K)]
+                    if entry.denied and decided_k(written_status(entry), pool) not in (None, INITIAL_K)]
 
         first = wait_for("a refused status write carrying a K decision", refused_decisions, DECISION_S, 1)[0]
         time.sleep(REFUSED_FOR_S)
         held = audit.entries(namespace)
-    refused = [entry for entry in status_writes(held, model) if not entry.ok]
+    refused = [entry for entry in status_writes(held, model) if entry.denied]
     early = rollouts(held, pool, baseline)
     assert early == [], (f"the Deployment rolled to K={[c.k for c in early]} while status still said "
                          f"K={INITIAL_K} (decision K={decided_k(written_status(first), pool)} refused)")
@@ -133,7 +133,7 @@ def test_operator_killed_between_status_write_and_rollout_applies_the_recorded_k
             operator.start()  # the session's other tests need it
     entries = audit.entries(namespace)
     changes = rollouts(entries, pool, baseline)
-    refused = [entry for entry in deployment_writes(held, pool) if not entry.ok]
+    refused = [entry for entry in deployment_writes(held, pool) if entry.denied]
     decisions = _decisions(entries, model, pool)
     print(f"\nkill -9 between status and rollout: {len(refused)} rollout writes refused before the kill; "
           f"new operator up {restarted_s:.1f}s after the kill; decisions recorded {decisions}, rollouts "
