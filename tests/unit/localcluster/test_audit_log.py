@@ -70,9 +70,11 @@ def test_decisions_come_from_stored_status_and_refusals_from_what_was_tried(tmp_
         entry(3, "patch", "speculativemodels", "m", subresource="status", response=status(5)),
         entry(4, "patch", "speculativemodels", "m", subresource="status", response=status(2)),
         entry(5, "patch", "speculativemodels", "m", response={"metadata": {}}),  # not the status subresource
+        entry(6, "patch", "speculativemodels", "m", subresource="status", code=409, request=status(7)),
     ])
     writes = status_writes(audit.entries(), "m")
-    assert [w.ok for w in writes] == [True, False, True, True]
+    assert [w.ok for w in writes] == [True, False, True, True, False]
+    assert [w.denied for w in writes] == [False, True, False, False, False], "a conflict is not a refusal"
     assert written_status(writes[1])["pools"][0]["effectiveK"] == 2
     assert recorded_sequence(writes, lambda s: s["pools"][0]["effectiveK"]) == [5, 2]
 
