@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,7 +24,8 @@ class AdmissionFault:
     """One ValidatingAdmissionPolicy and its binding, refusing UPDATEs of one named object."""
 
     def __init__(self, kube: Kube, name: str, group: str, resource: str, object_name: str, expression: str,
-                 message: str, probe: list[str]) -> None:
+                 message: str, probe: Callable[[], list[str]]) -> None:
+        """`probe` gives the kubectl arguments of a write the policy must refuse (run as a dry run)."""
         self.kube = kube
         self.name = name
         self.message = message
@@ -50,8 +51,26 @@ class AdmissionFault:
         """Every write of the model's status subresource is refused."""
         return cls(kube, f"e2e-refuse-status-{kube.namespace}", "specdec.io", "speculativemodels/status", model,
                    "false", f"e2e fault: status writes of {model} are refused",
-                   ["patch", "speculativemodel", model, "--subresource=status", "--type=merge",
-                    "-p", json.dumps({"status": {"summary": {"canary": "e2e-probe"}}})])
+                   lambda: ["patch", "speculativemodel", model, "--subresource=status", "--type=merge",
+                            "-p", json.dumps({"status": {"summary": {"canary": "e2e-probe"}}})])
+
+    @classmethod
+    def refuse_k_decisions(cls, kube: Kube, model: str) -> AdmissionFault:
+        """Status writes that change a pool's recorded K are refused; every other status write passes, so the
+        policy can be in force before the model exists and its first decision cannot slip past it."""
+        unchanged = ("!has(oldObject.status) || !has(oldObject.status.pools) || !has(object.status) || "
+                     "!has(object.status.pools) || object.status.pools.all(p, "
+                     "!oldObject.status.pools.exists(o, o.name == p.name) || "
+                     "oldObject.status.pools.exists(o, o.name == p.name && o.effectiveK == p.effectiveK))")
+
+        def probe() -> list[str]:
+            pools = kube.get("sm", model)["status"]["pools"]
+            moved = [{**pool, "effectiveK": int(pool["effectiveK"]) % 8 + 1} for pool in pools]
+            return ["patch", "speculativemodel", model, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"pools": moved}})]
+
+        return cls(kube, f"e2e-refuse-decision-{kube.namespace}", "specdec.io", "speculativemodels/status", model,
+                   unchanged, f"e2e fault: K decisions of {model} cannot be recorded", probe)
 
     @classmethod
     def refuse_rollouts(cls, kube: Kube, deployment: str) -> AdmissionFault:
@@ -59,15 +78,15 @@ class AdmissionFault:
         return cls(kube, f"e2e-refuse-rollout-{kube.namespace}", "apps", "deployments", deployment,
                    "object.spec.template == oldObject.spec.template",
                    f"e2e fault: pod template changes of {deployment} are refused",
-                   ["patch", "deployment", deployment, "--type=merge", "-p",
-                    json.dumps({"spec": {"template": {"metadata": {"annotations": {"specdec.io/e2e-probe": "1"}}}}})])
+                   lambda: ["patch", "deployment", deployment, "--type=merge", "-p", json.dumps(
+                       {"spec": {"template": {"metadata": {"annotations": {"specdec.io/e2e-probe": "1"}}}}})])
 
     def refuses(self) -> bool:
         """Whether the API server refuses the probe write now (a dry run: admission runs, nothing is stored)."""
         kubectl = self.kube.cluster.binaries["kubectl"]
         result = subprocess.run(
             [str(kubectl), "--kubeconfig", str(self.kube.cluster.paths.kubeconfig), "-n", str(self.kube.namespace),
-             *self.probe, "--dry-run=server"], capture_output=True, text=True, check=False)
+             *self.probe(), "--dry-run=server"], capture_output=True, text=True, check=False)
         if result.returncode == 0:
             return False
         if self.message in result.stderr:

@@ -1,8 +1,8 @@
 """Faults between a K decision and its rollout: one decision, one Deployment rollout, never a revert.
 
 A decision is written to status first and only then rendered into the Deployment. Two faults in that path:
-- the status write is refused for a while: the Deployment must not change until the decision is in
-  status, then roll exactly once;
+- the status write that records the decision is refused for a while: the Deployment must not change
+  until the decision is in status, then roll exactly once;
 - the operator is SIGKILLed after the status write and before the Deployment apply (held there by a policy
   refusing the rollout): the next process applies the recorded K, exactly once.
 Rollouts and decisions are counted in the API server's audit log (tests/e2e/audit.py).
@@ -35,8 +35,6 @@ pytestmark = pytest.mark.e2e
 DECISION_S = 180
 # How long a refusal lasts: several reconcile passes (5 s each in e2e) and a tuning interval.
 REFUSED_FOR_S = 25
-# Tuning interval of a model that must not decide before the test has set up its fault.
-LATE_DECISION_INTERVAL_S = 25
 # Passes after the rollout in which a revert or a second rollout would show.
 QUIET_AFTER_S = 20
 
@@ -57,14 +55,16 @@ def test_refused_status_write_holds_the_deployment_then_it_rolls_once(
 ) -> None:
     model = "refused-status"
     audit = AuditLog(cluster.paths.logs / "audit.log")
-    # Status must be writable until the model is Ready, so the refusal starts after that: a longer interval
-    # keeps the tuner's first decision after it.
-    kube.apply(tuned_model(model, interval_s=LATE_DECISION_INTERVAL_S))
-    pool = settle(kube, model)
-    baseline = template(kube, pool)
-    namespace = str(kube.namespace)
+    # Only status writes that change a recorded K are refused, so the policy is in force before the model
+    # exists (its first status, and later ones without a decision, pass) and no decision slips past it.
+    refusal = AdmissionFault.refuse_k_decisions(kube, model)
+    with refusal.installed(verify=False):
+        kube.apply(tuned_model(model))
+        pool = settle(kube, model)
+        refusal.verify()
+        baseline = template(kube, pool)
+        namespace = str(kube.namespace)
 
-    with AdmissionFault.refuse_status_writes(kube, model).installed():
         def refused_decisions() -> list[AuditEntry]:
             return [entry for entry in status_writes(audit.entries(namespace), model)
                     if entry.denied and decided_k(written_status(entry), pool) not in (None, INITIAL_K)]
@@ -86,7 +86,7 @@ def test_refused_status_write_holds_the_deployment_then_it_rolls_once(
     entries = audit.entries(namespace)
     changes = rollouts(entries, pool, baseline)
     decisions = _decisions(entries, model, pool)
-    print(f"\nrefused status write: {len(refused)} status writes refused over {REFUSED_FOR_S}s after the first "
+    print(f"\nrefused decision write: {len(refused)} status writes refused over {REFUSED_FOR_S}s after the first "
           f"refused decision (K {INITIAL_K}->{decided_k(written_status(first), pool)}); then decisions recorded "
           f"{decisions}, rollouts {[c.k for c in changes]}, operator Deployment write requests "
           f"{len(deployment_writes(entries, pool))}")
