@@ -1,4 +1,5 @@
-"""Test tiers: unit tests always run; e2e tests need --e2e (or SPECDEC_E2E=1) and the local control plane."""
+"""Test tiers: unit tests always run; e2e tests need --e2e (or SPECDEC_E2E=1) and the local control plane;
+vllm tests (tests/contract) need --vllm (or SPECDEC_VLLM=1) and install vLLM 0.33.0 with hack/vllm-env."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--e2e", action="store_true", help="run e2e tests against the local control plane")
+    parser.addoption("--vllm", action="store_true", help="run the vLLM 0.33.0 contract suite (hack/vllm-env)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--e2e") or os.environ.get("SPECDEC_E2E") == "1":
-        return
-    skip = pytest.mark.skip(reason="e2e: needs --e2e and the local control plane (hack/cluster up)")
+    tiers = {
+        "e2e": (config.getoption("--e2e") or os.environ.get("SPECDEC_E2E") == "1",
+                "e2e: needs --e2e and the local control plane (hack/cluster up)"),
+        "vllm": (config.getoption("--vllm") or os.environ.get("SPECDEC_VLLM") == "1",
+                 "vllm: needs --vllm; installs vLLM 0.33.0 with hack/vllm-env (cached)"),
+    }
     for item in items:
-        if "e2e" in item.keywords:
-            item.add_marker(skip)
+        for marker, (enabled, reason) in tiers.items():
+            if marker in item.keywords and not enabled:
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,4 +1,4 @@
-"""`hack/cluster up|down|status|build|tools`."""
+"""`hack/cluster up|down|restart|status|build|tools`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="build (cached) and start the control plane, load the fleet")
     up.add_argument("--fleet", type=Path, help="fleet YAML (default hack/fleets/demo.yaml)")
     sub.add_parser("down", help="stop every process by PID and remove the data dir")
+    restart = sub.add_parser("restart", help="restart one component with the same flags, keeping its data")
+    restart.add_argument("component", help="apiserver, etcd, controller-manager, scheduler or kwok")
+    restart.add_argument("--kill", action="store_true", help="SIGKILL instead of SIGTERM (a crash)")
+    restart.add_argument("--down-seconds", type=float, default=0.0, help="stay down this long before starting")
     sub.add_parser("status", help="show what is running")
     sub.add_parser("build", help="only build (or find cached) binaries and print their paths")
     sub.add_parser("tools", help="build (or find cached) the test tools (promtool) and print their paths")
@@ -27,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster.up(args.fleet)
         elif args.command == "down":
             cluster.down()
+        elif args.command == "restart":
+            cluster.restart(args.component, kill=args.kill, down_seconds=args.down_seconds)
         elif args.command == "build":
             from localcluster.build import ensure_binaries
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -28,11 +29,25 @@ Log = Callable[[str], None]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Stopped in reverse: kwok and the controllers before the API server, etcd last.
 COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Short names `hack/cluster restart` accepts besides the full ones.
+COMPONENT_ALIASES = {
+    "apiserver": "kube-apiserver",
+    "controller-manager": "kube-controller-manager",
+    "scheduler": "kube-scheduler",
+}
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
   # Writes only: the steady-state check counts what clients change, not what they read.
+  # Bodies of the writes that carry a K decision and its rollout, so fault-injection tests can count
+  # Deployment template changes (rollouts), decisions written to status and route weights.
+  - level: RequestResponse
+    verbs: [create, update, patch, delete]
+    resources:
+      - {group: apps, resources: [deployments]}
+      - {group: specdec.io, resources: [speculativemodels/status]}
+      - {group: gateway.networking.k8s.io, resources: [httproutes]}
   - level: Metadata
     verbs: [create, update, patch, delete, deletecollection]
   - level: None
@@ -168,6 +183,31 @@ class LocalCluster:
         if not quiet:
             self.log(f"stopped: {', '.join(stopped) or 'nothing was running'}; removed {self.paths.root}")
         return stopped
+
+    def restart(self, component: str, kill: bool = False, down_seconds: float = 0.0) -> float:
+        """Stop one component's process group (SIGTERM, or SIGKILL with `kill`) and start it again with the
+        flags it was started with, keeping its data (etcd's data dir, the audit log); waits until the
+        control plane answers again. Returns the seconds from the stop to healthy."""
+        name = COMPONENT_ALIASES.get(component, component)
+        if name not in COMPONENT_ORDER:
+            known = ", ".join([*COMPONENT_ORDER, *COMPONENT_ALIASES])
+            raise ClusterError(f"unknown component {component!r}: one of {known}")
+        recorded = processes.load_component(self.paths.pids, name)
+        started = time.monotonic()
+        sig = signal.SIGKILL if kill else signal.SIGTERM
+        if not processes.stop_pid_file(self.paths.pids / f"{name}.pid", sig=sig):
+            self.log(f"{name} was not running; starting it")
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        self._start(name, recorded.command, recorded.ports)
+        if name == "etcd":
+            self._wait(f"etcd on 127.0.0.1:{self.ports.etcd_client}", "etcd", self._etcd_healthy, 30)
+        if name in ("etcd", "kube-apiserver"):
+            # The API server's /readyz includes its etcd check, so this also covers an etcd restart.
+            self._wait("kube-apiserver /readyz", "kube-apiserver", self.is_ready, 90)
+        elapsed = time.monotonic() - started
+        self.log(f"restarted {name} ({sig.name}) in {elapsed:.1f}s")
+        return elapsed
 
     def status(self) -> dict[str, object]:
         return {

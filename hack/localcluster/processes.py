@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,22 @@ class Component:
     name: str
     command: list[str]
     ports: tuple[int, ...] = ()
+
+
+def command_file(pid_dir: Path, name: str) -> Path:
+    """Where `start` records how a component was started, so a restart uses exactly the same flags."""
+    return pid_dir / f"{name}.command.json"
+
+
+def load_component(pid_dir: Path, name: str) -> Component:
+    path = command_file(pid_dir, name)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise ClusterError(
+            f"no record of how {name} was started ({path}): is the cluster up? (`hack/cluster up`)"
+        ) from None
+    return Component(name, [str(arg) for arg in record["command"]], tuple(int(port) for port in record["ports"]))
 
 
 def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -52,6 +69,9 @@ def start(component: Component, log_dir: Path, pid_dir: Path) -> subprocess.Pope
             component.command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
     (pid_dir / f"{component.name}.pid").write_text(str(process.pid))
+    command_file(pid_dir, component.name).write_text(
+        json.dumps({"command": component.command, "ports": list(component.ports)})
+    )
     return process
 
 
@@ -74,8 +94,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def stop_pid_file(pid_file: Path, grace_s: float = 10.0) -> bool:
-    """Stop the process group named by a PID file; True if something was running."""
+def stop_pid_file(pid_file: Path, grace_s: float = 10.0, sig: signal.Signals = signal.SIGTERM) -> bool:
+    """Stop the process group named by a PID file (`sig`, then SIGKILL after `grace_s`); True if something
+    was running. Returns only once the group leader is gone, so its ports are free again."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
@@ -84,17 +105,26 @@ def stop_pid_file(pid_file: Path, grace_s: float = 10.0) -> bool:
     if not _alive(pid):
         return False
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+        os.killpg(pid, sig)
+    if _wait_gone(pid, grace_s):
+        return True
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    _wait_gone(pid, 5.0)
+    return True
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # Reaps our own child (a zombie still counts as alive); others are reaped by their parent or init.
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
         if not _alive(pid):
             return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    return True
 
 
 def running_components(pid_dir: Path) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from itertools import pairwise
 from typing import Annotated, Literal
 
@@ -24,10 +25,14 @@ from specdec_operator.api.vocabulary import (
     MAX_K,
     METHODS_REQUIRING_MODEL,
     METHODS_WITHOUT_MODEL,
+    OWNED_CONFIG_KEYS,
     OWNED_VLLM_FLAGS,
+    REFUSED_METHODS,
     REFUSED_VLLM_FLAGS,
     SpeculativeMethod,
+    owned_config_key_reached,
     refused_flag_reached,
+    vllm_accepts_k,
     vllm_option_key,
 )
 
@@ -38,6 +43,20 @@ def _cel_list(values: tuple[str, ...]) -> str:
 
 PROMPT_LOOKUP_METHODS = ("ngram", "ngram_gpu")
 _PROMPT_LOOKUP_ONLY_NGRAM = "spec.drafters[].promptLookupMin/Max apply only to methods ngram and ngram_gpu"
+_EXTRACT_HIDDEN_STATES = (
+    f"spec.drafters[].method extract_hidden_states is refused: {REFUSED_METHODS['extract_hidden_states']}"
+)
+_MTP_NEEDS_LAYERS = (
+    "spec.drafters[].mtpLayers is required for method mtp: the target's MTP layer count "
+    "(num_nextn_predict_layers in its config.json); vLLM refuses mtp on a target without MTP layers"
+)
+_MTP_LAYERS_ONLY_MTP = "spec.drafters[].mtpLayers applies only to method mtp"
+# vLLM imports `module.Class` from the model field when the proposer starts, and refuses anything else.
+_IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)+$"
+_CUSTOM_CLASS_PATH = (
+    "spec.drafters[].model must be the dotted import path of a proposer class (e.g. my_module.MyProposer) "
+    "for method custom_class"
+)
 
 
 class Drafter(ApiModel):
@@ -65,13 +84,22 @@ class Drafter(ApiModel):
                     f"|| self.method in {_cel_list(PROMPT_LOOKUP_METHODS)}",
                     _PROMPT_LOOKUP_ONLY_NGRAM,
                 ),
+                cel("self.method != 'extract_hidden_states'", _EXTRACT_HIDDEN_STATES),
+                cel("self.method != 'mtp' || has(self.mtpLayers)", _MTP_NEEDS_LAYERS),
+                cel("!has(self.mtpLayers) || self.method == 'mtp'", _MTP_LAYERS_ONLY_MTP),
+                cel(
+                    f"self.method != 'custom_class' || !has(self.model) || self.model.matches('{_IMPORT_PATH}')",
+                    _CUSTOM_CLASS_PATH,
+                ),
             ]
         }
     )
 
     method: SpeculativeMethod = Field(description="vLLM 0.33 speculative method.")
     model: str | None = Field(
-        default=None, description="Drafter checkpoint (HF id or path), where the method needs one."
+        default=None,
+        max_length=512,  # bounds the cost of the custom_class CEL rule
+        description="Drafter checkpoint (HF id or path), or for custom_class the proposer's import path.",
     )
     draft_tensor_parallel_size: Literal[1, 2, 4, 8] | None = Field(
         default=None, description="Drafter TP: 1, or the target's TP (vLLM's draft_tensor_parallel_size)."
@@ -83,9 +111,24 @@ class Drafter(ApiModel):
     weights_gib: float | None = Field(
         default=None, ge=0, description="Size of the drafter weights in GiB; estimated from the name when absent."
     )
+    mtp_layers: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="mtp: MTP layers in the target checkpoint (num_nextn_predict_layers in its config.json). "
+        "Required for method mtp; vLLM accepts a K up to it or a multiple of it, and the tuner stays there.",
+    )
 
     @model_validator(mode="after")
     def _model_matches_method(self) -> Drafter:
+        if self.method in REFUSED_METHODS:
+            raise ValueError(_EXTRACT_HIDDEN_STATES)
+        if self.method == "mtp" and self.mtp_layers is None:
+            raise ValueError(_MTP_NEEDS_LAYERS)
+        if self.method != "mtp" and self.mtp_layers is not None:
+            raise ValueError(_MTP_LAYERS_ONLY_MTP)
+        if self.method == "custom_class" and self.model and not re.match(_IMPORT_PATH, self.model):
+            raise ValueError(_CUSTOM_CLASS_PATH)
         if self.method in METHODS_REQUIRING_MODEL and not self.model:
             raise ValueError(f"spec.drafters[].model is required for method {self.method}")
         if self.method in METHODS_WITHOUT_MODEL and self.model:
@@ -172,6 +215,24 @@ class Speculation(ApiModel):
         return self
 
 
+_ATTENTION_CONFIG_CLASH = (
+    "spec.runtime.extraArgs may not set --attention-config as a whole nor its backend key (in any spelling: "
+    "-ac, underscores, --attention-config.backend=X, an abbreviation): the operator renders --attention-backend "
+    "and vLLM refuses both together; set other keys as --attention-config.KEY=VALUE"
+)
+
+
+def _owned_config_keys_cel() -> str:
+    """Mirrors vocabulary.owned_config_key_reached, one JSON config flag per clause."""
+    key = "a.split('=')[0].split('.')[0].replace('_', '-')"
+    path = "a.split('=')[0].split('.')"
+    clauses = [
+        f"!('{flag}'.startsWith({key}) && (size({path}) == 1 || {path}[1].replace('+', '') in {_cel_list(keys)}))"
+        for flag, keys in OWNED_CONFIG_KEYS.items()
+    ]
+    return "!has(self.extraArgs) || self.extraArgs.all(a, !a.startsWith('-') || (" + " && ".join(clauses) + "))"
+
+
 class Runtime(ApiModel):
     """How the runtime container is built."""
 
@@ -187,7 +248,8 @@ class Runtime(ApiModel):
                     "spec.runtime.extraArgs may not set a flag the operator owns "
                     "(--speculative-config, --port, --host, --served-model-name, -tp, --attention-backend, ...) "
                     "nor --config, in any spelling vLLM accepts: underscores, --flag.key=value or an abbreviation",
-                )
+                ),
+                cel(_owned_config_keys_cel(), _ATTENTION_CONFIG_CLASH),
             ]
         }
     )
@@ -232,6 +294,8 @@ class Runtime(ApiModel):
                 how = "reads it as" if vllm_option_key(arg) == refused else "can expand it to"
                 why = f"vLLM {how} {refused}, and {why}"
             raise ValueError(f"spec.runtime.extraArgs may not set {flag}: {why}")
+        if any(owned_config_key_reached(arg) for arg in self.extra_args):
+            raise ValueError(_ATTENTION_CONFIG_CLASH)
         names = [var.name for var in self.env]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -382,6 +446,10 @@ class Rollout(ApiModel):
 
 
 _DRAFT_TP = "spec.drafters[].draftTensorParallelSize must be 1 or spec.model.tensorParallelSize"
+_MTP_INITIAL_K = (
+    "spec.speculation.initialK must be a K vLLM accepts for every mtp drafter: 0, at most its "
+    "spec.drafters[].mtpLayers, or a multiple of it"
+)
 _OWNED_ENV = (
     "spec.runtime.env may not set HF_TOKEN when spec.model.source.hubSecretRef is set, nor HF_HOME when "
     "spec.runtime.weightsCache names a claim: the operator sets them"
@@ -400,6 +468,14 @@ class SpeculativeModelSpec(ApiModel):
                     "|| d.draftTensorParallelSize == 1 || d.draftTensorParallelSize == "
                     "(has(self.model.tensorParallelSize) ? self.model.tensorParallelSize : 1))",
                     _DRAFT_TP,
+                ),
+                # initialK defaults to 3 when spec.speculation is left out (an absent object is not defaulted).
+                cel(
+                    "!has(self.drafters) || self.drafters.all(d, d.method != 'mtp' || !has(d.mtpLayers) || "
+                    "(has(self.speculation) ? self.speculation.initialK : 3) == 0 || "
+                    "(has(self.speculation) ? self.speculation.initialK : 3) <= d.mtpLayers || "
+                    "(has(self.speculation) ? self.speculation.initialK : 3) % d.mtpLayers == 0)",
+                    _MTP_INITIAL_K,
                 ),
                 cel(
                     "!has(self.runtime) || !has(self.runtime.env) || !self.runtime.env.exists(e, "
@@ -428,6 +504,9 @@ class SpeculativeModelSpec(ApiModel):
         allowed = (None, 1, self.model.tensor_parallel_size)
         if any(drafter.draft_tensor_parallel_size not in allowed for drafter in self.drafters):
             raise ValueError(_DRAFT_TP)
+        initial_k = self.speculation.initial_k
+        if any(not vllm_accepts_k(d.method, initial_k, d.mtp_layers) for d in self.drafters if d.method == "mtp"):
+            raise ValueError(_MTP_INITIAL_K)
         names = {var.name for var in self.runtime.env}
         cache = self.runtime.weights_cache
         if (HF_TOKEN in names and self.model.source and self.model.source.hub_secret_ref) or (

@@ -44,6 +44,9 @@ class DrafterChoice(ApiModel):
 
     method: str = Field(description="vLLM speculative method.")
     model: str | None = Field(default=None, description="Drafter checkpoint, if any.")
+    mtp_layers: int | None = Field(
+        default=None, description="mtp: the target's MTP layer count from the spec; bounds the Ks vLLM accepts."
+    )
     fallback: bool = Field(default=False, description="True when no preferred drafter fitted and ngram was used.")
     reason: str = Field(default="", description="Why this drafter was chosen, with memory figures.")
 

@@ -30,6 +30,32 @@ METHODS_WITHOUT_MODEL: tuple[str, ...] = ("ngram", "ngram_gpu", "suffix")
 # Drafters that propose a whole block at once: per-position counters do not give E(K') for them.
 BLOCK_DRAFTERS: tuple[str, ...] = ("dflash", "dspark")
 
+# Methods vLLM 0.33 accepts that the operator refuses at admission, and why (docs/vllm-contract.md).
+# extract_hidden_states dumps the target's hidden states (to train EAGLE heads): its proposer asserts K == 1,
+# needs eagle_aux_hidden_state_layer_ids in a draft config no field can set, and counts every token it
+# "drafts" as accepted, so it neither speeds up serving nor gives the tuner a real acceptance to read.
+REFUSED_METHODS: dict[str, str] = {
+    "extract_hidden_states": "it is not a drafter: vLLM runs it only at K=1 with "
+    "eagle_aux_hidden_state_layer_ids set, to dump hidden states, and counts all its tokens as accepted",
+}
+
+
+def vllm_accepts_k(method: str, k: int, mtp_layers: int | None) -> bool:
+    """Whether vLLM 0.33 starts `method` with proposal length `k` (K=0 renders no speculative config).
+
+    mtp reuses the target's MTP layers: SpeculativeConfig refuses a K above the layer count unless it is a
+    multiple of it ("num_speculative_tokens:K must be divisible by n_predict=N"); an undeclared count is
+    never legal because vLLM refuses mtp outright on a target without MTP layers.
+    """
+    if k == 0:
+        return True
+    if method == "mtp":
+        return mtp_layers is not None and mtp_layers >= 1 and (k <= mtp_layers or k % mtp_layers == 0)
+    if method == "extract_hidden_states":
+        return k == 1
+    return k >= 1
+
+
 # AMD gfx targets that vLLM 0.33 supports on ROCm. gfx908 (MI100), gfx1102 and gfx103x are not.
 GfxTarget = Literal["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1150", "gfx1151", "gfx1200", "gfx1201"]
 GFX_TARGETS: tuple[str, ...] = get_args(GfxTarget)
@@ -79,5 +105,28 @@ def refused_flag_reached(arg: str) -> str | None:
         return None  # the value of the previous flag
     key = vllm_option_key(arg)
     return next((flag for flag in REFUSED_VLLM_FLAGS if flag.startswith(key)), None)
+
+
+# JSON config flags with a key that sets what a rendered flag sets. vLLM 0.33 refuses the pair at start-up
+# ("attention_backend and attention_config.backend are mutually exclusive", vllm/engine/arg_utils.py).
+# A whole JSON value may carry the key, so only the dotted form `--attention-config.KEY=VALUE` of other keys
+# passes; its first key is compared as vLLM's parser passes it on: verbatim, without a list `+`.
+OWNED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"--attention-config": ("backend",), "-ac": ("backend",)}
+
+
+def owned_config_key_reached(arg: str) -> tuple[str, str | None] | None:
+    """(JSON config flag, its owned key or None for a whole JSON value) that `arg` sets, or None."""
+    if not arg.startswith("-"):
+        return None
+    key = vllm_option_key(arg)
+    flag = next((flag for flag in OWNED_CONFIG_KEYS if flag.startswith(key)), None)
+    if flag is None:
+        return None
+    path = arg.split("=", 1)[0].split(".")
+    if len(path) == 1:
+        return flag, None
+    first = path[1].removesuffix("+")
+    return (flag, first) if first in OWNED_CONFIG_KEYS[flag] else None
+
 
 MAX_K = 16

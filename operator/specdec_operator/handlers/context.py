@@ -32,6 +32,8 @@ class OperatorContext:
     route_warnings: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # last posted per model
     scrapes: ScrapeScheduler | None = None  # the operator-wide scrape rounds, once started
     cache: WatchCache = field(default_factory=WatchCache)  # owned objects and runtime pods, from watches
+    # (reason, message) of a Gateway that refuses a model's HTTPRoute as last read: the canary step holds.
+    route_rejections: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     # The object our last status write returned, per model: newer than kopf's body until the watch catches up.
     written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     stats_written_at: dict[tuple[str, str], float] = field(default_factory=dict)  # monotonic
@@ -46,8 +48,6 @@ class OperatorContext:
         if self.scrapes is not None:
             self.scrapes.forget(key)
         self.cache.forget(key)
-    # (reason, message) of a Gateway that refuses a model's HTTPRoute as last read: the canary step holds.
-    route_rejections: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())

@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from specdec_operator import KIND
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.canary.plan import canary_summary
 from specdec_operator.conditions import ConditionUpdate, apply_updates
@@ -138,14 +139,33 @@ async def record_decision(
     try:
         await write_status(ctx, baseline, status.to_wire(), logger, force_stats=True)
     except KubeApiError as error:
-        logger.warning("K decision %s (%s: K %d -> %d) not recorded, the tuner keeps K %d: %s",
-                       decision.id, decision.pool, decision.from_k, decision.to_k, decision.from_k, error)
-        raise
+        if not await _decision_stored(ctx, observed, decision.id):
+            logger.warning("K decision %s (%s: K %d -> %d) not recorded, the tuner keeps K %d: %s",
+                           decision.id, decision.pool, decision.from_k, decision.to_k, decision.from_k, error)
+            raise
+        # The write reached etcd but its answer was lost (a timeout, or a retry that met our own write as a
+        # 409): the record is what counts, so the tuner commits it like any other recorded decision.
+        logger.info("K decision %s was stored although its write answered %s", decision.id, error)
     tuning.commit(ctx.tuners.get((observed.namespace, observed.name)), observed.namespace, observed.name)
     for event in tuning.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
     logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k, decision.to_k)
     ctx.nudge(observed.namespace, observed.name)
+
+
+async def _decision_stored(ctx: OperatorContext, observed: ObservedModel, decision_id: str) -> bool:
+    """Whether status already records this decision, read fresh (the last write's answer is unknown)."""
+    try:
+        fresh = await ctx.api.get(KIND, observed.namespace, observed.name)
+    except KubeApiError:
+        return False
+    if fresh is None:
+        return False
+    recorded = (fresh.get("status") or {}).get("speculation", {}).get("lastDecision") or {}
+    if recorded.get("id") != decision_id:
+        return False
+    ctx.written[(observed.namespace, observed.name)] = fresh  # the next pass's baseline
+    return True
 
 
 async def _tune(ctx: OperatorContext, observed: ObservedModel, logger: Logger) -> TuningOutcome:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec_operator.api.spec import SpeculativeModelSpec
+from specdec_operator.decisions.legal_k import legal_ks, nearest_legal_k
 from specdec_operator.decisions.placement import PlacementPlan, PoolPlan, effective_k
 from specdec_operator.decisions.runtime_env import RuntimePlan, plan_runtime
 from specdec_operator.reconcile.observed import ObservedModel, Settings
@@ -74,18 +75,24 @@ def desired_pools(
     previous_k: Mapping[str, int],
     settings: Settings,
 ) -> list[DesiredPool]:
-    bounds = spec.speculation
     return [
-        pool_objects(
-            observed,
-            spec,
-            plan,
-            effective_k(previous_k.get(pool_name(observed.name, plan.gfx)), bounds.initial_k, bounds.min_k,
-                        bounds.max_k),
-            settings,
-        )
+        pool_objects(observed, spec, plan, _pool_k(spec, plan, previous_k.get(pool_name(observed.name, plan.gfx))),
+                     settings)
         for plan in placement.pools
     ]
+
+
+def _pool_k(spec: SpeculativeModelSpec, plan: PoolPlan, previous: int | None) -> int:
+    """The previous K clamped into the bounds, then moved to the nearest K vLLM accepts for the pool's drafter
+    (a drafter change can leave the old K illegal, e.g. eagle K=5 -> mtp with 2 layers)."""
+    bounds = spec.speculation
+    k = effective_k(previous, bounds.initial_k, bounds.min_k, bounds.max_k)
+    drafter = plan.drafter.drafter
+    if drafter is None:
+        return k
+    legal = legal_ks(drafter.method, drafter.mtp_layers, bounds.min_k, bounds.max_k)
+    snapped = nearest_legal_k(k, legal)
+    return k if snapped is None else snapped
 
 
 def model_service(observed: ObservedModel) -> dict[str, Any]:

@@ -30,6 +30,7 @@ def pool_status(pool: DesiredPool, live: Mapping[str, Any] | None) -> PoolStatus
         drafter=DrafterChoice(
             method=drafter.method if drafter else "none",
             model=drafter.model if drafter else None,
+            mtp_layers=drafter.mtp_layers if drafter else None,
             fallback=pool.plan.drafter.fallback,
             reason=pool.plan.drafter.reason,
         ),

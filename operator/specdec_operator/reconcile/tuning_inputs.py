@@ -52,6 +52,7 @@ def pool_contexts(pools: Sequence[PoolStatus], tensor_parallel_size: int, rollin
             gfx_target=pool.gfx_target,
             drafter_method=pool.drafter.method,
             drafter_model=pool.drafter.model,
+            drafter_mtp_layers=pool.drafter.mtp_layers,
             effective_k=pool.effective_k,
             replicas=max(pool.replicas, 1),
             gpus_per_replica=tensor_parallel_size,

@@ -19,6 +19,7 @@ from datetime import datetime
 
 from specdec_operator.api.spec import Speculation
 from specdec_operator.api.status import PoolSpeculationStats, SpeculationStatus, TuningDecision
+from specdec_operator.decisions.legal_k import legal_ks
 from specdec_operator.tuner.costmodel import StepCostModel
 from specdec_operator.tuner.estimator import estimate_acceptance, position_rates
 from specdec_operator.tuner.policy import PoolEvidence, decide
@@ -40,6 +41,7 @@ class PoolContext:
     drafter_method: str
     effective_k: int
     drafter_model: str | None = None
+    drafter_mtp_layers: int | None = None  # mtp: bounds the Ks vLLM accepts (decisions.legal_k)
     replicas: int = 1
     gpus_per_replica: int = 1
     rolling: bool = False  # the pool's pods are still being replaced (a K change in flight)
@@ -186,6 +188,7 @@ class TunerState:
             previous_k=previous,
             weight=float(pool.replicas * pool.gpus_per_replica),
             rolling=pool.rolling,
+            legal_ks=legal_ks(pool.drafter_method, pool.drafter_mtp_layers, speculation.min_k, speculation.max_k),
         )
 
     def _stats(self, pool: PoolContext, recommended_k: int | None, span: float) -> PoolSpeculationStats:

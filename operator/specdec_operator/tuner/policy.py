@@ -18,6 +18,7 @@ from typing import Literal
 
 from specdec_operator.api.spec import Speculation
 from specdec_operator.api.status import TuningDecision
+from specdec_operator.decisions.legal_k import nearest_legal_k, next_legal_k
 from specdec_operator.tuner.costmodel import StepPrediction
 from specdec_operator.tuner.estimator import AcceptanceEstimate, Interval
 
@@ -42,6 +43,13 @@ class PoolEvidence:
     previous_k: int | None = None  # the K this pool ran before its last change
     weight: float = 1.0  # share of the model's GPUs: ties go to the pool that matters more
     rolling: bool = False  # its pods are still being replaced
+    # Ks in bounds that vLLM starts this pool's drafter with (decisions.legal_k); None: every K in bounds.
+    legal_ks: tuple[int, ...] | None = None
+
+    def allowed_ks(self, speculation: Speculation) -> tuple[int, ...]:
+        if self.legal_ks is not None:
+            return tuple(k for k in self.legal_ks if speculation.min_k <= k <= speculation.max_k)
+        return tuple(range(speculation.min_k, speculation.max_k + 1))
 
 
 @dataclass(frozen=True)
@@ -127,9 +135,16 @@ class _Verdicts:
 def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_change_at: float | None) -> Assessment:
     autotune = speculation.autotune
     k = pool.current_k
-    if not speculation.min_k <= k <= speculation.max_k:
-        bounded = min(max(k, speculation.min_k), speculation.max_k)
-        reason = f"K={k} is outside spec bounds [{speculation.min_k}, {speculation.max_k}]"
+    allowed = pool.allowed_ks(speculation)
+    if k not in allowed:
+        bounds = f"[{speculation.min_k}, {speculation.max_k}]"
+        bounded = nearest_legal_k(min(max(k, speculation.min_k), speculation.max_k), allowed)
+        if bounded is None:
+            return _Verdicts(pool, now).give("Hold", f"no K in spec bounds {bounds} that vLLM accepts for this drafter")
+        if speculation.min_k <= k <= speculation.max_k:
+            reason = f"K={k} is not a K vLLM accepts for this drafter (legal in {bounds}: {list(allowed)})"
+        else:
+            reason = f"K={k} is outside spec bounds {bounds}"
         return _Verdicts(pool, now, (), bounded).give("Change", reason, bounded, confidence=1.0)
     candidates = _candidates(pool, speculation)
     current = next((c for c in candidates if c.k == k), None)
@@ -173,7 +188,7 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
                 f"confidence {cautious_confidence:.2f}); the mean favours: {evidence}"
             )
             return verdicts.give("Change", reason, cautious.k, cautious_gain, cautious_confidence)
-    step_k = k + (1 if best.k > k else -1)
+    step_k = next_legal_k(k, allowed, upwards=best.k > k)
     step = next((c for c in candidates if c.k == step_k), None)
     if step is None:
         return verdicts.give("Hold", f"uncertain and no explorable neighbour: {evidence}")
@@ -188,7 +203,7 @@ def _candidates(pool: PoolEvidence, speculation: Speculation) -> tuple[Candidate
     if pool.batch is None:
         return ()
     found = []
-    for k in range(speculation.min_k, speculation.max_k + 1):
+    for k in pool.allowed_ks(speculation):
         length, step = pool.acceptance.expected_length(k), pool.steps.get(k)
         if length is None or step is None or step.seconds <= 0:
             continue

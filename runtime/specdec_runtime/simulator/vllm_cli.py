@@ -1,13 +1,16 @@
 """The slice of `vllm serve`'s command line the simulator understands, with vLLM 0.33's validation.
 
 The simulator must start from exactly the argument list `serve_args()` renders for vLLM, and refuse
-the speculative configs vLLM refuses, so that a config tested against it also starts real vLLM.
+what vLLM refuses with vLLM's own message, so that a staging rehearsal fails where production would.
+tests/contract runs the same argument lists through both (docs/vllm-contract.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,18 @@ VLLM_SPECULATIVE_CONFIG_KEYS: frozenset[str] = frozenset(
         "fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k",
     }
 )
+
+
+# Short aliases vLLM 0.33 merges into --speculative-config (EngineArgs.create_speculative_config).
+SPEC_ALIASES: tuple[tuple[str, str], ...] = (
+    ("--spec-method", "method"),
+    ("--spec-model", "model"),
+    ("--spec-tokens", "num_speculative_tokens"),
+)
+# config.json keys that declare a checkpoint's MTP layers, read the way vLLM reads them for method mtp.
+MTP_LAYER_KEYS: tuple[str, ...] = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
+# Methods whose drafter is a separate checkpoint: vLLM refuses them without `model`.
+METHODS_NEEDING_MODEL = frozenset({"draft_model", "eagle", "eagle3", "dflash", "custom_class"})
 
 
 class SpeculativeConfigError(ValueError):
@@ -88,6 +103,106 @@ def check_speculative_config(text: str) -> dict[str, Any]:
     return config
 
 
+def vllm_start_refusal(
+    model: str, speculative: dict[str, Any] | None, attention_backend: str | None, attention_config: dict[str, Any]
+) -> str | None:
+    """vLLM 0.33's start-up refusal for a config that parsed, or None. Only local target configs are read:
+    for a hub id the simulator cannot know the checkpoint's MTP layers and accepts mtp."""
+    if attention_backend is not None and attention_config.get("backend") is not None:
+        return "attention_backend and attention_config.backend are mutually exclusive"
+    if speculative is None:
+        return None
+    method, k = speculative.get("method"), speculative.get("num_speculative_tokens")
+    if method in METHODS_NEEDING_MODEL and speculative.get("model") is None:
+        if method == "custom_class":
+            return (
+                "method='custom_class' requires 'model' to contain the custom proposer module path "
+                "(e.g., 'my_module.MyProposer')."
+            )
+        return "num_speculative_tokens was provided but without speculative model."
+    lookup_min, lookup_max = speculative.get("prompt_lookup_min"), speculative.get("prompt_lookup_max")
+    if (
+        method in ("ngram", "ngram_gpu")
+        and isinstance(lookup_min, int)
+        and isinstance(lookup_max, int)
+        and lookup_min > lookup_max
+    ):
+        return f"prompt_lookup_min={lookup_min} must be <= prompt_lookup_max={lookup_max}"
+    if method == "mtp":
+        target = _local_hf_config(speculative.get("model") or model)
+        if target is not None:
+            layers = next((target[key] for key in MTP_LAYER_KEYS if target.get(key)), None)
+            if layers is None:
+                return "Unsupported speculative method: 'mtp'"
+            if isinstance(k, int) and k > layers and k % layers != 0:
+                return f"num_speculative_tokens:{k} must be divisible by n_predict={layers}"
+    if method == "extract_hidden_states":
+        if k != 1:
+            # The speculator of vLLM's V2 model runner, which ROCm images (they have Triton) start.
+            return "extract_hidden_states requires num_speculative_tokens to be 1"
+        draft = speculative.get("draft_model_config")
+        hf_config = draft.get("hf_config", {}) if isinstance(draft, dict) else {}
+        if not hf_config.get("eagle_aux_hidden_state_layer_ids"):
+            return (
+                "eagle_aux_hidden_state_layer_ids must be set in the draft model config for "
+                "extract_hidden_states method"
+            )
+    return None
+
+
+def _local_hf_config(model: str) -> dict[str, Any] | None:
+    """config.json of a local model directory (vLLM would read the same file), else None."""
+    path = Path(model) / "config.json"
+    try:
+        config: Any = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    text_config = config.get("text_config")
+    return {**text_config, **config} if isinstance(text_config, dict) else config
+
+
+def flexible_args(argv: list[str]) -> list[str]:
+    """vLLM 0.33's FlexibleArgumentParser rewriting: `--a_b` -> `--a-b` up to the first dot, and every
+    `--json-flag.key[+]=value` merged into one `--json-flag JSON` argument appended at the end."""
+    rewritten: list[str] = []
+    for arg in argv:
+        if arg.startswith("--"):
+            key, sep, value = arg.partition("=")
+            key = re.sub(r"(?<=--)[^.]*", lambda match: match.group(0).replace("_", "-"), key, count=1)
+            rewritten.append(f"{key}{sep}{value}")
+        else:
+            rewritten.append(arg)
+    merged: dict[str, dict[str, Any]] = defaultdict(dict)
+    kept: list[str] = []
+    index = 0
+    while index < len(rewritten):
+        arg = rewritten[index]
+        index += 1
+        name, sep, value = arg.partition("=")
+        if not arg.startswith("-") or "." not in name:
+            kept.append(arg)
+            continue
+        if not sep:
+            value = rewritten[index] if index < len(rewritten) else ""
+            index += 1
+        if name.endswith("+"):
+            name, value = name[:-1], json.dumps(value.split(","))
+        flag, *keys = name.split(".")
+        try:
+            parsed: Any = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        node: dict[str, Any] = merged[flag]
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = parsed
+    for flag, tree in merged.items():
+        kept += [flag, json.dumps(tree)]
+    return kept
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="vLLM 0.33 `vllm serve` stand-in driven by a simulator profile."
@@ -101,6 +216,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--speculative-config", "-sc")
     parser.add_argument("--attention-backend")
+    parser.add_argument("--attention-config", "-ac")
+    for flag, _ in SPEC_ALIASES:
+        parser.add_argument(flag)
     parser.add_argument("--profile", type=Path, required=True, help="simulator profile (YAML or JSON)")
     parser.add_argument(
         "--simulate-dynamic-k",
@@ -117,13 +235,19 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
     A bad speculative config exits with status 2 and one error line, like an argparse error.
     """
     parser = _parser()
-    namespace, ignored = parser.parse_known_args(argv)
-    speculative = None
-    if namespace.speculative_config is not None:
+    namespace, ignored = parser.parse_known_args(flexible_args(argv))
+    speculative = _speculative(namespace, parser)
+    attention_config: Any = {}
+    if namespace.attention_config is not None:
         try:
-            speculative = check_speculative_config(namespace.speculative_config)
-        except SpeculativeConfigError as err:
-            parser.exit(2, f"{PROG}: error: --speculative-config: {err}\n")
+            attention_config = json.loads(namespace.attention_config)
+        except json.JSONDecodeError as err:
+            parser.exit(2, f"{PROG}: error: --attention-config: not valid JSON: {err}\n")
+        if not isinstance(attention_config, dict):
+            parser.exit(2, f"{PROG}: error: --attention-config: must be a JSON object\n")
+    refusal = vllm_start_refusal(namespace.model, speculative, namespace.attention_backend, attention_config)
+    if refusal is not None:
+        parser.exit(2, f"{PROG}: error: {refusal}\n")
     names: list[str] | None = namespace.served_model_name
     return ServeOptions(
         model=namespace.model,
@@ -139,3 +263,27 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         seed=namespace.seed,
         ignored_args=tuple(ignored),
     )
+
+
+def _speculative(namespace: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any] | None:
+    """--speculative-config with the short aliases merged in, as vLLM merges them."""
+    text: str | None = namespace.speculative_config
+    aliases = {key: getattr(namespace, flag[2:].replace("-", "_")) for flag, key in SPEC_ALIASES}
+    given = {key: value for key, value in aliases.items() if value is not None}
+    if text is None and not given:
+        return None
+    try:
+        raw: Any = json.loads(text) if text is not None else {}
+    except json.JSONDecodeError as err:
+        parser.exit(2, f"{PROG}: error: --speculative-config: not valid JSON: {err}\n")
+    if isinstance(raw, dict):
+        for flag, key in SPEC_ALIASES:
+            if key in given and key in raw:
+                parser.exit(2, f"{PROG}: error: {flag} and --speculative-config['{key}'] are mutually exclusive\n")
+        if "num_speculative_tokens" in given:
+            given["num_speculative_tokens"] = int(given["num_speculative_tokens"])
+        raw = {**raw, **given}
+    try:
+        return check_speculative_config(json.dumps(raw))
+    except SpeculativeConfigError as err:
+        parser.exit(2, f"{PROG}: error: --speculative-config: {err}\n")

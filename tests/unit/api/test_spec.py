@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from specdec_operator.api.crdgen import build_crd
 from specdec_operator.api.spec import Canary, SpeculativeModelSpec
-from specdec_operator.api.vocabulary import GFX_TARGETS, OWNED_VLLM_FLAGS, SPECULATIVE_METHODS
+from specdec_operator.api.vocabulary import GFX_TARGETS, OWNED_VLLM_FLAGS, REFUSED_METHODS, SPECULATIVE_METHODS
 from specdec_operator.reconcile.plan import validation_message
 from tests.unit.api.specfactories import MINIMAL_WIRE, drafter_wire, spec, spec_wire
 
@@ -146,6 +148,20 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("toleration-bad-effect", {"placement": {"tolerations": [{"effect": "Never"}]}}, "spec.placement.tolerations.0"),
     ("env-without-name", {"runtime": {"env": [{"name": ""}]}}, "spec.runtime.env.0.name"),
     ("missing-model-name", {"model": {"name": None}}, "spec.model.name"),
+    # vLLM 0.33 cannot serve these (tests/contract shows its refusal for each).
+    (
+        "extract-hidden-states",
+        {"drafters": [drafter_wire("extract_hidden_states")], "speculation": {"initialK": 1, "minK": 1, "maxK": 1}},
+        "spec.drafters[].method extract_hidden_states is refused",
+    ),
+    ("mtp-without-layers", {"drafters": [drafter_wire("mtp")]}, "spec.drafters[].mtpLayers is required for method mtp"),
+    ("mtp-layers-on-eagle", {"drafters": [drafter_wire("eagle", "x/e", mtpLayers=1)]}, "applies only to method mtp"),
+    ("mtp-layers-zero", {"drafters": [drafter_wire("mtp", mtpLayers=0)]}, "spec.drafters.0.mtpLayers"),
+    (
+        "mtp-initial-k-not-divisible",
+        {"drafters": [drafter_wire("mtp", mtpLayers=2)], "speculation": {"initialK": 3}},
+        "spec.speculation.initialK must be a K vLLM accepts for every mtp drafter",
+    ),
 ]
 
 
@@ -179,9 +195,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("every-gfx-target", {"placement": {"gfxTargets": list(GFX_TARGETS)}}),
     ("ngram-with-lookup", {"drafters": [drafter_wire("ngram", promptLookupMin=2, promptLookupMax=5)]}),
     ("equal-lookup-bounds", {"drafters": [drafter_wire("ngram_gpu", promptLookupMin=4, promptLookupMax=4)]}),
-    ("mtp-without-model", {"drafters": [drafter_wire("mtp")]}),
-    ("mtp-with-model", {"drafters": [drafter_wire("mtp", "x/mtp-head")]}),
-    ("extract-hidden-states", {"drafters": [drafter_wire("extract_hidden_states")]}),
+    ("mtp-without-model", {"drafters": [drafter_wire("mtp", mtpLayers=1)]}),
+    ("mtp-with-model", {"drafters": [drafter_wire("mtp", "x/mtp-head", mtpLayers=1)]}),
     ("latency-with-target", {"speculation": {"autotune": {"objective": "Latency", "tpotTargetMs": 30}}}),
     ("single-canary-step", {"rollout": {"strategy": "Canary", "canary": {"steps": [{"weight": 100}]}}}),
     ("canary-with-route", {"rollout": {"strategy": "Canary", "canary": {"traffic": {"httpRouteRef": {"name": "r"}}}}}),
@@ -201,10 +216,12 @@ def test_valid_spec_parses(overrides: dict[str, Any]) -> None:
     assert spec(**overrides).to_wire()["model"]["name"] == MINIMAL_WIRE["model"]["name"]
 
 
-@pytest.mark.parametrize("method", SPECULATIVE_METHODS)
+@pytest.mark.parametrize("method", [m for m in SPECULATIVE_METHODS if m not in REFUSED_METHODS])
 def test_every_vllm_033_method_is_accepted_with_or_without_a_model_as_it_needs(method: str) -> None:
     needs_model = method in ("draft_model", "eagle", "eagle3", "dflash", "dspark", "custom_class")
-    parsed = spec(drafters=[drafter_wire(method, "org/drafter-1B" if needs_model else None)])
+    extra = {"mtpLayers": 1} if method == "mtp" else {}
+    model = "org_drafters.Proposer" if method == "custom_class" else "org/drafter-1B"
+    parsed = spec(drafters=[drafter_wire(method, model if needs_model else None, **extra)])
     assert parsed.drafters[0].method == method
 
 
@@ -216,6 +233,12 @@ CEL_MIRRORED: list[tuple[str, dict[str, Any], str]] = [
     ("repeated-gfx-target", {"placement": {"gfxTargets": ["gfx942", "gfx942"]}}, "must not repeat"),
     ("prompt-lookup-on-eagle", {"drafters": [drafter_wire("eagle", "x/eagle-8B", promptLookupMin=2)]}, "apply only"),
     ("draft-tp-not-1-or-target", {"drafters": [drafter_wire("ngram", draftTensorParallelSize=2)]}, "must be 1 or"),
+    ("extract-hidden-states", {"drafters": [drafter_wire("extract_hidden_states")]}, "is not a drafter"),
+    ("mtp-without-layers", {"drafters": [drafter_wire("mtp")]}, "mtpLayers is required"),
+    ("mtp-layers-on-ngram", {"drafters": [drafter_wire("ngram", mtpLayers=2)]}, "applies only to method mtp"),
+    ("mtp-initial-k", {"drafters": [drafter_wire("mtp", mtpLayers=2)], "speculation": {"initialK": 5}}, "multiple"),
+    ("custom-class-not-a-path", {"drafters": [drafter_wire("custom_class", "org/proposer")]}, "dotted import path"),
+    ("attention-config-backend", {"runtime": {"extraArgs": ["--attention-config.backend=X"]}}, "--attention-backend"),
 ]
 
 
@@ -294,3 +317,60 @@ def test_another_spelling_names_the_owned_flag_it_reaches(arg: str, message: str
 )
 def test_unowned_flags_pass_through(args: list[str]) -> None:
     assert spec(runtime={"extraArgs": args}).runtime.extra_args == args
+
+
+# vLLM 0.33 refuses --attention-backend (always rendered) together with attention_config.backend, in every
+# spelling its FlexibleArgumentParser accepts; a whole JSON value may carry the key, so it is refused too.
+ATTENTION_CONFIG_CLASHES = [
+    '--attention-config={"backend":"TRITON_ATTN"}',
+    "--attention-config",
+    "-ac",
+    '-ac={"backend":"TRITON_ATTN"}',
+    "--attention-config.backend=TRITON_ATTN",
+    "--attention-config.backend",
+    "--attention_config.backend=TRITON_ATTN",
+    "-ac.backend=TRITON_ATTN",
+    "--attention-conf.backend=TRITON_ATTN",
+    "--attention-c",
+    "--attention_config.backend+=TRITON_ATTN",
+]
+
+
+@pytest.mark.parametrize("arg", ATTENTION_CONFIG_CLASHES)
+def test_extra_args_may_not_set_the_attention_backend_through_attention_config(arg: str) -> None:
+    message = rejection(runtime={"extraArgs": ["--enforce-eager", arg, "{}"]})
+    assert message.startswith("spec.runtime.extraArgs may not set --attention-config as a whole nor its backend key")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--attention-config.flash_attn_version=3"],
+        ["-ac.use_prefill_decode_attention", "true"],
+        ["--enforce-eager", '{"backend":"x"}'],  # a value, not a flag
+    ],
+)
+def test_other_attention_config_keys_pass_through(args: list[str]) -> None:
+    assert spec(runtime={"extraArgs": args}).runtime.extra_args == args
+
+
+# The invalid manifests for what vLLM 0.33 refuses at start-up: the models say what admission says.
+VLLM_REFUSALS = [
+    "extra-arg-attention-config-backend",
+    "extra-arg-attention-config-json",
+    "extract-hidden-states",
+    "mtp-without-layers",
+    "mtp-initial-k-not-a-multiple",
+    "custom-class-not-an-import-path",
+]
+
+
+@pytest.mark.parametrize("name", VLLM_REFUSALS)
+def test_invalid_manifest_for_a_vllm_refusal_is_refused_by_the_models_too(name: str) -> None:
+    path = Path(__file__).resolve().parents[2] / "manifests" / "invalid" / f"{name}.yaml"
+    expected = path.read_text().splitlines()[0].removeprefix("# expect: ")
+    with pytest.raises(ValidationError) as caught:
+        SpeculativeModelSpec.model_validate(yaml.safe_load(path.read_text())["spec"])
+    message = validation_message(caught.value)
+    assert message.startswith(expected)
+    assert message in CEL_MESSAGES

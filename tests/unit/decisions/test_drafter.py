@@ -28,6 +28,9 @@ EAGLE3 = Drafter(method="eagle3", model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
 NGRAM = Drafter(method="ngram")
 
 
+MTP = Drafter(method="mtp", mtp_layers=1)
+
+
 @pytest.mark.parametrize(
     ("preferences", "gfx", "weights", "budget", "chosen", "fallback"),
     [
@@ -39,7 +42,7 @@ NGRAM = Drafter(method="ngram")
         ([Drafter(method="suffix")], "gfx942", LLAMA_8B, MI300X_TP1, NGRAM, True),  # no arctic-inference on ROCm
         ([Drafter(method="draft_model", model="org/tiny")], "gfx942", LLAMA_8B, MI300X_TP1, NGRAM, True),
         ([DRAFT_1B], "gfx90a", LLAMA_70B, MI250X_TP4, DRAFT_1B, False),
-        ([Drafter(method="mtp")], "gfx942", LLAMA_70B, MI300X_TP1, Drafter(method="mtp"), False),
+        ([MTP], "gfx942", LLAMA_70B, MI300X_TP1, MTP, False),
         ([], "gfx942", LLAMA_8B, MI300X_TP1, NGRAM, True),
     ],
     ids=[

@@ -161,6 +161,36 @@ async def test_a_refused_decision_write_changes_nothing_and_is_not_committed(
     assert api.writes("apply", "Deployment") == [] and deployment_k(api) == "3"
 
 
+@pytest.mark.parametrize("lost_answer", [
+    KubeApiError(0, "Unreachable", "PATCH .../status: TimeoutError"),  # stored, but the answer never came
+    KubeApiError(409, "Conflict", "the object has been modified"),  # a retry that met our own stored write
+])
+async def test_a_stored_decision_whose_answer_was_lost_is_committed_once(
+    http: aiohttp.ClientSession, events: PostedEvents, lost_answer: KubeApiError
+) -> None:
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    body = await settled(ctx, api)
+    events.drain()
+    tuner = ctx.tuners[(NAMESPACE, NAME)] = ModelTuner(TunerState())
+    labels = {"namespace": NAMESPACE, "model": NAME, "pool": POOL}
+    changes_before = REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0
+    store = api.patch_status
+
+    async def stored_then_lost(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        await store(*args, **kwargs)
+        raise lost_answer
+
+    api.patch_status = stored_then_lost  # type: ignore[method-assign]
+    await record_decision(ctx, body, dict(body), observed_of(body), proposal(3, 5), LOG)
+    api.patch_status = store  # type: ignore[method-assign]
+    assert tuner.state.last_change_at == 50.0  # the cooldown runs from the recorded decision
+    assert (REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0) == changes_before + 1
+    assert events.drain() == [("Normal", "KChanged", "K 3 -> 5 (decision d1)")]
+    await reconcile(ctx, body, FLEET, LOG)  # a stale body: the re-read record is the baseline, K=5 rendered
+    assert [c.name for c in api.writes("apply", "Deployment")] == [POOL] and deployment_k(api) == "5"
+
+
 async def test_a_concurrent_status_write_is_reread_never_overwritten(
     http: aiohttp.ClientSession, events: PostedEvents
 ) -> None:

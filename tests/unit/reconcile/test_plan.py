@@ -344,3 +344,17 @@ def test_server_normalisation_is_not_drift(runtime: dict[str, Any], rewrite: Cal
 def test_zero_replicas_is_not_reported_as_missing_nodes(placement: dict[str, int]) -> None:
     plan = evaluate(observed(spec_wire(placement={"gfxTargets": ["gfx942"], **placement})), SETTINGS, T0)
     assert condition(plan, "Ready")[1] != "NoCompatibleNodes"  # four MI300X nodes are compatible
+
+
+def test_a_carried_over_k_vllm_would_refuse_for_an_mtp_drafter_moves_to_the_nearest_legal_k() -> None:
+    """eagle3 ran K=5; the drafter became mtp with 2 layers, where vLLM refuses K=5 (not a multiple of 2)."""
+    first, _ = settle(THREE_POOLS)
+    previous = status_wire(first)
+    for pool in previous["pools"]:
+        pool["effectiveK"] = 5
+    model = spec_wire(drafters=[drafter_wire("mtp", mtpLayers=2)], placement={"gfxTargets": ["gfx942"]},
+                      speculation={"initialK": 2, "maxK": 8})
+    plan = evaluate(observed(model, status=previous), SETTINGS, T1)
+    assert [(p.plan.drafter.drafter.method if p.plan.drafter.drafter else None, p.k) for p in plan.pools] == [
+        ("mtp", 4)
+    ]

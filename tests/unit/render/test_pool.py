@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from specdec_operator.api.spec import Drafter
-from specdec_operator.api.vocabulary import SPECULATIVE_METHODS
+from specdec_operator.api.vocabulary import REFUSED_METHODS, SPECULATIVE_METHODS
 from specdec_operator.render.pool import STARTUP_PROBE_BUDGET_S, revision_of
 from specdec_runtime import contract
 from specdec_runtime.config import RuntimeConfig, serve_args
@@ -32,7 +32,7 @@ DRAFTER_MODELS = {
     "eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
     "dflash": "z-lab/Llama-3.1-8B-DFlash",
     "dspark": "org/Llama-3.1-8B-DSpark",
-    "custom_class": "org/custom-proposer",
+    "custom_class": "org_proposers.CustomProposer",
 }
 
 
@@ -45,10 +45,12 @@ def method_drafter(method: str) -> dict[str, Any]:
     extra: dict[str, Any] = {"promptLookupMin": 2, "promptLookupMax": 5} if method in ("ngram", "ngram_gpu") else {}
     if method == "draft_model":
         extra["draftTensorParallelSize"] = 1
+    if method == "mtp":
+        extra["mtpLayers"] = 2  # K=4 below is a multiple of it, which vLLM accepts
     return drafter_wire(method, DRAFTER_MODELS.get(method), **extra)
 
 
-@pytest.mark.parametrize("method", SPECULATIVE_METHODS)
+@pytest.mark.parametrize("method", [m for m in SPECULATIVE_METHODS if m not in REFUSED_METHODS])
 def test_every_method_renders_vllm_033_args(method: str) -> None:
     model = spec(
         model={"servedName": "llama-3.1-8b", "maxModelLen": 16384},

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from specdec_operator.api.vocabulary import SPECULATIVE_METHODS
+from specdec_operator.api.vocabulary import REFUSED_METHODS, SPECULATIVE_METHODS
 from specdec_runtime.config import RuntimeConfig, SpeculativeSettings, serve_args
 from specdec_runtime.simulator.vllm_cli import parse_serve_args
 
 
-@pytest.mark.parametrize("method", SPECULATIVE_METHODS)
+@pytest.mark.parametrize("method", [m for m in SPECULATIVE_METHODS if m not in REFUSED_METHODS])
 def test_rendered_args_start_the_simulator_for_every_method(method: str) -> None:
     spec = SpeculativeSettings(method=method, model="org/drafter", num_speculative_tokens=4)
     config = RuntimeConfig(
@@ -68,3 +69,89 @@ def test_bad_speculative_config_is_one_error_line_and_exit_2(
     error = capsys.readouterr().err
     assert error.count("\n") == 1
     assert "--speculative-config" in error and message in error
+
+
+def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        parse_serve_args(["serve", *argv, "--profile", "p.yaml"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    return error.strip().removeprefix("specdec-simulator: error: ")
+
+
+def hf_dir(tmp_path: Path, **config: object) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+ATTENTION_CLASH = "attention_backend and attention_config.backend are mutually exclusive"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--attention-config", '{"backend":"TRITON_ATTN"}'],
+        ["-ac", '{"backend":"TRITON_ATTN"}'],
+        ["--attention-config.backend", "TRITON_ATTN"],
+        ["--attention_config.backend=TRITON_ATTN"],
+        ["-ac.backend=TRITON_ATTN"],
+        ["--attention-conf.backend=TRITON_ATTN"],
+    ],
+)
+def test_attention_backend_with_attention_config_backend_is_refused_as_vllm_refuses_it(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert refusal(["m", "--attention-backend", "ROCM_AITER_FA", *extra], capsys) == ATTENTION_CLASH
+
+
+def test_other_attention_config_keys_start(capsys: pytest.CaptureFixture[str]) -> None:
+    options = parse_serve_args(
+        ["serve", "m", "--profile", "p.yaml", "--attention-backend", "X", "--attention-config.flash_attn_version=3"]
+    )
+    assert options.model == "m"
+
+
+def spec_config(**config: object) -> list[str]:
+    return ["--speculative-config", json.dumps(config)]
+
+
+def test_mtp_on_a_target_without_mtp_layers_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    llama = hf_dir(tmp_path, model_type="llama", num_hidden_layers=2)
+    message = refusal([llama, *spec_config(method="mtp", num_speculative_tokens=1)], capsys)
+    assert message == "Unsupported speculative method: 'mtp'"
+
+
+@pytest.mark.parametrize(("k", "starts"), [(1, True), (2, True), (3, False), (4, True), (5, False), (6, True)])
+def test_mtp_k_above_the_layer_count_must_be_a_multiple_of_it(
+    k: int, starts: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deepseek = hf_dir(tmp_path, model_type="deepseek_v3", num_nextn_predict_layers=2)
+    argv = [deepseek, *spec_config(method="mtp", num_speculative_tokens=k)]
+    if starts:
+        options = parse_serve_args(["serve", *argv, "--profile", "p.yaml"])
+        assert options.speculative_config == {"method": "mtp", "num_speculative_tokens": k}
+    else:
+        assert refusal(argv, capsys) == f"num_speculative_tokens:{k} must be divisible by n_predict=2"
+
+
+def test_extract_hidden_states_runs_only_at_k_1_with_its_layer_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    assert refusal(["m", *spec_config(method="extract_hidden_states", num_speculative_tokens=2)], capsys) == (
+        "extract_hidden_states requires num_speculative_tokens to be 1"
+    )
+    assert refusal(["m", *spec_config(method="extract_hidden_states", num_speculative_tokens=1)], capsys) == (
+        "eagle_aux_hidden_state_layer_ids must be set in the draft model config for extract_hidden_states method"
+    )
+    layers = {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1]}}
+    argv = ["serve", "m", "--profile", "p.yaml",
+            *spec_config(method="extract_hidden_states", num_speculative_tokens=1, draft_model_config=layers)]
+    assert parse_serve_args(argv).speculative_config is not None
+
+
+def test_spec_aliases_merge_into_the_speculative_config_and_clash_like_vllms(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    options = parse_serve_args(["serve", "m", "--profile", "p.yaml", "--spec-method", "ngram", "--spec-tokens", "3"])
+    assert options.speculative_config == {"method": "ngram", "num_speculative_tokens": 3}
+    message = refusal(["m", *spec_config(method="ngram", num_speculative_tokens=3), "--spec-tokens", "2"], capsys)
+    assert message == "--spec-tokens and --speculative-config['num_speculative_tokens'] are mutually exclusive"

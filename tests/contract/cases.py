@@ -1,0 +1,254 @@
+"""The argument lists the operator renders, for every example, every method, every gfx target and the K bounds.
+
+Rendering is the operator's own (render.pool.runtime_config, decisions.runtime_env.plan_runtime,
+specdec_runtime.config.serve_args); only the model names are swapped for the tiny local config directories
+the vLLM driver writes, since vLLM reads config.json from them (offline, no weights).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specdec_operator.api.spec import Drafter, SpeculativeModelSpec
+from specdec_operator.api.vocabulary import GFX_TARGETS, MAX_K, REFUSED_METHODS, SPECULATIVE_METHODS
+from specdec_operator.decisions.drafter import FALLBACK, unsupported_reason
+from specdec_operator.decisions.legal_k import legal_ks
+from specdec_operator.decisions.runtime_env import plan_runtime
+from specdec_operator.render.pool import runtime_config, with_attention_backend
+from specdec_runtime.config import RuntimeConfig, serve_args
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+# Layer counts the driver writes DeepSeek-V3 targets for (target-deepseek-v3-mtp<N>).
+MTP_LAYER_COUNTS = (1, 2, 3)
+# A local directory per drafter method; custom_class names an importable class instead.
+DRAFTER_DIRS = {
+    "draft_model": "drafter-llama-draft-model",
+    "eagle": "drafter-eagle-llama",
+    "eagle3": "drafter-eagle3-llama",
+    "dflash": "drafter-dflash-qwen3",
+    "dspark": "drafter-dspark-qwen3",
+    "custom_class": "custom-proposer",
+}
+PLACEHOLDER_DRAFTER = {method: f"org/{method}-drafter" for method in DRAFTER_DIRS}
+PLACEHOLDER_DRAFTER["custom_class"] = "org_proposers.Proposer"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One rendered `vllm serve` argument list and where it came from."""
+
+    id: str
+    config: RuntimeConfig
+    gfx: str
+    env: dict[str, str] = field(default_factory=dict)
+    mtp_layers: int | None = None
+
+    def argv(self, models: dict[str, str]) -> list[str]:
+        return localised(serve_args(self.config), self.config, models, self.mtp_layers)
+
+
+def localised(args: list[str], config: RuntimeConfig, models: dict[str, str], mtp_layers: int | None) -> list[str]:
+    """The rendered args with the target and drafter swapped for the driver's local config directories."""
+    out = list(args)
+    method = config.speculative.method if config.speculative else None
+    target = f"target-deepseek-v3-mtp{mtp_layers}" if method == "mtp" else "target-llama"
+    assert out[1] == config.model
+    out[1] = models[target]
+    if config.speculative is not None and "--speculative-config" in out:
+        index = out.index("--speculative-config") + 1
+        speculative = json.loads(out[index])
+        if speculative.get("model") is not None:
+            speculative["model"] = models[DRAFTER_DIRS[speculative["method"]]]
+        out[index] = json.dumps(speculative, sort_keys=True, separators=(",", ":"))
+    return out
+
+
+def render(
+    spec: SpeculativeModelSpec, name: str, drafter: Drafter, k: int, gfx: str
+) -> tuple[RuntimeConfig, dict[str, str]]:
+    """What the reconciler renders for one pool: runtime config with the gfx target's attention backend."""
+    user_env = {var.name: var.value for var in spec.runtime.env}
+    plan = plan_runtime(gfx, spec.runtime.image or "vllm/vllm-openai-rocm:v0.33.0", None, user_env)
+    return with_attention_backend(runtime_config(spec, name, drafter, k), plan.attention_backend), plan.env
+
+
+def example_specs() -> list[tuple[str, SpeculativeModelSpec]]:
+    specs = []
+    for path in EXAMPLES:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "SpeculativeModel":
+                name = f"{path.stem}/{doc['metadata']['name']}"
+                specs.append((name, SpeculativeModelSpec.model_validate(doc["spec"])))
+    return specs
+
+
+def example_cases() -> list[Case]:
+    """Every example x each of its gfx targets x every drafter it may run there (its preferences that are not
+    blocked on that target, and the ngram fallback) x initialK and the K bounds."""
+    cases = []
+    for name, spec in example_specs():
+        bounds = spec.speculation
+        for gfx in spec.placement.gfx_targets:
+            for drafter in [*spec.drafters, FALLBACK]:
+                if unsupported_reason(drafter.method, gfx):
+                    continue
+                for k in sorted({bounds.initial_k, bounds.min_k, bounds.max_k}):
+                    config, env = render(spec, name.split("/")[1], drafter, k, gfx)
+                    cases.append(Case(f"{name}/{gfx}/{drafter.method}/k{k}", config, gfx, env, drafter.mtp_layers))
+    return cases
+
+
+def method_spec(method: str, mtp_layers: int | None = None) -> SpeculativeModelSpec:
+    drafter: dict[str, Any] = {"method": method}
+    if method in PLACEHOLDER_DRAFTER:
+        drafter["model"] = PLACEHOLDER_DRAFTER[method]
+    if method == "mtp":
+        drafter["mtpLayers"] = mtp_layers
+    return SpeculativeModelSpec.model_validate({
+        "model": {"name": "org/target-8B", "servedName": "target", "maxModelLen": 8192},
+        "drafters": [drafter],
+        "speculation": {"initialK": 1, "minK": 0, "maxK": MAX_K},
+        "placement": {"gfxTargets": list(GFX_TARGETS)},
+    })
+
+
+def method_cases() -> list[Case]:
+    """Every admitted method at every gfx target and the K bounds (0, 1, MAX_K); mtp at every K its declared
+    layer count makes legal. Methods admission refuses are in `refused_method_cases`."""
+    cases = []
+    for method in SPECULATIVE_METHODS:
+        if method in REFUSED_METHODS:
+            continue
+        for layers in MTP_LAYER_COUNTS if method == "mtp" else (None,):
+            spec = method_spec(method, layers)
+            drafter = spec.drafters[0]
+            ks = legal_ks(method, layers, 0, MAX_K) if method == "mtp" else (0, 1, 2, MAX_K)
+            for gfx in GFX_TARGETS:
+                if unsupported_reason(method, gfx):
+                    continue
+                for k in ks:
+                    config, env = render(spec, "target", drafter, k, gfx)
+                    suffix = f"/mtp{layers}" if layers else ""
+                    cases.append(Case(f"method/{method}{suffix}/{gfx}/k{k}", config, gfx, env, layers))
+    return cases
+
+
+def mtp_k_cases() -> list[tuple[int, int, list[str]]]:
+    """(layers, K, args) for every K in 1..MAX_K, legal or not: vLLM's verdict must equal vllm_accepts_k's."""
+    out = []
+    for layers in MTP_LAYER_COUNTS:
+        spec = method_spec("mtp", layers)
+        for k in range(1, MAX_K + 1):
+            config = runtime_config(spec, "target", spec.drafters[0], k)
+            out.append((layers, k, serve_args(config)))
+    return out
+
+
+def refused_method_cases() -> list[tuple[str, int, RuntimeConfig]]:
+    """Configs for the methods admission refuses, rendered as if admitted: vLLM must refuse each too."""
+    out = []
+    for method in REFUSED_METHODS:
+        drafter = Drafter.model_construct(method=method)  # admission would refuse it: build it unvalidated
+        spec = method_spec("ngram")
+        for k in (1, 2):
+            out.append((method, k, runtime_config(spec, "target", drafter, k)))
+    return out
+
+
+def unique(cases: list[Case], models: dict[str, str]) -> dict[str, list[str]]:
+    """Distinct argument lists (gfx targets share most of them), keyed by their JSON."""
+    return {json.dumps(case.argv(models)): case.argv(models) for case in cases}
+
+
+# Every way vLLM 0.33's FlexibleArgumentParser + argparse let extraArgs set attention_config.backend.
+ATTENTION_CONFIG_BACKEND_SPELLINGS: list[list[str]] = [
+    form
+    for flag in ("--attention-config", "--attention_config", "-ac", "--attention-conf", "--attention-c")
+    for form in (
+        [f"{flag}.backend=TRITON_ATTN"],
+        [f"{flag}.backend", "TRITON_ATTN"],
+        [flag, '{"backend":"TRITON_ATTN"}'],
+        [f'{flag}={{"backend":"TRITON_ATTN"}}'],
+    )
+]
+# attention_config keys that do not clash: extraArgs may set them, and vLLM starts with them.
+ATTENTION_CONFIG_OTHER_KEYS: list[list[str]] = [
+    ["--attention-config.flash_attn_version=3"],
+    ["-ac.use_prefill_query_quantization", "true"],
+    ["--attention_config.backend_per_kind.mla_attention=TRITON_MLA"],
+]
+# Other refusals the simulator must mirror, as extra args or speculative configs on a rendered base.
+SPEC_ALIAS_CLASH = ["--spec-tokens", "2"]
+
+
+def base_case(models: dict[str, str], method: str = "eagle3", k: int = 3, gfx: str = "gfx942") -> list[str]:
+    spec = method_spec(method, 2 if method == "mtp" else None)
+    config, _ = render(spec, "target", spec.drafters[0], k, gfx)
+    return localised(serve_args(config), config, models, 2 if method == "mtp" else None)
+
+
+def with_speculative(argv: list[str], **speculative: object) -> list[str]:
+    out = list(argv)
+    out[out.index("--speculative-config") + 1] = json.dumps(speculative, sort_keys=True, separators=(",", ":"))
+    return out
+
+
+def refusal_argvs(models: dict[str, str]) -> list[list[str]]:
+    """Argument lists vLLM refuses at start-up that the operator can render or a user can reach."""
+    base = base_case(models)
+    llama = models["target-llama"]
+    out = [[*base, *extra] for extra in ATTENTION_CONFIG_BACKEND_SPELLINGS]
+    out.append([*base, *SPEC_ALIAS_CLASH])
+    out.append(with_speculative(base, method="mtp", num_speculative_tokens=1))  # llama: no MTP layers
+    out.append(with_speculative(base, method="ngram", num_speculative_tokens=3, prompt_lookup_min=6,
+                                prompt_lookup_max=2))
+    out.append(with_speculative(base, method="eagle3", num_speculative_tokens=3))  # without its model
+    out += [localised(serve_args(config), config, models, None) for _, _, config in refused_method_cases()]
+    assert all(argv[1] == llama for argv in out)
+    return out
+
+
+def mtp_k_argvs(models: dict[str, str]) -> list[tuple[int, int, list[str]]]:
+    out = []
+    for layers, k, args in mtp_k_cases():
+        spec = method_spec("mtp", layers)
+        config = runtime_config(spec, "target", spec.drafters[0], k)
+        out.append((layers, k, localised(args, config, models, layers)))
+    return out
+
+
+def all_serve_argvs(models: dict[str, str]) -> list[list[str]]:
+    base = base_case(models)
+    return [
+        *(case.argv(models) for case in [*example_cases(), *method_cases()]),
+        *(argv for _, _, argv in mtp_k_argvs(models)),
+        *refusal_argvs(models),
+        *([*base, *extra] for extra in ATTENTION_CONFIG_OTHER_KEYS),
+        base_case(models, "suffix"),
+    ]
+
+
+def proposer_argvs(models: dict[str, str]) -> list[list[str]]:
+    """One config per method at K=2 (K=1 too for the methods admission refuses), as the gfx942 pool renders."""
+    out = [base_case(models, method, 2) for method in SPECULATIVE_METHODS if method not in REFUSED_METHODS]
+    out += [localised(serve_args(config), config, models, None) for _, _, config in refused_method_cases()]
+    return out
+
+
+def attention_request(gfx: str) -> dict[str, Any]:
+    """The backend the operator renders for the gfx target, with the environment it sets, for a target with
+    ordinary attention (head size 128, as Llama/Qwen) and the smaller head sizes tiny drafters use."""
+    spec = method_spec("eagle3")
+    _, env = render(spec, "target", spec.drafters[0], 3, gfx)
+    backend = plan_runtime(gfx, "vllm/vllm-openai-rocm:v0.33.0", None, {}).attention_backend
+    return {
+        "gfx": gfx,
+        "env": env,
+        "cases": [{"id": f"head{size}", "backend": backend, "head_size": size} for size in (64, 128)],
+    }

@@ -1,0 +1,70 @@
+"""Session fixtures of the vLLM contract suite: one vLLM venv, one set of tiny model directories, and each
+driver command run once for all cases (vLLM's imports cost seconds per process, a case costs milliseconds)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from specdec_operator.api.vocabulary import GFX_TARGETS
+from tests.contract import cases as rendered
+from tests.contract.vllm_env import VllmDriver, vllm_python
+
+
+@pytest.fixture(scope="session")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> VllmDriver:
+    models_dir = tmp_path_factory.mktemp("vllm-models")
+    return VllmDriver(vllm_python(), models_dir)
+
+
+@pytest.fixture(scope="session")
+def models(driver: VllmDriver) -> dict[str, str]:
+    answer: dict[str, str] = driver.run(
+        "models", {"dir": str(driver.models_dir), "mtp_layers": list(rendered.MTP_LAYER_COUNTS)}
+    )
+    return answer
+
+
+class Verdicts:
+    """vLLM's answer per argument list, asked lazily in one driver run per command."""
+
+    def __init__(self, driver: VllmDriver, command: str, argvs: list[list[str]]) -> None:
+        keyed = {json.dumps(argv): argv for argv in argvs}
+        request = {"cases": [{"id": key, "argv": argv} for key, argv in keyed.items()]}
+        self._results = {result["id"]: result for result in driver.run(command, request)}
+
+    def __getitem__(self, argv: list[str]) -> dict[str, Any]:
+        return self._results[json.dumps(argv)]
+
+
+@pytest.fixture(scope="session")
+def serve_argvs(models: dict[str, str]) -> list[list[str]]:
+    """Every argument list any contract test asks `vllm serve` about."""
+    return rendered.all_serve_argvs(models)
+
+
+@pytest.fixture(scope="session")
+def vllm_serve(driver: VllmDriver, serve_argvs: list[list[str]]) -> Verdicts:
+    return Verdicts(driver, "serve", serve_argvs)
+
+
+@pytest.fixture(scope="session")
+def vllm_proposers(driver: VllmDriver, models: dict[str, str]) -> Verdicts:
+    return Verdicts(driver, "proposers", rendered.proposer_argvs(models))
+
+
+@pytest.fixture(scope="session")
+def vllm_attention(driver: VllmDriver) -> dict[str, list[dict[str, Any]]]:
+    """RocmPlatform's answer per gfx target: one process each (the arch is read once at import), two at a time."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        answers = pool.map(lambda gfx: driver.run("attention", rendered.attention_request(gfx)), GFX_TARGETS)
+        return dict(zip(GFX_TARGETS, answers, strict=True))
+
+
+@pytest.fixture(scope="session")
+def vllm_options(driver: VllmDriver) -> list[dict[str, Any]]:
+    answer: list[dict[str, Any]] = driver.run("options", {})
+    return answer
