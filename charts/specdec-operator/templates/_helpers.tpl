@@ -52,7 +52,7 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 {{- $root := .root -}}
 # Every verb below is one the operator's code sends; tests/unit/packaging/test_chart_rbac.py holds this
 # list to the code and tests/e2e/test_rbac.py proves it is enough. No `get` on workloads: the reconcile
-# reads its children with one labelled LIST per kind and never fetches one by name.
+# reads its children from watch caches (kopf indices) and never fetches one by name.
 # SpeculativeModels: kopf lists and watches them to drive reconciles; patch writes kopf's finalizer, its
 # progress annotations and the removal of a used one-shot canary annotation. No create or delete: users
 # (and Git) own these objects.
@@ -63,21 +63,23 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 - apiGroups: ["specdec.io"]
   resources: ["speculativemodels/status"]
   verbs: ["patch"]
-# Runtime pools and canaries. list reads a model's children; watch wakes a model's loop when one of its
-# Deployments changes (rollout progress). Server-side apply is a PATCH that creates a missing object, which
+# Runtime pools and canaries. list and watch feed kopf's index of owned Deployments, which wakes a model's
+# loop when one of its Deployments changes (rollout progress). Server-side apply is a PATCH that creates a missing object, which
 # the API server authorises as create; delete removes canary Deployments after promotion or rollback.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# Per-pool runtime ConfigMaps and Services: listed with the model's other children, applied like
-# Deployments; stale ones of replaced revisions and removed pools are deleted.
+# Per-pool runtime ConfigMaps and Services: list and watch feed kopf's indices of owned objects
+# (handlers/watches.py), which the reconcile reads instead of listing, and wake a model when one changes;
+# applied like Deployments; stale ones of replaced revisions and removed pools are deleted.
 - apiGroups: [""]
   resources: ["configmaps", "services"]
-  verbs: ["list", "create", "patch", "delete"]
-# A PodDisruptionBudget per pool keeps voluntary evictions from emptying it; deleted with the pool.
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# A PodDisruptionBudget per pool keeps voluntary evictions from emptying it; watched like the other owned
+# objects; deleted with the pool.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Pods are read only. list: a model's runtime pods (labelled) give the IPs to scrape vLLM's /metrics and
 # probe /health, and their restarts; list and watch: kopf's pod index (handlers/register.py gpu_pods)
 # caches every watched pod's amd.com/gpu request and scheduling state, so placement and rollouts count
