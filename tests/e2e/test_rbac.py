@@ -156,7 +156,9 @@ def test_placement_under_the_service_account(cluster: LocalCluster, sa_operator:
     # Every write the operator made here was the ServiceAccount's, and the API server accepted all of them.
     writes = _operator_writes(cluster, sa_operator.workload_namespace)
     assert writes and {user for user, _, _ in writes} == {sa_operator.username}, writes
-    assert not [w for w in writes if w[2] >= 400], writes
+    # A 409 is optimistic concurrency doing its job (status writes carry a resourceVersion precondition, and
+    # kopf's finalizer patch often lands first on a new model): re-read and retried, never a permission issue.
+    assert not [w for w in writes if w[2] >= 400 and w[2] != 409], writes
 
 
 def test_tuning_under_the_service_account(sa_operator: ServiceAccountOperator, sa_kube: Kube,

@@ -53,12 +53,13 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 # Every verb below is one the operator's code sends; tests/unit/packaging/test_chart_rbac.py holds this
 # list to the code and tests/e2e/test_rbac.py proves it is enough. No `get` on workloads: the reconcile
 # reads its children from watch caches (kopf indices) and never fetches one by name.
-# SpeculativeModels: kopf lists and watches them to drive reconciles; patch writes kopf's finalizer, its
-# progress annotations and the removal of a used one-shot canary annotation. No create or delete: users
-# (and Git) own these objects.
+# SpeculativeModels: kopf lists and watches them to drive reconciles; get re-reads one after a status write
+# met a conflict (409) or lost its answer, since status writes carry a resourceVersion precondition; patch
+# writes kopf's finalizer, its progress annotations and the removal of a used one-shot canary annotation.
+# No create or delete: users (and Git) own these objects.
 - apiGroups: ["specdec.io"]
   resources: ["speculativemodels"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 # Status subresource: observed pools, effective K, tuner decisions and canary state (a merge patch).
 - apiGroups: ["specdec.io"]
   resources: ["speculativemodels/status"]

@@ -11,7 +11,7 @@ from tests.unit.packaging.chart import RELEASE_NAMESPACE, Manifest, of_kind, one
 # What the operator does against the API, per (group, resource); the chart comments say why. Kept in step
 # with the code by hand and proven sufficient by tests/e2e/test_rbac.py; nothing here is granted "in case".
 WORKLOAD_VERBS: dict[tuple[str, str], set[str]] = {
-    ("specdec.io", "speculativemodels"): {"list", "watch", "patch"},
+    ("specdec.io", "speculativemodels"): {"get", "list", "watch", "patch"},
     ("specdec.io", "speculativemodels/status"): {"patch"},
     ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
     ("", "configmaps"): {"list", "watch", "create", "patch", "delete"},
