@@ -20,9 +20,8 @@ OPERATOR_AGENTS = ("specdec-operator", "kopf/")
 WRITE_VERBS = ("create", "update", "patch", "delete")
 
 
-def operator_writes_since(audit_log: Path, since_iso: str) -> list[str]:
-    """Writes by the operator (our client or kopf's) received at or after `since_iso`."""
-    writes = []
+def _operator_entries(audit_log: Path, since_iso: str) -> Iterable[dict[str, Any]]:
+    """Completed requests by the operator (our client or kopf's) received at or after `since_iso`."""
     for line in audit_log.read_text(errors="replace").splitlines():
         try:
             entry = json.loads(line)
@@ -30,30 +29,27 @@ def operator_writes_since(audit_log: Path, since_iso: str) -> list[str]:
             continue
         if entry.get("stage") != "ResponseComplete" or entry.get("requestReceivedTimestamp", "") < since_iso:
             continue
-        if str(entry.get("userAgent", "")).startswith(OPERATOR_AGENTS):
-            ref = entry.get("objectRef", {})
-            writes.append(f"{entry['verb']} {ref.get('resource')}/{ref.get('name')} ({entry['userAgent']})")
-    return writes
+        if str(entry.get("userAgent", "")).startswith(OPERATOR_AGENTS) and entry.get("verb") in WRITE_VERBS:
+            yield entry
+
+
+def operator_writes_since(audit_log: Path, since_iso: str) -> list[str]:
+    """Writes by the operator received at or after `since_iso`, one line each."""
+    return [f"{entry['verb']} {entry.get('objectRef', {}).get('resource')}/{entry.get('objectRef', {}).get('name')} "
+            f"({entry['userAgent']})" for entry in _operator_entries(audit_log, since_iso)]
 
 
 def operator_write_entries(audit_log: Path, since_iso: str) -> list[dict[str, str]]:
     """The operator's writes at or after `since_iso`, each with its time, verb, resource, subresource and name."""
     entries = []
-    for line in audit_log.read_text(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if entry.get("stage") != "ResponseComplete" or entry.get("requestReceivedTimestamp", "") < since_iso:
-            continue
-        if str(entry.get("userAgent", "")).startswith(OPERATOR_AGENTS):
-            ref = entry.get("objectRef", {})
-            entries.append({
-                "at": entry["requestReceivedTimestamp"], "verb": entry["verb"], "code": str(
-                    entry.get("responseStatus", {}).get("code", "")),
-                "resource": ref.get("resource", ""), "subresource": ref.get("subresource", ""),
-                "name": ref.get("name", ""), "agent": entry.get("userAgent", ""),
-            })
+    for entry in _operator_entries(audit_log, since_iso):
+        ref = entry.get("objectRef", {})
+        entries.append({
+            "at": entry["requestReceivedTimestamp"], "verb": entry["verb"],
+            "code": str(entry.get("responseStatus", {}).get("code", "")),
+            "resource": ref.get("resource", ""), "subresource": ref.get("subresource", ""),
+            "name": ref.get("name", ""), "agent": entry.get("userAgent", ""),
+        })
     return entries
 
 
