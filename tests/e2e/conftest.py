@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.build import prometheus_operator_crd_files
 from localcluster.cluster import LocalCluster
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
@@ -64,3 +65,13 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
 @pytest.fixture
 def kube(cluster: LocalCluster, namespace: str, crds: None) -> Kube:
     return Kube(cluster, namespace)
+
+
+@pytest.fixture
+def monitoring_crds(cluster: LocalCluster) -> None:
+    """The Prometheus Operator's PrometheusRule, PodMonitor and ServiceMonitor CRDs, from its module."""
+    for path in prometheus_operator_crd_files():
+        if path.name.split("_")[1] in ("prometheusrules.yaml", "podmonitors.yaml", "servicemonitors.yaml"):
+            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    for crd in ("prometheusrules", "podmonitors", "servicemonitors"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.monitoring.coreos.com", "--timeout=30s")

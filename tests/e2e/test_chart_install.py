@@ -15,6 +15,7 @@ from collections import Counter
 from functools import partial
 
 import pytest
+import yaml
 
 from localcluster.cluster import LocalCluster
 from localcluster.versions import KUBERNETES_VERSION
@@ -101,3 +102,40 @@ def test_install_creates_every_object_and_uninstall_removes_them(cluster: LocalC
         assert cluster.kubectl("get", "crd", SM_CRD, "-o", "name", check=False).strip(), f"{SM_CRD} was deleted"
     finally:
         release.cleanup()
+
+
+# Every optional piece on at once, so the dry run below sees every template the chart can render.
+ALL_OPTIONS: dict[str, object] = {
+    "watchNamespaces": ["team-a", "team-b"],
+    "crds": {"templated": True, "keep": True},
+    "logging": {"format": "json"},
+    "shard": {"name": "shard-a", "modelSelector": "specdec.io/shard=a"},
+    "runtime": {"pod": {"weightsCacheClaim": "hf-cache"}},
+    "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
+                "prometheusRule": {"enabled": True}},
+}
+
+
+def test_every_option_rendered_passes_the_api_servers_validation(cluster: LocalCluster, helm: Helm,
+                                                                 monitoring_crds: None) -> None:
+    """The rendered manifests, every option on, validated by the real Kubernetes 1.36 API server: a
+    server-side dry run checks each object against its built-in schema or its CRD's (Prometheus Operator's,
+    installed from its module), and admission, without persisting anything."""
+    namespace = unique_name("e2e-dryrun-sys")
+    rendered = helm.template("specdec", namespace, ALL_OPTIONS)
+    kinds = Counter(doc["kind"] for doc in rendered)
+    assert {"PrometheusRule", "PodMonitor", "ServiceMonitor", "Role", "RoleBinding"} <= set(kinds), kinds
+    assert any(doc["kind"] == "CustomResourceDefinition" and doc["metadata"]["name"] == SM_CRD for doc in rendered)
+    # The namespaces must exist for a dry run of the objects in them; nothing else is created.
+    for name in (namespace, "team-a", "team-b"):
+        cluster.kubectl("create", "namespace", name, check=False)
+    try:
+        out = cluster.kubectl("apply", "--dry-run=server", "--server-side", "--force-conflicts",
+                              "--field-manager", "helm", "-f", "-",
+                              input_text=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": rendered}))
+        accepted = [line for line in out.splitlines() if line.strip()]
+        assert len(accepted) == len(rendered), out
+        assert all("(server dry run)" in line for line in accepted), out
+    finally:
+        for name in (namespace, "team-a", "team-b"):
+            cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

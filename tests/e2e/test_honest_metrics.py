@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from localcluster.build import prometheus_operator_crd_files
 from localcluster.cluster import LocalCluster
 from tests.e2e.helm import Helm, Release, unique_name
 from tests.e2e.kube import Kube, wait_for
@@ -48,15 +47,6 @@ def model_series(process: OperatorProcess, model: str | None = None) -> list[str
 
 def active(process: OperatorProcess) -> float | None:
     return (process.metrics() or {}).get("specdec_active{}")
-
-
-@pytest.fixture
-def monitoring_crds(cluster: LocalCluster) -> None:
-    for path in prometheus_operator_crd_files():
-        if path.name.split("_")[1] in ("prometheusrules.yaml", "podmonitors.yaml", "servicemonitors.yaml"):
-            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    for crd in ("prometheusrules", "podmonitors", "servicemonitors"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.monitoring.coreos.com", "--timeout=30s")
 
 
 @pytest.fixture
