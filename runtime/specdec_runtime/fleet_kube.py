@@ -44,6 +44,7 @@ class RuntimePod:
 
 LIST_PAGE = 500
 WATCH_TIMEOUT_S = 300
+WATCH_RETRY_S = 1.0
 
 
 class KubePodSource:
@@ -114,16 +115,29 @@ class KubePodSource:
                 return str(page.metadata.resource_version)
 
     async def _watch_pods(self) -> None:
-        resource_version = await self._list_pods()
-        self._synced.set()
+        """List, then watch from there, for as long as the driver runs.
+
+        An API server that restarts or drops the stream is the normal case here (the fault-injection tests
+        restart it on purpose): any failure retries after a pause, resuming from the last resource version,
+        and a 410 (too old) lists afresh. The cache stays usable meanwhile, so callers never wait on a
+        watcher that has died.
+        """
+        resource_version: str | None = None
         while True:
             try:
+                if resource_version is None:
+                    resource_version = await self._list_pods()
+                    self._synced.set()
                 async with watch.Watch() as stream:
                     async for event in stream.stream(
                         self._core.list_pod_for_all_namespaces, label_selector=RUNTIME_SELECTOR,
                         resource_version=resource_version, timeout_seconds=WATCH_TIMEOUT_S,
                         allow_watch_bookmarks=True,
                     ):
+                        if event["type"] == "BOOKMARK":
+                            # Bookmarks carry only a resource version, as a raw dict.
+                            resource_version = event["raw_object"]["metadata"]["resourceVersion"]
+                            continue
                         pod = event["object"]
                         resource_version = pod.metadata.resource_version
                         if event["type"] == "DELETED":
@@ -131,10 +145,17 @@ class KubePodSource:
                             self._configs.pop(pod.metadata.uid, None)
                         elif event["type"] in ("ADDED", "MODIFIED"):
                             self._pods[pod.metadata.uid] = pod
+            except asyncio.CancelledError:
+                raise
             except ApiException as err:
-                if err.status != 410:
-                    raise
-                resource_version = await self._list_pods()  # our version is too old: start over
+                if err.status == 410:
+                    resource_version = None  # our version is too old: start over
+                    continue
+                logger.warning("pod watch failed (%s %s); retrying in %.0fs", err.status, err.reason, WATCH_RETRY_S)
+                await asyncio.sleep(WATCH_RETRY_S)
+            except Exception as err:  # a dropped connection, a restarting API server
+                logger.warning("pod watch interrupted: %s; retrying in %.0fs", err, WATCH_RETRY_S)
+                await asyncio.sleep(WATCH_RETRY_S)
 
     async def _on_kwok_node(self, node_name: str | None) -> bool:
         if not node_name:
