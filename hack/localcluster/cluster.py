@@ -48,6 +48,12 @@ rules:
       - {group: apps, resources: [deployments]}
       - {group: specdec.io, resources: [speculativemodels/status]}
       - {group: gateway.networking.k8s.io, resources: [httproutes]}
+  # kopf writes a model's finalizer as a JSON patch whose first op tests metadata.resourceVersion: the body
+  # tells that optimistic-concurrency 422 apart from a refused object.
+  - level: Request
+    verbs: [patch]
+    resources:
+      - {group: specdec.io, resources: [speculativemodels]}
   - level: Metadata
     verbs: [create, update, patch, delete, deletecollection]
   - level: None

@@ -53,9 +53,16 @@ def operator_write_entries(audit_log: Path, since_iso: str) -> list[dict[str, st
     return entries
 
 
+def resource_version_test_failed(request: Any) -> bool:
+    """Whether a refused request was a JSON patch guarded by a `test` of metadata.resourceVersion."""
+    return (isinstance(request, list) and bool(request) and isinstance(request[0], dict)
+            and request[0].get("op") == "test" and request[0].get("path") == "/metadata/resourceVersion")
+
+
 @dataclass(frozen=True)
 class AuditEntry:
     verb: str
+    user: str
     resource: str
     subresource: str
     namespace: str
@@ -72,7 +79,8 @@ class AuditEntry:
         ref = raw.get("objectRef", {})
         status = raw.get("responseStatus", {})
         return cls(
-            verb=str(raw.get("verb", "")), resource=str(ref.get("resource", "")),
+            verb=str(raw.get("verb", "")), user=str(raw.get("user", {}).get("username", "")),
+            resource=str(ref.get("resource", "")),
             subresource=str(ref.get("subresource", "")), namespace=str(ref.get("namespace", "")),
             name=str(ref.get("name", "")), code=int(status.get("code", 0)), user_agent=str(raw.get("userAgent", "")),
             received=str(raw.get("requestReceivedTimestamp", "")), request=raw.get("requestObject"),
@@ -86,8 +94,14 @@ class AuditEntry:
     @property
     def denied(self) -> bool:
         """Refused by admission (a policy or webhook said no: 403, or 422 for an invalid object); a 409
-        conflict is the optimistic-concurrency check doing its job, not a refusal."""
-        return self.code in (403, 422)
+        conflict, or kopf's failed resourceVersion test, is optimistic concurrency doing its job, not a refusal."""
+        return self.code in (403, 422) and not self.lost_a_race
+
+    @property
+    def lost_a_race(self) -> bool:
+        """Someone wrote in between: a 409, or a 422 on a JSON patch whose resourceVersion test failed (kopf
+        writes finalizers that way; the API server answers a failed `test` op with 422, not 409)."""
+        return self.code == 409 or (self.code == 422 and resource_version_test_failed(self.request))
 
     @property
     def by_operator(self) -> bool:
