@@ -3,7 +3,9 @@
 Status is computed whole each reconcile. The patch to get from the stored status to it sends changed
 values, and an explicit null for every key the new status no longer has, so removed fields disappear.
 Lists are replaced whole (we compute them whole). Live statistics change with every scrape; they ride
-along with any other change and otherwise reach status at a bounded rate.
+along with any other change, and otherwise reach status only when they have moved past a tolerance since
+they were stored, at most once per period. A settled fleet under steady traffic thus writes nothing: the
+exact, fresh figures are on the operator's /metrics.
 """
 
 from __future__ import annotations
@@ -60,11 +62,65 @@ def with_live_stats_of(status: Mapping[str, Any], source: Mapping[str, Any]) -> 
     return merged
 
 
+# How far live statistics may drift from the stored ones before a refresh is worth a write. Acceptance
+# rates are fractions (0.05 is five points, what the printer column's percentage can show at a glance);
+# throughput and mean accepted length move with the traffic mix, so they get a relative band.
+ACCEPTANCE_TOLERANCE = 0.05
+THROUGHPUT_TOLERANCE = 0.25
+ACCEPTED_LENGTH_TOLERANCE = 0.10
+_ABSOLUTE_KEYS = ("acceptanceRate",)
+_RELATIVE_KEYS = (("tokensPerSecond", THROUGHPUT_TOLERANCE), ("meanAcceptedLength", ACCEPTED_LENGTH_TOLERANCE))
+
+
+def _figure_moved(old: Any, new: Any, tolerance: float, relative: bool) -> bool:
+    if old is None or new is None:
+        return (old is None) != (new is None)
+    if not isinstance(old, int | float) or not isinstance(new, int | float):
+        return bool(old != new)
+    band = tolerance * max(abs(float(old)), abs(float(new))) if relative else tolerance
+    return abs(float(new) - float(old)) > band
+
+
+def _figures_moved(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    if any(_figure_moved(old.get(key), new.get(key), ACCEPTANCE_TOLERANCE, False) for key in _ABSOLUTE_KEYS):
+        return True
+    return any(_figure_moved(old.get(key), new.get(key), band, True) for key, band in _RELATIVE_KEYS)
+
+
+def _pool_stats_moved(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    if _figures_moved(old, new) or old.get("recommendedK") != new.get("recommendedK"):
+        return True
+    if (int(old.get("drafts") or 0) > 0) != (int(new.get("drafts") or 0) > 0):
+        return True  # traffic started or stopped
+    old_positions, new_positions = old.get("perPositionAcceptance") or [], new.get("perPositionAcceptance") or []
+    if len(old_positions) != len(new_positions):
+        return True
+    pairs = zip(old_positions, new_positions, strict=True)
+    return any(_figure_moved(a, b, ACCEPTANCE_TOLERANCE, False) for a, b in pairs)
+
+
+def live_stats_moved(stored: Mapping[str, Any], computed: Mapping[str, Any]) -> bool:
+    """Whether `computed`'s live statistics differ from `stored`'s by more than the tolerances: a new or
+    vanished figure or pool, a different recommended K, or a figure outside its band."""
+    old = stored.get("speculation") or {}
+    new = computed.get("speculation") or {}
+    if _figures_moved(old, new):
+        return True
+    old_pools = {p.get("pool"): p for p in old.get("pools") or [] if isinstance(p, Mapping)}
+    new_pools = {p.get("pool"): p for p in new.get("pools") or [] if isinstance(p, Mapping)}
+    if old_pools.keys() != new_pools.keys():
+        return True
+    return any(_pool_stats_moved(old_pools[pool], new_pools[pool]) for pool in new_pools)
+
+
 def status_to_write(
     stored: Mapping[str, Any], computed: Mapping[str, Any], stats_due: bool
 ) -> tuple[dict[str, Any], bool]:
     """(the status to store, whether it carries fresh statistics). Fresh statistics go out whenever anything
-    else changes too, or when their refresh is due; otherwise the stored ones are kept and nothing is written."""
-    if stats_due or without_live_stats(stored) != without_live_stats(computed):
+    else changes too, or when their refresh is due and they have moved past the tolerances; otherwise the
+    stored ones are kept and nothing is written."""
+    if without_live_stats(stored) != without_live_stats(computed):
+        return dict(computed), True
+    if stats_due and live_stats_moved(stored, computed):
         return dict(computed), True
     return with_live_stats_of(computed, stored), False
