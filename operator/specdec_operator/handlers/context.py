@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import aiohttp
 
 from specdec_operator.handlers.cache import WatchCache
+from specdec_operator.handlers.memory import MemoryRelease
 from specdec_operator.kube.api import KubeApi
 from specdec_operator.reconcile.observed import Settings
 from specdec_operator.settings import OperatorSettings
@@ -38,6 +39,7 @@ class OperatorContext:
     written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     stats_written_at: dict[tuple[str, str], float] = field(default_factory=dict)  # monotonic
     refusals: dict[tuple[str, str], Refusals] = field(default_factory=dict)
+    memory: MemoryRelease = field(default_factory=MemoryRelease)  # gives pages back after models go
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop every per-model memory when the model's loop ends."""
@@ -48,6 +50,7 @@ class OperatorContext:
         if self.scrapes is not None:
             self.scrapes.forget(key)
         self.cache.forget(key)
+        self.memory.after_forget()
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())

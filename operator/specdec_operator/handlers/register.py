@@ -84,12 +84,14 @@ async def close(memo: Any, **_: Any) -> None:
     memo.scrape_rounds.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await memo.scrape_rounds
+    await context.memory.close()
     await context.http.close()
     await context.api.close()
 
 
+# Async like the owned-object indices (handlers/watches.py): no thread hop per node or pod event.
 @kopf.index("nodes")
-def gpu_nodes(
+async def gpu_nodes(
     name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, **_: Any
 ) -> dict[str, NodeGpus]:
     return {
@@ -104,7 +106,7 @@ def gpu_nodes(
 
 
 @kopf.index("pods")
-def gpu_pods(
+async def gpu_pods(
     namespace: str | None, name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, **_: Any
 ) -> dict[str, PodGpus]:
     """GPU claims of every watched pod (all models and other workloads) for free-GPU counts.

@@ -65,29 +65,23 @@ def _index_child(kind: str, api_version: str, body: Mapping[str, Any]) -> dict[C
     return {(str(meta["namespace"]), uid): slim for uid in owners}
 
 
-# One index per kind: kopf passes each to handlers under its function's name.
-@kopf.index("apps", "v1", "deployments", labels=OWNED)
-def owned_deployments(body: kopf.Body, **_: Any) -> dict[ChildKey, dict[str, Any]] | None:
+def index_deployment(body: Mapping[str, Any]) -> dict[ChildKey, dict[str, Any]] | None:
     return _index_child("Deployment", "apps/v1", body)
 
 
-@kopf.index("", "v1", "configmaps", labels=OWNED)
-def owned_configmaps(body: kopf.Body, **_: Any) -> dict[ChildKey, dict[str, Any]] | None:
+def index_configmap(body: Mapping[str, Any]) -> dict[ChildKey, dict[str, Any]] | None:
     return _index_child("ConfigMap", "v1", body)
 
 
-@kopf.index("", "v1", "services", labels=OWNED)
-def owned_services(body: kopf.Body, **_: Any) -> dict[ChildKey, dict[str, Any]] | None:
+def index_service(body: Mapping[str, Any]) -> dict[ChildKey, dict[str, Any]] | None:
     return _index_child("Service", "v1", body)
 
 
-@kopf.index("policy", "v1", "poddisruptionbudgets", labels=OWNED)
-def owned_pdbs(body: kopf.Body, **_: Any) -> dict[ChildKey, dict[str, Any]] | None:
+def index_pdb(body: Mapping[str, Any]) -> dict[ChildKey, dict[str, Any]] | None:
     return _index_child("PodDisruptionBudget", "policy/v1", body)
 
 
-@kopf.index("", "v1", "pods", labels=OWNED)
-def runtime_pods(body: kopf.Body, **_: Any) -> dict[PodKey, dict[str, Any]] | None:
+def index_runtime_pod(body: Mapping[str, Any]) -> dict[PodKey, dict[str, Any]] | None:
     meta = body["metadata"]
     model = (meta.get("labels") or {}).get(contract.LABEL_MODEL)
     if not model:
@@ -95,13 +89,42 @@ def runtime_pods(body: kopf.Body, **_: Any) -> dict[PodKey, dict[str, Any]] | No
     return {(str(meta["namespace"]), str(model)): _slim(body, "Pod", "v1")}
 
 
-# Index name (as handlers receive it) -> the kind it indexes and its function; for tests that index a fake API.
+# One index per kind: kopf passes each to handlers under its function's name. Async although they never
+# wait: kopf runs a sync handler in its thread pool, a thread hop per watch event (thousands of pod
+# events on a large fleet), and every pool thread gets a glibc malloc arena that keeps its memory.
+@kopf.index("apps", "v1", "deployments", labels=OWNED)
+async def owned_deployments(body: kopf.Body, **_: Any) -> dict[ChildKey, dict[str, Any]] | None:
+    return index_deployment(body)
+
+
+@kopf.index("", "v1", "configmaps", labels=OWNED)
+async def owned_configmaps(body: kopf.Body, **_: Any) -> dict[ChildKey, dict[str, Any]] | None:
+    return index_configmap(body)
+
+
+@kopf.index("", "v1", "services", labels=OWNED)
+async def owned_services(body: kopf.Body, **_: Any) -> dict[ChildKey, dict[str, Any]] | None:
+    return index_service(body)
+
+
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels=OWNED)
+async def owned_pdbs(body: kopf.Body, **_: Any) -> dict[ChildKey, dict[str, Any]] | None:
+    return index_pdb(body)
+
+
+@kopf.index("", "v1", "pods", labels=OWNED)
+async def runtime_pods(body: kopf.Body, **_: Any) -> dict[PodKey, dict[str, Any]] | None:
+    return index_runtime_pod(body)
+
+
+# Index name (as handlers receive it) -> the kind it indexes and its pure function; for tests that index a
+# fake API.
 INDEX_HANDLERS = {
-    "owned_deployments": ("Deployment", owned_deployments),
-    "owned_configmaps": ("ConfigMap", owned_configmaps),
-    "owned_services": ("Service", owned_services),
-    "owned_pdbs": ("PodDisruptionBudget", owned_pdbs),
-    "runtime_pods": ("Pod", runtime_pods),
+    "owned_deployments": ("Deployment", index_deployment),
+    "owned_configmaps": ("ConfigMap", index_configmap),
+    "owned_services": ("Service", index_service),
+    "owned_pdbs": ("PodDisruptionBudget", index_pdb),
+    "runtime_pods": ("Pod", index_runtime_pod),
 }
 
 

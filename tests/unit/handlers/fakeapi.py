@@ -160,7 +160,7 @@ class LiveIndex(Mapping[Any, list[dict[str, Any]]]):
             # The watch is filtered on the server by our managed-by label.
             if kind != self._kind or any(labels.get(key) != value for key, value in OWNED.items()):
                 continue
-            for key, value in (self._handler(body=kopf.Body(copy.deepcopy(obj))) or {}).items():
+            for key, value in (self._handler(kopf.Body(copy.deepcopy(obj))) or {}).items():
                 entries.setdefault(key, []).append(value)
         return entries
 

@@ -11,9 +11,9 @@ from specdec_operator.handlers.cache import WatchCache
 from specdec_operator.handlers.watches import (
     OWNED_SELECTOR,
     filter_watches,
-    owned_configmaps,
-    owned_deployments,
-    runtime_pods,
+    index_configmap,
+    index_deployment,
+    index_runtime_pod,
 )
 from specdec_runtime import contract
 
@@ -52,10 +52,10 @@ def indices() -> dict[str, FakeIndex]:
 
 def test_children_are_indexed_by_owning_model_without_managed_fields() -> None:
     kwargs = indices()
-    kwargs["owned_deployments"].add(owned_deployments(body=kopf.Body(child("a-pool"))))
-    kwargs["owned_configmaps"].add(owned_configmaps(body=kopf.Body(child("a-config"))))
-    kwargs["owned_deployments"].add(owned_deployments(body=kopf.Body(child("b-pool", owner_uid="uid-model-b"))))
-    assert owned_deployments(body=kopf.Body(child("x", owner_kind="ReplicaSet"))) is None
+    kwargs["owned_deployments"].add(index_deployment(kopf.Body(child("a-pool"))))
+    kwargs["owned_configmaps"].add(index_configmap(kopf.Body(child("a-config"))))
+    kwargs["owned_deployments"].add(index_deployment(kopf.Body(child("b-pool", owner_uid="uid-model-b"))))
+    assert index_deployment(kopf.Body(child("x", owner_kind="ReplicaSet"))) is None
     cache = WatchCache()
     cache.bind(kwargs)
     found = cache.children("ns", MODEL_UID)
@@ -70,7 +70,7 @@ def test_children_are_indexed_by_owning_model_without_managed_fields() -> None:
 def test_runtime_pods_are_found_by_the_model_label() -> None:
     kwargs = indices()
     for name, model in (("p1", "a"), ("p2", "a"), ("p3", "b")):
-        kwargs["runtime_pods"].add(runtime_pods(body=kopf.Body(pod(name, model))))
+        kwargs["runtime_pods"].add(index_runtime_pod(kopf.Body(pod(name, model))))
     cache = WatchCache()
     cache.bind(kwargs)
     assert sorted(p["metadata"]["name"] for p in cache.pods("ns", "a")) == ["p1", "p2"]

@@ -1,0 +1,86 @@
+"""Giving memory back to the system once a fleet shrinks.
+
+Deleting hundreds of models frees their Python objects, yet the process keeps the pages: CPython's
+allocator returns an arena only when it is wholly empty, and glibc gives back only the top of its heap
+unless asked. On a long-lived operator whose fleet grew and then shrank that reads as a leak. After the
+last model in a burst of deletions is forgotten (a quiet period with no further ones), a full garbage
+collection and glibc's malloc_trim(0), which releases every whole free page in every arena, bring the
+resident size back near what the remaining fleet needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import gc
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+LOG = logging.getLogger(__name__)
+QUIET_S = 30.0  # a burst of deletions (kubectl delete --all, a namespace going) is over after this long
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where there is none (musl, macOS)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+def resident_mib() -> float | None:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE / 2**20
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def release_memory() -> tuple[float | None, float | None]:
+    """Collect garbage and hand free heap pages back; (resident MiB before, after)."""
+    before = resident_mib()
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+    return before, resident_mib()
+
+
+class MemoryRelease:
+    """Runs release_memory() once a burst of forgotten models has been quiet for `quiet_s`."""
+
+    def __init__(self, quiet_s: float = QUIET_S) -> None:
+        self.quiet_s = quiet_s
+        self._pending: asyncio.TimerHandle | None = None
+
+    def after_forget(self) -> None:
+        """A model's state was dropped: release once no other follows for the quiet period."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a synchronous caller in tests): nothing long-lived to shrink
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = loop.call_later(self.quiet_s, self._release)
+
+    def _release(self) -> None:
+        self._pending = None
+        before, after = release_memory()
+        if before is not None and after is not None:
+            LOG.info("models forgotten: resident memory %.0f MiB -> %.0f MiB after collection and trim",
+                     before, after)
+
+    async def close(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
