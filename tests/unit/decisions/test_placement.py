@@ -358,15 +358,6 @@ def test_total_replicas_used_up_by_earlier_pools_says_so() -> None:
     assert skipped_by_gfx(plan)["gfx90a"] == ("NoReplicas", message)
 
 
-@pytest.mark.parametrize("gfx", ["gfx1150", "gfx1151"])
-def test_a_target_the_device_table_cannot_recognise_gets_no_pool_and_a_clear_reason(gfx: str) -> None:
-    plan = place(FLEET, placement={"gfxTargets": [gfx, "gfx942"]})
-    reason, message = skipped_by_gfx(plan)[gfx]
-    assert reason == "NoCompatibleNodes"
-    assert f"the device table has no AMD device id for {gfx} yet" in message
-    assert list(pools_by_gfx(plan)) == ["gfx942"]
-
-
 def test_a_mixed_node_with_an_unlisted_device_is_excluded_by_name_from_the_pool_it_could_reach() -> None:
     odd = mixed_node("odd", [(MI300X, 4), (UNLISTED, 4)])
     plan = place([*HEALTHY_FLEET, odd], placement={"gfxTargets": ["gfx942", "gfx90a"]})

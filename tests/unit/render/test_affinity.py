@@ -102,7 +102,9 @@ def test_affinity_with_exclusions_agrees_with_the_inventory_on_a_fleet_with_unli
         assert affinity_matches(affinity, gpus.labels, gpus.name) == (gpus.gfx == gfx), gpus.name
 
 
-@pytest.mark.parametrize("gfx", ["gfx1150", "gfx1151"])
+# Every target the API admits has device ids (tests/unit/gpu/test_devices.py); gfx1030 stands for a target
+# added to the vocabulary before the table.
+@pytest.mark.parametrize("gfx", ["gfx1030"])
 def test_a_target_without_device_ids_gets_no_affinity_rather_than_an_empty_in_list(gfx: str) -> None:
     with pytest.raises(ValueError, match=f"no AMD device id is known for {gfx}"):
         gfx_node_affinity(gfx, None, {})
