@@ -174,8 +174,6 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ .Values.shard.name | quote }}
 - name: SPECDEC_MODEL_SELECTOR
   value: {{ .Values.shard.modelSelector | quote }}
-- name: SPECDEC_AUTOTUNE_DEFAULTS
-  value: {{ toJson .Values.tuner | quote }}
 - name: SPECDEC_LOG_FORMAT
   value: {{ .Values.logging.format | quote }}
 {{- end -}}

@@ -33,6 +33,10 @@ _DEVICES = (
     GpuDevice("745e", "Radeon PRO W7800", "gfx1100", 32),
     GpuDevice("747e", "RX 7800 XT", "gfx1101", 16),
     GpuDevice("7480", "RX 7600", "gfx1102", 8),
+    # APUs: GPU memory is a carve-out of system memory set in firmware, so the node labeller's vram label
+    # (which wins over this table) is what counts; these are conservative common settings.
+    GpuDevice("150e", "Radeon 880M / 890M (Strix Point)", "gfx1150", 16),
+    GpuDevice("1586", "Radeon 8060S (Strix Halo)", "gfx1151", 64),
     GpuDevice("7550", "RX 9070 XT", "gfx1201", 16),
     GpuDevice("7551", "Radeon AI PRO R9700", "gfx1201", 32),
     GpuDevice("7590", "RX 9060 XT", "gfx1200", 16),

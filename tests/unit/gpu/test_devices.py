@@ -55,6 +55,8 @@ def test_device_table_rows(device_id: str, product: str, gfx: str, vram: float) 
         ("gfx90a", ["7408", "740c", "740f"]),
         ("gfx950", ["75a0", "75a3"]),
         ("gfx1100", ["7448", "7449", "744a", "744c", "745e"]),
+        ("gfx1150", ["150e"]),
+        ("gfx1151", ["1586"]),
         ("gfx1030", []),
     ],
 )
@@ -66,17 +68,6 @@ def test_device_ids_are_lowercase_hex_without_0x() -> None:
     assert all(len(i) == 4 and int(i, 16) >= 0 and i == i.lower() for i in known_device_ids())
 
 
-@pytest.mark.parametrize(
-    "gfx",
-    [
-        pytest.param(
-            g,
-            marks=pytest.mark.xfail(strict=True, reason="no device ids for the Strix APUs in the table yet"),
-        )
-        if g in ("gfx1150", "gfx1151")
-        else g
-        for g in GFX_TARGETS
-    ],
-)
+@pytest.mark.parametrize("gfx", GFX_TARGETS)
 def test_every_accepted_gfx_target_can_be_found_on_some_device(gfx: str) -> None:
     assert device_ids_for_gfx(gfx)

@@ -114,7 +114,6 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
 
 # Settings the chart already sets that the operator has yet to read. Strict: once the field exists in
 # OperatorSettings the mark fails, so it is removed together with the pending entry.
-PENDING_SETTINGS = {"SPECDEC_AUTOTUNE_DEFAULTS": "OperatorSettings.autotune_defaults (chart value `tuner`)"}
 
 
 def _env_names() -> list[Any]:
@@ -140,14 +139,8 @@ def _env_names() -> list[Any]:
         "SPECDEC_SHARD",
         "SPECDEC_MODEL_SELECTOR",
         "SPECDEC_LOG_FORMAT",
-        *PENDING_SETTINGS,
     ]
-    return [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=f"pending: {PENDING_SETTINGS[name]}"))
-        if name in PENDING_SETTINGS
-        else name
-        for name in names
-    ]
+    return names
 
 
 def test_env_names_cover_what_the_chart_renders(default_manifests: list[Manifest]) -> None:

@@ -9,7 +9,6 @@ from typing import Any
 import jsonschema
 import pytest
 
-from specdec_operator.api.spec import Autotune
 from specdec_operator.api.vocabulary import GFX_TARGETS
 from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
 from tests.unit.packaging.chart import CHART_DIR, load_values
@@ -55,8 +54,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("scrape.intervalSeconds", 0),
         ("scrape.concurrency", 0),
         ("kvHeadroomFraction", 1),
-        ("tuner.objective", "Goodput"),
-        ("tuner.intervalSeconds", 1),
+        ("tuner", {"cooldownSeconds": 600}),  # removed: the operator never read it (CRD defaults apply)
+        ("metrics.prometheusRule.kThrash.cooldown", "ten minutes"),
         ("peering.name", "Specdec Operator"),
         ("metrics.port", 0),
         ("metrics.serviceMonitor.interval", "thirty seconds"),
@@ -83,20 +82,3 @@ def test_runtime_images_default_to_the_operator_defaults() -> None:
     assert runtime["simulatorImage"] == OperatorSettings().simulator_image
 
 
-def test_tuner_defaults_are_the_api_defaults() -> None:
-    tuner = load_values()["tuner"]
-    api_defaults = Autotune().to_wire()
-    assert tuner == {key: api_defaults[key] for key in tuner}
-
-
-@pytest.mark.parametrize("field", ["type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum"])
-def test_tuner_bounds_are_the_api_bounds(field: str) -> None:
-    chart = json.loads((CHART_DIR / "values.schema.json").read_text())["properties"]["tuner"]["properties"]
-    api = Autotune.model_json_schema(by_alias=True)["properties"]
-    assert set(chart) == set(api)
-    for name, api_property in api.items():
-        # Optional fields are `anyOf: [X, null]` in pydantic's schema; the chart just leaves them out.
-        api_bounds = next(
-            (option for option in api_property.get("anyOf", []) if option["type"] != "null"), api_property
-        )
-        assert chart[name].get(field) == api_bounds.get(field), f"tuner.{name}.{field}"

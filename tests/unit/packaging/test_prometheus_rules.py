@@ -117,7 +117,7 @@ def test_every_rule_carries_the_configured_thresholds_and_a_runbook(rule_manifes
     acceptance = rules["SpecdecAcceptanceRateLow"]
     assert acceptance["expr"].endswith("< 0.6") and acceptance["for"] == "15m"
     assert "below 60% for 15m" in acceptance["annotations"]["description"]
-    assert "within 600s" in rules["SpecdecKThrash"]["annotations"]["description"]  # tuner.cooldownSeconds
+    assert "within 10m" in rules["SpecdecKThrash"]["annotations"]["description"]  # kThrash.cooldown
     assert "More than 10%" in rules["SpecdecScrapeFailures"]["annotations"]["description"]
 
 
