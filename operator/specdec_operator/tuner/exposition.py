@@ -2,8 +2,9 @@ r"""Sample lines of the Prometheus text exposition format 0.0.4, read strictly a
 
 The operator reads a handful of families out of every runtime pod's /metrics on every scrape, on its
 event loop. prometheus_client's parser builds Metric objects for whole families and re-scans quoted
-text character by character in Python, which costs milliseconds per body; this reader looks only at
-the sample lines whose metric name is wanted and matches each against one compiled expression.
+text character by character in Python, which costs milliseconds per body. This reader looks only at
+the sample lines whose metric name is wanted, reads each label set once per body (the same label text
+repeats on many lines) and reads values written as prometheus_client writes them without a regex.
 
 Grammar (what Prometheus's own Go parser accepts for a sample line):
 
