@@ -1,5 +1,5 @@
 """The operator's /metrics parsing before tuner/exposition.py, kept as the reference that the
-differential tests (test_exposition.py) and hack/bench-parse compare the new parser against.
+differential tests (test_exposition*.py) and hack/bench-parse compare the new parser against.
 
 It is the old `parse_metrics` line for line: the wanted lines are filtered out of the body, joined
 and handed to prometheus_client's text parser, and the samples are summed by the old `_collect`.
@@ -25,7 +25,7 @@ from specdec_operator.tuner.samples import (
 
 def reference_parse_metrics(text: str, *, comments: bool = True) -> PodSample:
     """The old parse_metrics. With comments=False the # HELP / # TYPE lines are dropped before
-    prometheus_client sees them: the new parser does not read them (see test_exposition.py)."""
+    prometheus_client sees them: the new parser does not read them (see differential.py)."""
     if not text.strip():
         raise MetricsParseError("empty /metrics body")
     if not text.endswith("\n"):
