@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Literal
 
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
+from specdec_operator.tuner.exposition import Labels, MalformedSample, Sample, parse_samples
 
 # vLLM 0.33 metric families (vllm/v1/spec_decode/metrics.py, vllm/v1/metrics/loggers.py).
 DRAFTS = "vllm:spec_decode_num_drafts"
@@ -145,20 +144,19 @@ def parse_metrics(text: str) -> PodSample:
         # reset; the exposition format always ends lines with a newline, so refuse it.
         raise MetricsParseError("truncated /metrics body: no final newline")
     try:
-        wanted = "".join(line + "\n" for line in text.splitlines() if _line_name(line) in _WANTED_NAMES)
-        if not wanted:
-            raise MetricsParseError("no vLLM metrics in the body")
-        series = _collect(s for family in text_string_to_metric_families(wanted) for s in family.samples)
-    except MetricsParseError:
-        raise
-    except Exception as err:  # the parser raises ValueError, IndexError, TypeError... on garbage
-        raise MetricsParseError(f"not Prometheus text: {type(err).__name__}: {err}"[:300]) from err
-    return _build_sample(series)
+        samples = parse_samples(text, _WANTED_NAMES)
+    except MalformedSample as err:
+        raise MetricsParseError(f"not Prometheus text: {err}"[:300]) from err
+    if not samples:
+        raise MetricsParseError("no vLLM metrics in the body")
+    return _build_sample(_collect(samples))
 
 
-# Every sample name the tuner reads; the parser sees only these lines. A production vLLM serves many
-# more histograms (TTFT, e2e, queue, prefill...), and parsing them on every scrape of every pod would
-# cost the operator most of its CPU for nothing. Comment lines name the family with or without _total.
+# Every sample name the tuner reads; only these lines are parsed. A production vLLM serves many more
+# histograms (TTFT, e2e, queue, prefill...), and parsing them on every scrape of every pod would cost
+# the operator most of its CPU for nothing. The bare family names are read too, so that a sample under
+# a counter's bare name is still checked (malformed, negative) like its siblings, though only the
+# _total series counts.
 _WANTED_NAMES = frozenset(
     [f"{name}{suffix}" for name in (*_SPEC_FAMILIES, GENERATION_TOKENS) for suffix in ("", "_total")]
     + [DRAFTS + "_created", GENERATION_TOKENS + "_created", REQUESTS_RUNNING]
@@ -167,34 +165,25 @@ _WANTED_NAMES = frozenset(
 )
 
 
-def _line_name(line: str) -> str:
-    """The metric name a line is about: a sample's name, or the name a # HELP / # TYPE comment describes."""
-    if line.startswith("#"):
-        parts = line.split(None, 3)
-        return parts[2] if len(parts) > 2 and parts[1] in ("HELP", "TYPE") else ""
-    end = len(line)
-    for separator in ("{", " ", "\t"):
-        found = line.find(separator)
-        if 0 <= found < end:
-            end = found
-    return line[:end]
-
-
 # Summed series: sample name -> {key label values -> value}.
 _Series = dict[str, dict[tuple[str, ...], float]]
 
 
 def _collect(samples: Iterable[Sample]) -> _Series:
     series: _Series = {}
-    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
-    for sample in samples:
-        identity = (sample.name, frozenset(sample.labels.items()))
+    seen: set[tuple[str, Labels]] = set()
+    keys: dict[Labels, tuple[str, ...]] = {}  # label sets repeat across lines
+    for name, labels, value in samples:
+        identity = (name, labels)
         if identity in seen:
-            raise MetricsParseError(f"duplicate series {sample.name}{dict(sample.labels)}")
+            raise MetricsParseError(f"duplicate series {name}{dict(sorted(labels))}")
         seen.add(identity)
-        key = tuple(sample.labels.get(label, "") for label in _KEY_LABELS)
-        by_key = series.setdefault(sample.name, {})
-        by_key[key] = by_key.get(key, 0.0) + float(sample.value)
+        key = keys.get(labels)
+        if key is None:
+            by_name = dict(labels)
+            key = keys[labels] = tuple(by_name.get(label, "") for label in _KEY_LABELS)
+        by_key = series.setdefault(name, {})
+        by_key[key] = by_key.get(key, 0.0) + value
     return series
 
 
