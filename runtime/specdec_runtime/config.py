@@ -47,6 +47,8 @@ class RuntimeConfig(BaseModel):
     host: str = "0.0.0.0"
     speculative: SpeculativeSettings | None = None
     attention_backend: str | None = None
+    # The backend of MLA layers (DeepSeek-style targets); attention_backend keeps serving the other layers.
+    mla_attention_backend: str | None = None
     extra_args: list[str] = Field(default_factory=list)
     engine: Literal["vllm", "simulator"] = "vllm"
     simulator_profile: str | None = None
@@ -84,4 +86,6 @@ def serve_args(config: RuntimeConfig) -> list[str]:
         args += ["--speculative-config", config.speculative.to_vllm_json()]
     if config.attention_backend is not None:
         args += ["--attention-backend", config.attention_backend]
+    if config.mla_attention_backend is not None:
+        args.append(f"--attention-config.backend_per_kind.mla_attention={config.mla_attention_backend}")
     return args + list(config.extra_args)

@@ -72,10 +72,14 @@ def localised(args: list[str], config: RuntimeConfig, models: dict[str, str], mt
 def render(
     spec: SpeculativeModelSpec, name: str, drafter: Drafter, k: int, gfx: str
 ) -> tuple[RuntimeConfig, dict[str, str]]:
-    """What the reconciler renders for one pool: runtime config with the gfx target's attention backend."""
+    """What the reconciler renders for one pool: runtime config with the gfx target's attention backends."""
     user_env = {var.name: var.value for var in spec.runtime.env}
-    plan = plan_runtime(gfx, spec.runtime.image or "vllm/vllm-openai-rocm:v0.33.0", None, user_env)
-    return with_attention_backend(runtime_config(spec, name, drafter, k), plan.attention_backend), plan.env
+    image = spec.runtime.image or "vllm/vllm-openai-rocm:v0.33.0"
+    plan = plan_runtime(gfx, image, None, user_env, spec.model.attention)
+    config = with_attention_backend(
+        runtime_config(spec, name, drafter, k), plan.attention_backend, plan.mla_attention_backend
+    )
+    return config, plan.env
 
 
 def example_specs() -> list[tuple[str, SpeculativeModelSpec]]:
@@ -108,10 +112,12 @@ def method_spec(method: str, mtp_layers: int | None = None) -> SpeculativeModelS
     drafter: dict[str, Any] = {"method": method}
     if method in PLACEHOLDER_DRAFTER:
         drafter["model"] = PLACEHOLDER_DRAFTER[method]
+    model: dict[str, Any] = {"name": "org/target-8B", "servedName": "target", "maxModelLen": 8192}
     if method == "mtp":
         drafter["mtpLayers"] = mtp_layers
+        model["attention"] = "MLA"  # mtp runs on the driver's DeepSeek-V3 targets
     return SpeculativeModelSpec.model_validate({
-        "model": {"name": "org/target-8B", "servedName": "target", "maxModelLen": 8192},
+        "model": model,
         "drafters": [drafter],
         "speculation": {"initialK": 1, "minK": 0, "maxK": MAX_K},
         "placement": {"gfxTargets": list(GFX_TARGETS)},
@@ -223,9 +229,18 @@ def mtp_k_argvs(models: dict[str, str]) -> list[tuple[int, int, list[str]]]:
     return out
 
 
+# A user's own MLA backend in extraArgs, after the one rendered for an MLA target on gfx942.
+MLA_OVERRIDE = ["--attention-config.backend_per_kind.mla_attention=TRITON_MLA"]
+
+
+def mla_override_argv(models: dict[str, str]) -> list[str]:
+    return [*base_case(models, "mtp", 2), *MLA_OVERRIDE]
+
+
 def all_serve_argvs(models: dict[str, str]) -> list[list[str]]:
     base = base_case(models)
     return [
+        mla_override_argv(models),
         *(case.argv(models) for case in [*example_cases(), *method_cases()]),
         *(argv for _, _, argv in mtp_k_argvs(models)),
         *refusal_argvs(models),
@@ -241,14 +256,28 @@ def proposer_argvs(models: dict[str, str]) -> list[list[str]]:
     return out
 
 
+# An MLA layer's head size as vLLM selects its backend: kv_lora_rank + qk_rope_head_dim (DeepSeek V2/V3, Kimi K2).
+MLA_HEAD_SIZE = 512 + 64
+
+
 def attention_request(gfx: str) -> dict[str, Any]:
-    """The backend the operator renders for the gfx target, with the environment it sets, for a target with
-    ordinary attention (head size 128, as Llama/Qwen) and the smaller head sizes tiny drafters use."""
+    """The backends the operator renders for the gfx target, with the environment it sets: the global one for a
+    target with ordinary attention (head size 128, as Llama/Qwen) and the smaller head sizes tiny drafters use,
+    and for an MLA target the per-kind one its MLA layers get. `mla-global` asks whether an MLA layer could
+    run on the global backend (the operator's rendering before spec.model.attention), `standard-on-mla-backend`
+    whether a standard layer (a drafter's) could run on the MLA one."""
     spec = method_spec("eagle3")
     _, env = render(spec, "target", spec.drafters[0], 3, gfx)
-    backend = plan_runtime(gfx, "vllm/vllm-openai-rocm:v0.33.0", None, {}).attention_backend
+    plan = plan_runtime(gfx, "vllm/vllm-openai-rocm:v0.33.0", None, {}, "MLA")
+    mla = {"use_mla": True, "head_size": MLA_HEAD_SIZE}
     return {
         "gfx": gfx,
         "env": env,
-        "cases": [{"id": f"head{size}", "backend": backend, "head_size": size} for size in (64, 128)],
+        "cases": [
+            *({"id": f"head{size}", "backend": plan.attention_backend, "head_size": size} for size in (64, 128)),
+            {"id": "mla", "backend": plan.mla_attention_backend, **mla},
+            {"id": "mla-global", "backend": plan.attention_backend, **mla},
+            {"id": "mla-auto", "backend": None, **mla},
+            {"id": "standard-on-mla-backend", "backend": plan.mla_attention_backend, "head_size": 128},
+        ],
     }

@@ -18,7 +18,7 @@ from specdec_operator.api.vocabulary import (
     vllm_accepts_k,
 )
 from specdec_operator.decisions.drafter import UNSUPPORTED_ON_ROCM
-from specdec_operator.decisions.runtime_env import attention_backend
+from specdec_operator.decisions.runtime_env import attention_backend, mla_attention_backend
 from tests.contract import cases as rendered
 from tests.contract.conftest import Verdicts
 
@@ -35,6 +35,8 @@ def assert_vllm_starts_as_rendered(case: rendered.Case, verdict: dict[str, Any])
     assert verdict["tensor_parallel_size"] == config.tensor_parallel_size
     assert (verdict["host"], verdict["port"]) == (config.host, config.port)
     assert verdict["attention_backend"] == config.attention_backend
+    expected_per_kind = {} if config.mla_attention_backend is None else {"mla_attention": config.mla_attention_backend}
+    assert verdict["backend_per_kind"] == expected_per_kind
     assert not verdict["disable_log_stats"], "the tuner needs vLLM's stats logging on"
     if config.max_model_len is not None:
         assert verdict["max_model_len"] == config.max_model_len
@@ -61,6 +63,17 @@ def test_every_method_gfx_target_and_k_bound_renders_what_vllm_starts(
     case: rendered.Case, models: dict[str, str], vllm_serve: Verdicts
 ) -> None:
     assert_vllm_starts_as_rendered(case, vllm_serve[case.argv(models)])
+
+
+def test_a_users_mla_backend_in_extra_args_wins_over_the_rendered_one(
+    models: dict[str, str], vllm_serve: Verdicts
+) -> None:
+    argv = rendered.mla_override_argv(models)
+    assert "--attention-config.backend_per_kind.mla_attention=ROCM_AITER_MLA" in argv  # rendered for gfx942
+    verdict = vllm_serve[argv]
+    assert verdict["stage"] is None, verdict
+    assert verdict["backend_per_kind"] == {"mla_attention": "TRITON_MLA"}
+    assert verdict["attention_backend"] == "ROCM_AITER_FA"
 
 
 MTP_K = rendered.mtp_k_cases()
@@ -192,6 +205,8 @@ def test_extract_hidden_states_which_admission_refuses_cannot_serve(
 BACKEND_CLASSES = {
     "ROCM_AITER_FA": "vllm.v1.attention.backends.rocm_aiter_fa.AiterFlashAttentionBackend",
     "TRITON_ATTN": "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend",
+    "ROCM_AITER_MLA": "vllm.v1.attention.backends.mla.rocm_aiter_mla.AiterMLABackend",
+    "TRITON_MLA": "vllm.v1.attention.backends.mla.triton_mla.TritonMLABackend",
 }
 
 
@@ -199,6 +214,26 @@ BACKEND_CLASSES = {
 def test_rocm_platform_takes_the_attention_backend_rendered_for_each_gfx_target(
     gfx: str, vllm_attention: dict[str, list[dict[str, Any]]]
 ) -> None:
-    for answer in vllm_attention[gfx]:
+    answers = {answer["id"]: answer for answer in vllm_attention[gfx]}
+    for answer in answers.values():
         assert answer["gcn_arch"].startswith(gfx)
-        assert answer.get("backend_class") == BACKEND_CLASSES[attention_backend(gfx)], answer
+    for head in ("head64", "head128"):
+        assert answers[head].get("backend_class") == BACKEND_CLASSES[attention_backend(gfx)], answers[head]
+
+
+@pytest.mark.parametrize("gfx", rendered.GFX_TARGETS)
+def test_rocm_platform_takes_the_mla_backend_rendered_for_each_gfx_target(
+    gfx: str, vllm_attention: dict[str, list[dict[str, Any]]]
+) -> None:
+    answers = {answer["id"]: answer for answer in vllm_attention[gfx]}
+    assert answers["mla"].get("backend_class") == BACKEND_CLASSES[mla_attention_backend(gfx)], answers["mla"]
+    # Why MLA layers need their own backend: the global one is refused for them on every target.
+    assert answers["mla-global"].get("error") == "ValueError", answers["mla-global"]
+    assert "MLA not supported" in answers["mla-global"]["message"]
+    # ...and why the global backend stays: the MLA one is refused for standard layers (a drafter's).
+    standard = answers["standard-on-mla-backend"]
+    assert standard.get("error") == "ValueError", standard
+    assert "non-MLA not supported" in standard["message"]
+    # Left to itself (no AITER installed here, as on any image without it) vLLM picks TRITON_MLA everywhere;
+    # with AITER MLA enabled on gfx942/gfx950 it puts ROCM_AITER_MLA first (rocm.py _get_backend_priorities).
+    assert answers["mla-auto"].get("backend_class") == BACKEND_CLASSES["TRITON_MLA"], answers["mla-auto"]

@@ -162,6 +162,7 @@ def _engine_config(argv: list[str]) -> tuple[dict[str, Any], Any]:
         "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
         "max_model_len": config.model_config.max_model_len,
         "attention_backend": None if config.attention_config.backend is None else config.attention_config.backend.name,
+        "backend_per_kind": {kind: backend.name for kind, backend in config.attention_config.backend_per_kind.items()},
         "disable_log_stats": bool(getattr(args, "disable_log_stats", False)),
         "host": args.host,
         "port": args.port,

@@ -21,6 +21,9 @@ class SecretKeyRef(ApiModel):
     )
 
 
+# The two attention families vLLM 0.33 selects different kernels for (AttentionSelectorConfig.use_mla).
+AttentionKind = Literal["Standard", "MLA"]
+
 _ONE_WEIGHTS_SOURCE = "spec.model.source: set either pvcName (weights on a volume) or hubSecretRef, not both"
 
 
@@ -66,5 +69,14 @@ class TargetModel(ApiModel):
         "estimated from the parameter count in the name when absent.",
     )
     source: WeightsSource | None = Field(default=None, description="Where the weights come from.")
+    attention: AttentionKind = Field(
+        default="Standard",
+        description="The target's attention kind. Standard: multi-head or grouped-query attention (Llama, Qwen, "
+        "Mistral, Gemma). MLA: multi-head latent attention (DeepSeek V2, V3 and R1, Kimi K2 and other DeepSeek-V3 "
+        "architectures, the usual mtp targets). vLLM on ROCm runs MLA layers only with an MLA kernel, so for MLA the "
+        "operator also renders --attention-config.backend_per_kind.mla_attention: ROCM_AITER_MLA on gfx942/gfx950, "
+        "TRITON_MLA on every other gfx target; drafter layers with standard attention keep --attention-backend. "
+        "A wrong value makes vLLM fail when it builds the model's attention layers.",
+    )
 
 

@@ -30,6 +30,8 @@ class RuntimePlan:
     env: dict[str, str]
     attention_backend: str
     notes: tuple[str, ...] = ()
+    # For an MLA target: the backend of its MLA layers (vLLM's attention_config.backend_per_kind.mla_attention).
+    mla_attention_backend: str | None = None
 
 
 def hsa_version(gfx: str) -> str:
@@ -44,12 +46,23 @@ def attention_backend(gfx: str) -> str:
     return "ROCM_AITER_FA" if gfx in AITER_TARGETS else "TRITON_ATTN"
 
 
+def mla_attention_backend(gfx: str) -> str:
+    """The backend vLLM 0.33's RocmPlatform puts first for MLA layers (rocm.py `_get_backend_priorities`):
+    ROCM_AITER_MLA where AITER MLA is enabled (CDNA3+, VLLM_ROCM_USE_AITER, which plan_runtime sets on AITER
+    targets), else TRITON_MLA, whose support check accepts every compute capability. Both verify K>1 drafts
+    (their metadata builders take uniform multi-token decode queries)."""
+    return "ROCM_AITER_MLA" if gfx in AITER_TARGETS else "TRITON_MLA"
+
+
 def plan_runtime(
     gfx: str,
     image: str,
     image_targets: Sequence[str] | None,
     user_env: Mapping[str, str],
+    attention: str = "Standard",
 ) -> RuntimePlan:
+    """`attention` is spec.model.attention: for MLA the MLA layers get their own backend, while
+    `attention_backend` still serves the layers with standard attention (most drafters)."""
     env: dict[str, str] = {}
     notes: list[str] = []
     if gfx in AITER_TARGETS:
@@ -76,4 +89,10 @@ def plan_runtime(
             notes.append(f"ignored spec.runtime.env HSA_OVERRIDE_GFX_VERSION: {gfx} images carry their own target")
         elif key not in env:
             env[key] = value
-    return RuntimePlan(image=image, env=env, attention_backend=attention_backend(gfx), notes=tuple(notes))
+    return RuntimePlan(
+        image=image,
+        env=env,
+        attention_backend=attention_backend(gfx),
+        notes=tuple(notes),
+        mla_attention_backend=mla_attention_backend(gfx) if attention == "MLA" else None,
+    )

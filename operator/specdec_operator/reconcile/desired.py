@@ -48,10 +48,12 @@ def pool_objects(
         image = spec.runtime.image or settings.runtime_images.get(plan.gfx, "")
     targets = settings.image_targets.get(image)
     plain_env = {e.name: e.value for e in spec.runtime.env if e.value_from is None}
-    runtime = plan_runtime(plan.gfx, image, targets, plain_env)
+    runtime = plan_runtime(plan.gfx, image, targets, plain_env, spec.model.attention)
     assert plan.drafter.drafter is not None  # placement drops pools whose target does not fit
     config = render.with_attention_backend(
-        render.runtime_config(spec, observed.name, plan.drafter.drafter, k), runtime.attention_backend
+        render.runtime_config(spec, observed.name, plan.drafter.drafter, k),
+        runtime.attention_backend,
+        runtime.mla_attention_backend,
     )
     config_map = render.config_map(ctx, config)
     template = render.pod_template(

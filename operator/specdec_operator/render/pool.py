@@ -65,8 +65,9 @@ def runtime_config(spec: SpeculativeModelSpec, model: str, drafter: Drafter, k: 
     )
 
 
-def with_attention_backend(config: RuntimeConfig, backend: str) -> RuntimeConfig:
-    return config.model_copy(update={"attention_backend": backend})
+def with_attention_backend(config: RuntimeConfig, backend: str, mla_backend: str | None = None) -> RuntimeConfig:
+    """`backend` serves standard attention layers; `mla_backend`, set for an MLA target, serves its MLA layers."""
+    return config.model_copy(update={"attention_backend": backend, "mla_attention_backend": mla_backend})
 
 
 def config_map(ctx: PoolContext, config: RuntimeConfig) -> dict[str, Any]:

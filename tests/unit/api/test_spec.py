@@ -16,7 +16,7 @@ from specdec_operator.reconcile.plan import validation_message
 from tests.unit.api.specfactories import MINIMAL_WIRE, drafter_wire, spec, spec_wire
 
 MINIMAL_DEFAULTS_GOLDEN: dict[str, Any] = {
-    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "tensorParallelSize": 1},
+    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "tensorParallelSize": 1, "attention": "Standard"},
     "drafters": [{"method": "ngram"}],
     "speculation": {
         "initialK": 3,
@@ -107,6 +107,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("draft-tp-not-power-of-two", {"drafters": [drafter_wire("ngram", draftTensorParallelSize=3)]}, "spec.drafters.0"),
     ("max-model-len-tiny", {"model": {"maxModelLen": 64}}, "spec.model.maxModelLen"),
     ("target-weights-zero", {"model": {"weightsGib": 0}}, "spec.model.weightsGib"),
+    ("attention-unknown-kind", {"model": {"attention": "GQA"}}, "spec.model.attention"),
+    ("attention-lower-case", {"model": {"attention": "mla"}}, "spec.model.attention"),
     ("latency-without-tpot", {"speculation": {"autotune": {"objective": "Latency"}}}, "spec.speculation.autotune"),
     ("autotune-interval-too-short", {"speculation": {"autotune": {"intervalSeconds": 1}}}, "spec.speculation"),
     (
@@ -196,6 +198,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("ngram-with-lookup", {"drafters": [drafter_wire("ngram", promptLookupMin=2, promptLookupMax=5)]}),
     ("equal-lookup-bounds", {"drafters": [drafter_wire("ngram_gpu", promptLookupMin=4, promptLookupMax=4)]}),
     ("mtp-without-model", {"drafters": [drafter_wire("mtp", mtpLayers=1)]}),
+    ("mla-target-with-mtp", {"model": {"attention": "MLA"}, "drafters": [drafter_wire("mtp", mtpLayers=1)]}),
+    ("mla-target-with-eagle3", {"model": {"attention": "MLA"}, "drafters": [drafter_wire("eagle3", "x/eagle3")]}),
     ("mtp-with-model", {"drafters": [drafter_wire("mtp", "x/mtp-head", mtpLayers=1)]}),
     ("latency-with-target", {"speculation": {"autotune": {"objective": "Latency", "tpotTargetMs": 30}}}),
     ("single-canary-step", {"rollout": {"strategy": "Canary", "canary": {"steps": [{"weight": 100}]}}}),
@@ -374,3 +378,8 @@ def test_invalid_manifest_for_a_vllm_refusal_is_refused_by_the_models_too(name: 
     message = validation_message(caught.value)
     assert message.startswith(expected)
     assert message in CEL_MESSAGES
+
+
+def test_attention_defaults_to_standard() -> None:
+    assert spec().model.attention == "Standard"
+    assert spec(model={"attention": "MLA"}).model.attention == "MLA"

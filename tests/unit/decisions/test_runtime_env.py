@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from specdec_operator.api.vocabulary import GFX_TARGETS
-from specdec_operator.decisions.runtime_env import RuntimeEnvError, attention_backend, hsa_version, plan_runtime
+from specdec_operator.decisions.runtime_env import (
+    RuntimeEnvError,
+    attention_backend,
+    hsa_version,
+    mla_attention_backend,
+    plan_runtime,
+)
 from specdec_operator.settings import (
     CDNA_IMAGE,
     DEFAULT_IMAGE_TARGETS,
@@ -139,3 +145,27 @@ def test_attention_backend_supports_k_above_1(gfx: str, backend: str) -> None:
     assert attention_backend(gfx) == backend
     assert plan_runtime(gfx, "img", None, {}).attention_backend == backend
 
+
+
+@pytest.mark.parametrize(
+    ("gfx", "backend"),
+    [("gfx942", "ROCM_AITER_MLA"), ("gfx950", "ROCM_AITER_MLA"), ("gfx90a", "TRITON_MLA"), ("gfx1100", "TRITON_MLA"),
+     ("gfx1151", "TRITON_MLA"), ("gfx1201", "TRITON_MLA")],
+)
+def test_an_mla_target_plans_the_mla_backend_vllm_puts_first_and_keeps_the_standard_one(gfx: str, backend: str) -> None:
+    plan = plan_runtime(gfx, "img", None, {}, "MLA")
+    assert plan.mla_attention_backend == mla_attention_backend(gfx) == backend
+    assert plan.attention_backend == attention_backend(gfx)
+
+
+def test_aiter_mla_comes_with_aiter_enabled() -> None:
+    """ROCm picks ROCM_AITER_MLA only where VLLM_ROCM_USE_AITER is on: the plan turns it on wherever it renders it."""
+    for gfx in ("gfx942", "gfx950"):
+        plan = plan_runtime(gfx, "img", None, {}, "MLA")
+        assert plan.mla_attention_backend == "ROCM_AITER_MLA"
+        assert plan.env["VLLM_ROCM_USE_AITER"] == "1"
+
+
+def test_a_standard_target_plans_no_mla_backend() -> None:
+    assert plan_runtime("gfx942", "img", None, {}).mla_attention_backend is None
+    assert plan_runtime("gfx942", "img", None, {}, "Standard").mla_attention_backend is None

@@ -22,9 +22,11 @@ def context(gfx: str = "gfx942", model: str = MODEL) -> render.PoolContext:
     return render.PoolContext(NAMESPACE, model, UID, pool_name(model, gfx), gfx)
 
 
-def runtime_plan(gfx: str = "gfx942", user_env: dict[str, str] | None = None) -> RuntimePlan:
+def runtime_plan(
+    gfx: str = "gfx942", user_env: dict[str, str] | None = None, attention: str = "Standard"
+) -> RuntimePlan:
     image = DEFAULT_IMAGES[gfx]
-    return plan_runtime(gfx, image, DEFAULT_IMAGE_TARGETS[image], user_env or {})
+    return plan_runtime(gfx, image, DEFAULT_IMAGE_TARGETS[image], user_env or {}, attention)
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,12 @@ def rendered_pool(
     pod_settings: PodSettings = DEFAULT_POD_SETTINGS,
 ) -> RenderedPool:
     ctx = context(gfx)
-    runtime = runtime_plan(gfx, {e.name: e.value for e in spec.runtime.env if e.value_from is None})
+    plain_env = {e.name: e.value for e in spec.runtime.env if e.value_from is None}
+    runtime = runtime_plan(gfx, plain_env, spec.model.attention)
     config = render.with_attention_backend(
         render.runtime_config(spec, MODEL, drafter or spec.drafters[0], spec.speculation.initial_k if k is None else k),
         runtime.attention_backend,
+        runtime.mla_attention_backend,
     )
     config_map = render.config_map(ctx, config)
     template = render.pod_template(

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from specdec_operator.api.spec import Drafter
-from specdec_operator.api.vocabulary import REFUSED_METHODS, SPECULATIVE_METHODS
+from specdec_operator.api.vocabulary import GFX_TARGETS, REFUSED_METHODS, SPECULATIVE_METHODS
 from specdec_operator.render.pool import STARTUP_PROBE_BUDGET_S, revision_of
 from specdec_runtime import contract
 from specdec_runtime.config import RuntimeConfig, serve_args
@@ -292,3 +292,72 @@ def test_drafter_override_renders_the_chosen_drafter() -> None:
     speculative = json.loads(flag_value(serve_args(pool.config), "--speculative-config"))
     assert speculative == {"method": "ngram", "num_speculative_tokens": 3}
     assert flag_value(serve_args(pool.config), "--attention-backend") == "TRITON_ATTN"
+
+
+MLA_FLAG = "--attention-config.backend_per_kind.mla_attention"
+# What vLLM 0.33's RocmPlatform accepts and puts first per gfx target for the layers of each attention kind
+# (tests/contract/test_vllm_runtime.py asks vLLM itself): (standard layers, MLA layers).
+BACKENDS_PER_GFX = {
+    "gfx90a": ("TRITON_ATTN", "TRITON_MLA"),
+    "gfx942": ("ROCM_AITER_FA", "ROCM_AITER_MLA"),
+    "gfx950": ("ROCM_AITER_FA", "ROCM_AITER_MLA"),
+    "gfx1100": ("TRITON_ATTN", "TRITON_MLA"),
+    "gfx1101": ("TRITON_ATTN", "TRITON_MLA"),
+    "gfx1150": ("TRITON_ATTN", "TRITON_MLA"),
+    "gfx1151": ("TRITON_ATTN", "TRITON_MLA"),
+    "gfx1200": ("TRITON_ATTN", "TRITON_MLA"),
+    "gfx1201": ("TRITON_ATTN", "TRITON_MLA"),
+}
+
+
+def mla_options(args: list[str]) -> list[str]:
+    return [arg for arg in args if arg.startswith(f"{MLA_FLAG}=")]
+
+
+def test_the_backend_table_covers_every_gfx_target() -> None:
+    assert set(BACKENDS_PER_GFX) == set(GFX_TARGETS)
+
+
+@pytest.mark.parametrize("gfx", sorted(BACKENDS_PER_GFX))
+def test_an_mla_target_gets_the_mla_backend_of_its_gfx_target_for_its_mla_layers(gfx: str) -> None:
+    model = spec(
+        model={"name": "deepseek-ai/DeepSeek-V3", "attention": "MLA"},
+        drafters=[drafter_wire("mtp", mtpLayers=1)],
+        speculation={"initialK": 1},
+        placement={"gfxTargets": [gfx]},
+    )
+    args = serve_args(rendered_pool(model, gfx=gfx).config)
+    standard, mla = BACKENDS_PER_GFX[gfx]
+    # Drafter layers with standard attention (eagle3 heads, small draft models) keep the global backend.
+    assert flag_value(args, "--attention-backend") == standard
+    assert mla_options(args) == [f"{MLA_FLAG}={mla}"]
+    assert args.index("--attention-backend") < args.index(f"{MLA_FLAG}={mla}")
+
+
+@pytest.mark.parametrize("gfx", sorted(BACKENDS_PER_GFX))
+def test_a_standard_target_renders_no_mla_backend(gfx: str) -> None:
+    model = spec(placement={"gfxTargets": [gfx]})
+    assert model.model.attention == "Standard"
+    pool = rendered_pool(model, gfx=gfx)
+    args = serve_args(pool.config)
+    assert flag_value(args, "--attention-backend") == BACKENDS_PER_GFX[gfx][0]
+    assert mla_options(args) == []
+    assert "mla_attention_backend" not in json.loads(pool.config.to_json())
+
+
+def test_the_mla_backend_survives_the_config_map_round_trip() -> None:
+    pool = rendered_pool(spec(model={"attention": "MLA"}), gfx="gfx942")
+    config = RuntimeConfig.from_json(pool.config_map["data"][contract.CONFIG_KEY])
+    assert config.mla_attention_backend == "ROCM_AITER_MLA"
+    assert mla_options(serve_args(config)) == [f"{MLA_FLAG}=ROCM_AITER_MLA"]
+
+
+def test_user_extra_args_come_after_the_rendered_mla_backend() -> None:
+    """A user's own per-kind backend is passed on after ours, and vLLM takes the later value
+    (tests/contract: test_a_users_mla_backend_in_extra_args_wins_over_the_rendered_one)."""
+    model = spec(
+        model={"attention": "MLA"},
+        runtime={"extraArgs": [f"{MLA_FLAG}=TRITON_MLA"]},
+    )
+    args = serve_args(rendered_pool(model, gfx="gfx942").config)
+    assert mla_options(args) == [f"{MLA_FLAG}=ROCM_AITER_MLA", f"{MLA_FLAG}=TRITON_MLA"]
