@@ -113,13 +113,23 @@ def live_stats_moved(stored: Mapping[str, Any], computed: Mapping[str, Any]) -> 
     return any(_pool_stats_moved(old_pools[pool], new_pools[pool]) for pool in new_pools)
 
 
+def first_statistics(stored: Mapping[str, Any], computed: Mapping[str, Any]) -> bool:
+    """A model's acceptance becomes known for the first time: worth a write at once, not after a period
+    (once per model, unless its pools stop reporting altogether)."""
+    def known(status: Mapping[str, Any]) -> bool:
+        return (status.get("speculation") or {}).get("acceptanceRate") is not None
+    return known(computed) and not known(stored)
+
+
 def status_to_write(
     stored: Mapping[str, Any], computed: Mapping[str, Any], stats_due: bool
 ) -> tuple[dict[str, Any], bool]:
     """(the status to store, whether it carries fresh statistics). Fresh statistics go out whenever anything
-    else changes too, or when their refresh is due and they have moved past the tolerances; otherwise the
-    stored ones are kept and nothing is written."""
+    else changes too, when acceptance is first known, or when their refresh is due and they have moved past
+    the tolerances; otherwise the stored ones are kept and nothing is written."""
     if without_live_stats(stored) != without_live_stats(computed):
+        return dict(computed), True
+    if first_statistics(stored, computed):
         return dict(computed), True
     if stats_due and live_stats_moved(stored, computed):
         return dict(computed), True

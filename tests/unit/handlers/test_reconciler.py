@@ -290,14 +290,20 @@ async def test_live_statistics_reach_status_at_a_bounded_rate(
     body = await settled(ctx, api)
     base = dict(await current(api))
     fresher = copy.deepcopy(base["status"])
+    assert base["status"]["speculation"].get("acceptanceRate") is None
     fresher["speculation"]["acceptanceRate"] = 0.71
     fresher["summary"]["acceptance"] = "71%"
-    assert await write_status(ctx, base, fresher, LOG) is None  # a first sight starts the period
-    await asyncio.sleep(0.35)
-    written = await write_status(ctx, base, fresher, LOG)
+    written = await write_status(ctx, base, fresher, LOG)  # the first known acceptance goes out at once
     assert written is not None and written["status"]["speculation"]["acceptanceRate"] == 0.71
-    fresher["speculation"]["acceptanceRate"] = 0.72
+    fresher["speculation"]["acceptanceRate"] = 0.50
     assert await write_status(ctx, written, fresher, LOG) is None  # not due again yet
+    await asyncio.sleep(0.35)
+    fresher["speculation"]["acceptanceRate"] = 0.72
+    assert await write_status(ctx, written, fresher, LOG) is None  # due, but within the tolerance
+    fresher["speculation"]["acceptanceRate"] = 0.50
+    written = await write_status(ctx, written, fresher, LOG)  # due and moved
+    assert written is not None and written["status"]["speculation"]["acceptanceRate"] == 0.50
+    fresher["speculation"]["acceptanceRate"] = 0.72
     decided = copy.deepcopy(fresher)
     decided["pools"][0]["effectiveK"] = 4
     now_written = await write_status(ctx, written, decided, LOG)  # a decision goes at once, stats ride along

@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
-from specdec_operator.reconcile.status_write import live_stats_moved, merge_patch, status_to_write
+from specdec_operator.reconcile.status_write import (
+    first_statistics,
+    live_stats_moved,
+    merge_patch,
+    status_to_write,
+)
 
 
 def status(acceptance: float | None = 0.70, tokens: float | None = 1200.0, recommended: int | None = 3,
@@ -82,3 +87,14 @@ def test_merge_patch_removes_what_the_new_status_no_longer_has() -> None:
     gone = copy.deepcopy(stored)
     del gone["speculation"]["tokensPerSecond"]
     assert merge_patch(stored, gone) == {"speculation": {"tokensPerSecond": None}}
+
+
+def test_the_first_known_acceptance_is_written_at_once_not_after_a_period() -> None:
+    unknown = status(acceptance=None, tokens=None)
+    known = status()
+    assert first_statistics(unknown, known) and not first_statistics(known, status(acceptance=0.9))
+    wanted, fresh = status_to_write(unknown, known, stats_due=False)
+    assert (wanted, fresh) == (known, True)
+    # Acceptance becoming unknown again (no samples in the window) waits for the period like any move.
+    kept, fresh = status_to_write(known, unknown, stats_due=False)
+    assert not fresh and merge_patch(known, kept) == {}
