@@ -20,7 +20,7 @@ from specdec_operator.handlers.traffic import clear_manual_action, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
 from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, write_status
 from specdec_operator.kube.api import KubeApiError
-from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES, ROLLOUTS
+from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES, ROLLOUTS, pool_series
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status, read_status
 from specdec_operator.reconcile.status_build import summarise
@@ -67,7 +67,7 @@ def _post_events(body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) 
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
         result = ROLLOUT_RESULTS.get(event.reason)
         if result is not None and plan.status is not None and plan.status.canary is not None:
-            ROLLOUTS.labels(observed.namespace, observed.name, plan.status.canary.pool, result).inc()
+            pool_series(ROLLOUTS, observed.namespace, observed.name, plan.status.canary.pool, result).inc()
 
 
 async def write(

@@ -14,7 +14,7 @@ from specdec_operator.canary.traffic import (
 )
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.kube.api import KubeApiError
-from specdec_operator.metrics import CANARY_WEIGHT
+from specdec_operator.metrics import CANARY_WEIGHT, pool_series
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan
 from specdec_operator.render.names import service_name
@@ -68,7 +68,7 @@ async def sync_route(
             return
         raise
     for pool in plan.pools:
-        CANARY_WEIGHT.labels(observed.namespace, observed.name, pool.name).set(
+        pool_series(CANARY_WEIGHT, observed.namespace, observed.name, pool.name).set(
             plan.route_weight if plan.status and plan.status.canary and plan.status.canary.pool == pool.name else 0
         )
     logger.info("HTTPRoute %s/%s: canary weight %d%%", namespace, plan.route.name, plan.route_weight)

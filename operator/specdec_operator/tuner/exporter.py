@@ -16,6 +16,7 @@ from specdec_operator.metrics import (
     TOKENS_PER_SECOND,
     TUNER_DECISIONS,
     forget_pools_except,
+    pool_series,
 )
 from specdec_operator.tuner.engine import TunerReport
 
@@ -29,22 +30,22 @@ def publish(namespace: str, model: str, report: TunerReport) -> None:
     for stats in report.stats:
         labels = (namespace, model, stats.pool)
         if stats.pool in report.effective_k:
-            EFFECTIVE_K.labels(*labels).set(report.effective_k[stats.pool])
+            pool_series(EFFECTIVE_K, *labels).set(report.effective_k[stats.pool])
         if stats.recommended_k is not None:
-            RECOMMENDED_K.labels(*labels).set(stats.recommended_k)
+            pool_series(RECOMMENDED_K, *labels).set(stats.recommended_k)
         if stats.acceptance_rate is not None:
-            ACCEPTANCE_RATE.labels(*labels).set(stats.acceptance_rate)
+            pool_series(ACCEPTANCE_RATE, *labels).set(stats.acceptance_rate)
         if stats.mean_accepted_length is not None:
-            MEAN_ACCEPTED_LENGTH.labels(*labels).set(stats.mean_accepted_length)
+            pool_series(MEAN_ACCEPTED_LENGTH, *labels).set(stats.mean_accepted_length)
         if stats.tokens_per_second is not None:
-            TOKENS_PER_SECOND.labels(*labels).set(stats.tokens_per_second)
+            pool_series(TOKENS_PER_SECOND, *labels).set(stats.tokens_per_second)
         for position, rate in enumerate(stats.per_position_acceptance):
-            POSITION_ACCEPTANCE.labels(*labels, str(position)).set(rate)
+            pool_series(POSITION_ACCEPTANCE, *labels, str(position)).set(rate)
     for decision in report.decisions:
-        TUNER_DECISIONS.labels(namespace, model, decision.pool, decision.action).inc()
+        pool_series(TUNER_DECISIONS, namespace, model, decision.pool, decision.action).inc()
 
 
 def count_k_change(namespace: str, model: str, decision: TuningDecision) -> None:
     """Counted once the decision is in status, not when it is proposed."""
     if decision.to_k != decision.from_k:
-        K_CHANGES.labels(namespace, model, decision.pool).inc()
+        pool_series(K_CHANGES, namespace, model, decision.pool).inc()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from specdec_operator.api.status import PoolSpeculationStats
-from specdec_operator.metrics import CANARY_WEIGHT, MODEL_METRICS, REGISTRY, ROLLOUTS, forget_model
+from specdec_operator.metrics import CANARY_WEIGHT, MODEL_METRICS, REGISTRY, ROLLOUTS, forget_model, pool_series
 from specdec_operator.tuner.engine import TunerReport
 from specdec_operator.tuner.exporter import publish
 
@@ -27,8 +27,8 @@ def _exposed(model: str) -> list[str]:
 def test_deleting_a_model_removes_all_its_series_and_only_its() -> None:
     publish("ns-del", "doomed", _report("gfx942", "gfx90a"))
     publish("ns-del", "kept", _report("gfx942"))
-    CANARY_WEIGHT.labels("ns-del", "doomed", "gfx942").set(10)
-    ROLLOUTS.labels("ns-del", "doomed", "gfx942", "rolledback").inc()
+    pool_series(CANARY_WEIGHT, "ns-del", "doomed", "gfx942").set(10)
+    pool_series(ROLLOUTS, "ns-del", "doomed", "gfx942", "rolledback").inc()
     assert len(_exposed("doomed")) > 10
     kept_before = _exposed("kept")
 
@@ -52,6 +52,11 @@ def test_a_pool_that_is_gone_leaves_metrics_at_the_next_report() -> None:
     publish("ns-pool", "shrinks", _report("gfx942"))
     lines = _exposed("shrinks")
     assert lines and not any('pool="gfx1100"' in line for line in lines)
+    # A canary weight and a rollout count of a pool that goes are pruned too.
+    pool_series(CANARY_WEIGHT, "ns-pool", "shrinks", "gfx90a").set(50)
+    pool_series(ROLLOUTS, "ns-pool", "shrinks", "gfx90a", "promoted").inc()
+    publish("ns-pool", "shrinks", _report("gfx942"))
+    assert _exposed("shrinks") == lines
     forget_model("ns-pool", "shrinks")
 
 
