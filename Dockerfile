@@ -20,6 +20,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
+# Memory goes back to the node when a fleet shrinks: CPython's own allocator frees a 1 MiB arena only when
+# every object in it is gone, so a few survivors pin most of what 500 deleted models used. With glibc's
+# malloc underneath, the operator's malloc_trim after deletions (handlers/memory.py) returns free pages,
+# and two arenas keep kopf's thread pool from multiplying heaps. hack/scale runs the operator alike.
+ENV PYTHONMALLOC=malloc \
+    MALLOC_ARENA_MAX=2
 # Offline install from the build stage's wheels only: the image holds exactly what was built and tested.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels /wheels/specdec_operator-*.whl

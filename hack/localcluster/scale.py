@@ -41,6 +41,8 @@ OPERATOR_AGENTS = ("specdec-operator", "kopf/")
 GPUS_PER_NODE = 8
 NAMESPACES = 10
 MANAGED = "app.kubernetes.io/managed-by=specdec-operator"
+# The allocator settings of the operator image (Dockerfile): RSS figures are only meaningful measured alike.
+OPERATOR_IMAGE_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
 
 
 def log(message: str) -> None:
@@ -183,7 +185,7 @@ class Bench:
                                                    "--default-profile", "quick"], env, self.cluster.paths.logs)
         self.metrics_port = free_port()
         self.operator = start("scale-operator", [sys.executable, "-m", "specdec_operator.cli", "run"], {
-            **env, "SPECDEC_STANDALONE": "true", "SPECDEC_SCRAPE_LOOPBACK_ONLY": "true",
+            **env, **OPERATOR_IMAGE_ENV, "SPECDEC_STANDALONE": "true", "SPECDEC_SCRAPE_LOOPBACK_ONLY": "true",
             "SPECDEC_METRICS_PORT": str(self.metrics_port), "SPECDEC_NAMESPACES": json.dumps(self.namespaces),
         }, self.cluster.paths.logs)
         try:

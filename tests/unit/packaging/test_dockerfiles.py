@@ -155,6 +155,13 @@ def test_operator_image_is_two_stage_and_starts_the_operator() -> None:
     assert not [value for name, value in target.instructions if name in {"COPY", "ADD"} and "--from" not in value]
 
 
+def test_the_scale_benchmark_runs_the_operator_with_the_images_allocator() -> None:
+    from localcluster.scale import OPERATOR_IMAGE_ENV
+
+    envs = DockerfileParser(path=str(OPERATOR_DOCKERFILE)).envs
+    assert {key: envs.get(key) for key in OPERATOR_IMAGE_ENV} == OPERATOR_IMAGE_ENV
+
+
 def test_runtime_image_builds_on_vllm_rocm() -> None:
     if not RUNTIME_DOCKERFILE.exists():
         pytest.skip("runtime/Dockerfile is not written yet")
