@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import aiohttp
 
-from specdec_operator.handlers.cache import WatchCache
+from specdec_operator.handlers.cache import FleetSnapshot, WatchCache
 from specdec_operator.handlers.memory import MemoryRelease
 from specdec_operator.kube.api import KubeApi
 from specdec_operator.reconcile.observed import Settings
@@ -40,6 +40,7 @@ class OperatorContext:
     stats_written_at: dict[tuple[str, str], float] = field(default_factory=dict)  # monotonic
     refusals: dict[tuple[str, str], Refusals] = field(default_factory=dict)
     memory: MemoryRelease = field(default_factory=MemoryRelease)  # gives pages back after models go
+    fleet: FleetSnapshot = field(default_factory=FleetSnapshot)  # nodes and pod GPU claims, shared briefly
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop every per-model memory when the model's loop ends."""

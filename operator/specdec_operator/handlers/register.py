@@ -169,8 +169,7 @@ async def reconcile_loop(
             retry_at = _retry_at(context, namespace, name)
             evaluation_at = tuner_at[1] if tuner_at else None
             if schedule.full_due(now, nudged, evaluation_at, retry_at):
-                nodes = [facts for store in gpu_nodes.values() for facts in store]
-                pods = [claim for store in gpu_pods.values() for claim in store]
+                nodes, pods = context.fleet.read(gpu_nodes, gpu_pods, now)
                 try:
                     plan = await reconcile(context, body, nodes, logger, pods)
                     schedule.succeeded(time.monotonic(), plan.invalid_spec is not None)

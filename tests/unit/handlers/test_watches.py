@@ -103,3 +103,17 @@ def test_watches_are_filtered_by_our_label_on_the_server_and_listed_in_pages() -
     unsharded = kopf.OperatorSettings()
     filter_watches(unsharded, "")
     assert (GROUP, PLURAL) not in unsharded.watching.label_selectors
+
+
+def test_the_fleet_snapshot_is_shared_for_a_moment_then_read_again() -> None:
+    from specdec_operator.handlers.cache import FleetSnapshot
+
+    nodes: dict[str, list[str]] = {"n1": ["node-1"]}
+    pods: dict[str, list[str]] = {"ns/p1": ["claim-1"], "ns/p2": ["claim-2"]}
+    snapshot = FleetSnapshot(max_age_s=1.0)
+    assert snapshot.read(nodes, pods, now=100.0) == (["node-1"], ["claim-1", "claim-2"])
+    pods["ns/p3"] = ["claim-3"]
+    del nodes["n1"]
+    assert snapshot.read(nodes, pods, now=100.9) == (["node-1"], ["claim-1", "claim-2"])  # shared
+    assert snapshot.read(nodes, pods, now=101.0) == ([], ["claim-1", "claim-2", "claim-3"])  # read again
+    assert snapshot.read(nodes, {}, now=50.0) == ([], [])  # a clock that went back never serves an old one
