@@ -88,20 +88,17 @@ def _figures_moved(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 
 def _pool_stats_moved(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    if _figures_moved(old, new) or old.get("recommendedK") != new.get("recommendedK"):
+    # Per-position acceptance and the recommended K are left out: deep positions see few drafts and the
+    # recommendation flips between near-equal Ks with every window, so they would refresh status all the
+    # time. They ride along with any other refresh; /metrics has them fresh, lastDecision has what acted.
+    if _figures_moved(old, new):
         return True
-    if (int(old.get("drafts") or 0) > 0) != (int(new.get("drafts") or 0) > 0):
-        return True  # traffic started or stopped
-    old_positions, new_positions = old.get("perPositionAcceptance") or [], new.get("perPositionAcceptance") or []
-    if len(old_positions) != len(new_positions):
-        return True
-    pairs = zip(old_positions, new_positions, strict=True)
-    return any(_figure_moved(a, b, ACCEPTANCE_TOLERANCE, False) for a, b in pairs)
+    return (int(old.get("drafts") or 0) > 0) != (int(new.get("drafts") or 0) > 0)  # traffic started or stopped
 
 
 def live_stats_moved(stored: Mapping[str, Any], computed: Mapping[str, Any]) -> bool:
     """Whether `computed`'s live statistics differ from `stored`'s by more than the tolerances: a new or
-    vanished figure or pool, a different recommended K, or a figure outside its band."""
+    vanished figure or pool, traffic starting or stopping, or a figure outside its band."""
     old = stored.get("speculation") or {}
     new = computed.get("speculation") or {}
     if _figures_moved(old, new):

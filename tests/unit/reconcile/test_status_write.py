@@ -39,7 +39,8 @@ def status(acceptance: float | None = 0.70, tokens: float | None = 1200.0, recom
 
 def test_steady_traffic_noise_is_not_a_move() -> None:
     stored = status()
-    noisy = status(acceptance=0.72, tokens=1300.0, positions=[0.82, 0.58], drafts=9000)
+    # Deep positions and the recommended K flip with every window: they ride along with other refreshes.
+    noisy = status(acceptance=0.72, tokens=1300.0, positions=[0.82, 0.38, 0.2], drafts=9000, recommended=4)
     assert not live_stats_moved(stored, noisy)
     wanted, fresh = status_to_write(stored, noisy, stats_due=True)
     assert (wanted, fresh) == (stored, False)
@@ -49,9 +50,6 @@ def test_steady_traffic_noise_is_not_a_move() -> None:
 @pytest.mark.parametrize("moved", [
     status(acceptance=0.60),                 # ten points of acceptance
     status(tokens=700.0),                    # throughput fell by 42%
-    status(recommended=5),                   # the tuner would pick another K
-    status(positions=[0.8, 0.4]),            # one position's acceptance fell by 20 points
-    status(positions=[0.8, 0.6, 0.4]),       # a position more
     status(drafts=0),                        # traffic stopped
     status(acceptance=None, tokens=None),    # figures vanished (no samples in the window)
 ])
