@@ -316,7 +316,11 @@ class Bench:
         wait_until("models gone", lambda: not self.kubectl_json("get", "sm", "-A")["items"], 900, 5)
         wait_until("owned deployments gone",
                    lambda: not self.kubectl_json("get", "deployments", "-A", "-l", MANAGED)["items"], 900, 5)
-        time.sleep(60)  # a scrape round and a GC pass
+        # The garbage collector deletes the ReplicaSets and pods after the Deployments: until the pods are
+        # gone the operator still holds them in its pod index, and RSS would be measured with them.
+        wait_until("runtime pods gone",
+                   lambda: not self.kubectl_json("get", "pods", "-A", "-l", MANAGED)["items"], 900, 5)
+        time.sleep(60)  # a scrape round, the operator's memory release after the deletions, a GC pass
         left = [(name, labels) for name, labels, _ in self.operator_metrics() if "model" in labels]
         self.out["series_left"] = len(left)
         self.out["series_left_names"] = sorted({name for name, _ in left})
