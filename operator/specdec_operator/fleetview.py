@@ -236,6 +236,11 @@ async def _watch(api: Any, namespace: str | None, args: argparse.Namespace, comm
         try:
             body = await _snapshot(api, namespace, args)
         except (ApiException, aiohttp.ClientError) as error:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Ctrl-C landed mid-request and the client reported it as its own timeout: the watch must
+                # still stop (asyncio.run cancels this task on SIGINT and waits for it to end).
+                raise asyncio.CancelledError from error
             # A watch outlives API server restarts and network blips: report and keep refreshing.
             body = f"error: {_describe_error(error)}\n"
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

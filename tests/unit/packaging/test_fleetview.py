@@ -288,7 +288,12 @@ def test_kubectl_plugin_watches_until_ctrl_c(api: FakeApiServer) -> None:
         plugin.send_signal(signal.SIGINT)
         # Drain while waiting: frames keep coming every 0.1 s, and a plugin blocked on a full stdout pipe
         # cannot finish its Ctrl-C (it failed that way in CI on a loaded machine).
-        _, stderr = plugin.communicate(timeout=20)
+        try:
+            _, stderr = plugin.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            plugin.kill()
+            _, stderr = plugin.communicate()
+            raise AssertionError(f"the watch did not stop on Ctrl-C within 20 s; stderr: {stderr[-2000:]}") from None
     assert plugin.returncode == 0, stderr
 
 
