@@ -277,6 +277,9 @@ def test_kubectl_plugin_watches_until_ctrl_c(api: FakeApiServer) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a suite started in the background (`cmd &` in a script) inherits an ignored
+        # SIGINT, and a Python started with SIGINT ignored never raises KeyboardInterrupt.
+        preexec_fn=_sigint_as_at_a_terminal,
     )
     try:
         _wait_for_line(plugin, r"^Every 0\.1s: kubectl specdec status -A --watch --interval 0\.1 ")
@@ -295,6 +298,10 @@ def test_kubectl_plugin_watches_until_ctrl_c(api: FakeApiServer) -> None:
             _, stderr = plugin.communicate()
             raise AssertionError(f"the watch did not stop on Ctrl-C within 20 s; stderr: {stderr[-2000:]}") from None
     assert plugin.returncode == 0, stderr
+
+
+def _sigint_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_line(process: subprocess.Popen[str], pattern: str) -> None:
