@@ -38,20 +38,46 @@ class GpuUsage:
         return max(0, self.available_to_model(node) - self.own.get(node.name, 0))
 
 
+@dataclass(frozen=True)
+class FleetClaims:
+    """Every pod's GPU claim, summed per node and grouped by model, once per look at the fleet.
+
+    Each model's pass needs what the whole fleet holds; splitting 2,000 pod claims afresh for every pass
+    (500 models on a 30 s resync) made placement O(models x pods). Built once and shared, a model's usage
+    costs its own pods plus one subtraction per node.
+    """
+
+    held: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs its bound pods hold, any workload
+    by_model: Mapping[str, tuple[PodGpus, ...]] = field(default_factory=dict)  # `namespace/model-label` -> pods
+
+    @classmethod
+    def of(cls, pods: Iterable[PodGpus]) -> FleetClaims:
+        held: dict[str, int] = {}
+        by_model: dict[str, list[PodGpus]] = {}
+        for pod in pods:
+            if pod.model_key is not None:
+                by_model.setdefault(pod.model_key, []).append(pod)
+            if pod.node is not None:
+                held[pod.node] = held.get(pod.node, 0) + pod.gpus
+        return cls(held, {key: tuple(found) for key, found in by_model.items()})
+
+    def usage(self, model_key: str) -> GpuUsage:
+        """Split the claims of bound pods into this model's (`namespace/model-label`) and the rest."""
+        own: dict[str, int] = {}
+        unscheduled: list[PodGpus] = []
+        for pod in self.by_model.get(model_key, ()):
+            if pod.node is None:
+                if pod.unschedulable:
+                    unscheduled.append(pod)
+                continue
+            own[pod.node] = own.get(pod.node, 0) + pod.gpus
+        others = {node: held - own.get(node, 0) for node, held in self.held.items() if held > own.get(node, 0)}
+        return GpuUsage(others, own, tuple(sorted(unscheduled, key=lambda p: p.name)))
+
+
 def gpu_usage(pods: Iterable[PodGpus], model_key: str) -> GpuUsage:
     """Split the GPU claims of bound pods into this model's (`namespace/model-label`) and the rest."""
-    others: dict[str, int] = {}
-    own: dict[str, int] = {}
-    unscheduled: list[PodGpus] = []
-    for pod in pods:
-        mine = pod.model_key == model_key
-        if pod.node is None:
-            if mine and pod.unschedulable:
-                unscheduled.append(pod)
-            continue
-        held = own if mine else others
-        held[pod.node] = held.get(pod.node, 0) + pod.gpus
-    return GpuUsage(others, own, tuple(sorted(unscheduled, key=lambda p: p.name)))
+    return FleetClaims.of(pods).usage(model_key)
 
 
 def replica_slots(nodes: Iterable[NodeGpus], gpus_on: Mapping[str, int], tp: int) -> int:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from specdec_operator.decisions.capacity import FleetClaims
+from specdec_operator.gpu.inventory import NodeGpus, PodGpus
+
 CHILD_INDICES = {"Deployment": "owned_deployments", "ConfigMap": "owned_configmaps", "Service": "owned_services",
                  "PodDisruptionBudget": "owned_pdbs"}
 
@@ -58,26 +61,26 @@ def _store(index: Mapping[Any, Iterable[Mapping[str, Any]]], key: Any) -> Iterab
 
 
 class FleetSnapshot:
-    """Every GPU node and every pod's GPU claim, flattened out of their kopf indices and shared by the
-    model passes of the next `max_age_s`.
+    """Every GPU node and every pod's GPU claim (summed per node, grouped by model), taken out of their kopf
+    indices and shared by the model passes of the next `max_age_s`.
 
-    Each full pass needs the whole fleet (free GPUs count every workload's pods), and flattening 2,000
-    pod claims per pass at ~17 passes a second (500 models, 30 s resync) was a sixth of the operator's CPU.
-    The indices themselves trail the cluster by a watch event, so a snapshot a second old adds nothing a
-    level-triggered pass can notice.
+    Each full pass needs the whole fleet (free GPUs count every workload's pods). Flattening 2,000 pod
+    claims per pass at ~17 passes a second (500 models, 30 s resync) was a sixth of the operator's CPU, and
+    splitting them per model another tenth. The indices themselves trail the cluster by a watch event, so a
+    snapshot a second old adds nothing a level-triggered pass can notice.
     """
 
     def __init__(self, max_age_s: float = 1.0) -> None:
         self.max_age_s = max_age_s
         self._taken_at: float | None = None
-        self._nodes: list[Any] = []
-        self._pods: list[Any] = []
+        self._nodes: list[NodeGpus] = []
+        self._claims = FleetClaims()
 
-    def read(self, node_index: Mapping[Any, Iterable[Any]], pod_index: Mapping[Any, Iterable[Any]],
-             now: float) -> tuple[list[Any], list[Any]]:
+    def read(self, node_index: Mapping[Any, Iterable[NodeGpus]], pod_index: Mapping[Any, Iterable[PodGpus]],
+             now: float) -> tuple[list[NodeGpus], FleetClaims]:
         """(nodes, pod claims) as of at most `max_age_s` ago (monotonic `now`)."""
         if self._taken_at is None or now - self._taken_at >= self.max_age_s or now < self._taken_at:
             self._nodes = [facts for store in node_index.values() for facts in store]
-            self._pods = [claim for store in pod_index.values() for claim in store]
+            self._claims = FleetClaims.of(claim for store in pod_index.values() for claim in store)
             self._taken_at = now
-        return self._nodes, self._pods
+        return self._nodes, self._claims

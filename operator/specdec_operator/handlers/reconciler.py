@@ -14,7 +14,8 @@ from specdec_operator import KIND
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.canary.plan import canary_summary
 from specdec_operator.conditions import ConditionUpdate, apply_updates
-from specdec_operator.gpu.inventory import NodeGpus, PodGpus
+from specdec_operator.decisions.capacity import FleetClaims
+from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.traffic import clear_manual_action, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
@@ -42,7 +43,7 @@ def utc_now() -> str:
 
 
 async def gather(
-    ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus], gpu_pods: Sequence[PodGpus] = ()
+    ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus], gpu_claims: FleetClaims | None = None
 ) -> ObservedModel:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -58,7 +59,7 @@ async def gather(
         annotations=dict(meta.get("annotations", {})),
         children=children,
         nodes=nodes,
-        gpu_pods=gpu_pods,
+        gpu_claims=gpu_claims or FleetClaims(),
     )
 
 
@@ -187,13 +188,14 @@ async def _tune(ctx: OperatorContext, observed: ObservedModel, logger: Logger) -
 
 
 async def reconcile(
-    ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger, gpu_pods: Sequence[PodGpus] = ()
+    ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger,
+    gpu_claims: FleetClaims | None = None,
 ) -> ReconcilePlan:
     started = time.monotonic()
     key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
     try:
         baseline = newest_body(ctx, key, body)
-        observed = await gather(ctx, baseline, nodes, gpu_pods)
+        observed = await gather(ctx, baseline, nodes, gpu_claims)
         tuning = await _tune(ctx, observed, logger)
         if tuning.proposal is not None:
             await record_decision(ctx, body, baseline, observed, tuning, logger)

@@ -169,9 +169,9 @@ async def reconcile_loop(
             retry_at = _retry_at(context, namespace, name)
             evaluation_at = tuner_at[1] if tuner_at else None
             if schedule.full_due(now, nudged, evaluation_at, retry_at):
-                nodes, pods = context.fleet.read(gpu_nodes, gpu_pods, now)
+                nodes, claims = context.fleet.read(gpu_nodes, gpu_pods, now)
                 try:
-                    plan = await reconcile(context, body, nodes, logger, pods)
+                    plan = await reconcile(context, body, nodes, logger, claims)
                     schedule.succeeded(time.monotonic(), plan.invalid_spec is not None)
                 except KubeApiError as error:
                     # The API said no (a terminating namespace, a conflict, a missing CRD): back off and retry.

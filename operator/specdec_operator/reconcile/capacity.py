@@ -12,7 +12,7 @@ from specdec_operator.api.spec import Canary, SpeculativeModelSpec
 from specdec_operator.api.status import PoolRollout, SpeculativeModelStatus
 from specdec_operator.canary.plan import split_replicas
 from specdec_operator.conditions import ConditionUpdate
-from specdec_operator.decisions.capacity import GpuUsage, RolloutMode, choose_mode, gpu_usage, pool_room
+from specdec_operator.decisions.capacity import GpuUsage, RolloutMode, choose_mode, pool_room
 from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.gpu.inventory import PodGpus
 from specdec_operator.reconcile.desired import DesiredPool
@@ -25,7 +25,7 @@ UNSCHEDULABLE_GRACE_S = 30
 
 
 def model_usage(observed: ObservedModel) -> GpuUsage:
-    return gpu_usage(observed.gpu_pods, f"{observed.namespace}/{label_value(observed.name)}")
+    return observed.gpu_claims.usage(f"{observed.namespace}/{label_value(observed.name)}")
 
 
 def _surge_need(spec: SpeculativeModelSpec, total: int) -> int:

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec_operator.gpu.inventory import NodeGpus, PodGpus
+from specdec_operator.decisions.capacity import FleetClaims
+from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.render.podspec import DEFAULT_POD_SETTINGS, PodSettings
 
 
@@ -23,7 +24,7 @@ class ObservedModel:
     children: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     nodes: Sequence[NodeGpus] = ()
     # GPU claims of every pod the operator watches (all models, other workloads), for free-GPU counts.
-    gpu_pods: Sequence[PodGpus] = ()
+    gpu_claims: FleetClaims = field(default_factory=FleetClaims)
 
     def children_of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         return [body for (child_kind, _), body in sorted(self.children.items()) if child_kind == kind]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from specdec_operator.canary.plan import ServingReplicas, in_place_canary_size
-from specdec_operator.decisions.capacity import GpuUsage, PoolRoom, choose_mode, gpu_usage, pool_room
+from specdec_operator.decisions.capacity import FleetClaims, GpuUsage, PoolRoom, choose_mode, gpu_usage, pool_room
 from specdec_operator.decisions.placement import plan_placement
 from specdec_operator.gpu.inventory import PodGpus
 from tests.unit.api.specfactories import spec
@@ -32,6 +34,34 @@ def test_usage_splits_own_pods_from_everyone_elses_and_ignores_unbound_ones() ->
     assert [p.name for p in usage.unscheduled] == ["mine-pending"]
     assert [usage.available_to_model(n) for n in NODES] == [8, 2]
     assert [usage.free_now(n) for n in NODES] == [0, 2]
+
+
+def _usage_by_scanning_every_pod(pods: list[PodGpus], model: str) -> GpuUsage:
+    """The definition, one pass over the whole fleet per model: what FleetClaims must equal."""
+    others: dict[str, int] = {}
+    own: dict[str, int] = {}
+    for pod in pods:
+        if pod.node is not None:
+            held = own if pod.model_key == model else others
+            held[pod.node] = held.get(pod.node, 0) + pod.gpus
+    stuck = sorted((p for p in pods if p.node is None and p.model_key == model and p.unschedulable),
+                   key=lambda p: p.name)
+    return GpuUsage(others, own, tuple(stuck))
+
+
+@given(st.lists(st.builds(
+    claim, name=st.text("abc", min_size=1, max_size=3), gpus=st.integers(0, 8),
+    node=st.sampled_from([None, "mi300x-0", "mi300x-1", "mi300x-2"]),
+    model=st.sampled_from([None, MODEL, "inference/other"]), why=st.sampled_from([None, "0/2 nodes are available"]),
+), max_size=30))
+def test_fleet_claims_built_once_give_every_model_what_a_scan_of_every_pod_gives(pods: list[PodGpus]) -> None:
+    claims = FleetClaims.of(pods)
+    for model in (MODEL, "inference/other", "inference/absent"):
+        shared, scanned = claims.usage(model), _usage_by_scanning_every_pod(pods, model)
+        assert shared.own == scanned.own
+        assert {n: g for n, g in shared.others.items() if g} == {n: g for n, g in scanned.others.items() if g}
+        assert sorted(p.name for p in shared.unscheduled) == sorted(p.name for p in scanned.unscheduled)
+        assert [shared.free_now(n) for n in NODES] == [scanned.free_now(n) for n in NODES]
 
 
 def test_pool_room_counts_whole_replicas_per_node() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import kopf
 
 from specdec_operator import GROUP, KIND, PLURAL
+from specdec_operator.gpu.inventory import PodGpus, node_gpus
 from specdec_operator.handlers.cache import WatchCache
 from specdec_operator.handlers.watches import (
     OWNED_SELECTOR,
@@ -108,12 +109,18 @@ def test_watches_are_filtered_by_our_label_on_the_server_and_listed_in_pages() -
 def test_the_fleet_snapshot_is_shared_for_a_moment_then_read_again() -> None:
     from specdec_operator.handlers.cache import FleetSnapshot
 
-    nodes: dict[str, list[str]] = {"n1": ["node-1"]}
-    pods: dict[str, list[str]] = {"ns/p1": ["claim-1"], "ns/p2": ["claim-2"]}
+    def claim(name: str, node: str, model: str | None = None) -> PodGpus:
+        return PodGpus("ns", name, 2, node, model)
+
+    nodes = {"n1": [node_gpus("node-1", {}, {"amd.com/gpu": "8"})]}
+    pods = {"ns/p1": [claim("p1", "node-1", "ns/m")], "ns/p2": [claim("p2", "node-1")]}
     snapshot = FleetSnapshot(max_age_s=1.0)
-    assert snapshot.read(nodes, pods, now=100.0) == (["node-1"], ["claim-1", "claim-2"])
-    pods["ns/p3"] = ["claim-3"]
+    seen_nodes, claims = snapshot.read(nodes, pods, now=100.0)
+    assert [n.name for n in seen_nodes] == ["node-1"]
+    assert claims.held == {"node-1": 4} and [p.name for p in claims.by_model["ns/m"]] == ["p1"]
+    pods["ns/p3"] = [claim("p3", "node-2")]
     del nodes["n1"]
-    assert snapshot.read(nodes, pods, now=100.9) == (["node-1"], ["claim-1", "claim-2"])  # shared
-    assert snapshot.read(nodes, pods, now=101.0) == ([], ["claim-1", "claim-2", "claim-3"])  # read again
-    assert snapshot.read(nodes, {}, now=50.0) == ([], [])  # a clock that went back never serves an old one
+    assert snapshot.read(nodes, pods, now=100.9) == (seen_nodes, claims)  # shared
+    again_nodes, again = snapshot.read(nodes, pods, now=101.0)  # read again
+    assert again_nodes == [] and again.held == {"node-1": 4, "node-2": 2}
+    assert snapshot.read(nodes, {}, now=50.0)[1].held == {}  # a clock that went back never serves an old one

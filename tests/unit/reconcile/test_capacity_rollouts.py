@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from specdec_operator.canary.analysis import Verdict
+from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.inventory import NodeGpus, PodGpus
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate
 from tests.unit.api.specfactories import spec_wire
@@ -65,7 +66,7 @@ class Run:
         self.sim.now = now.strftime("%Y-%m-%dT%H:%M:%SZ")
         seen = dataclasses.replace(
             observed(self.spec, nodes=self.sim.nodes, status=self.status, children=self.sim.observed_children()),
-            gpu_pods=self.sim.gpu_pods(),
+            gpu_claims=FleetClaims.of(self.sim.gpu_pods()),
         )
         plan = evaluate(seen, SETTINGS, self.sim.now, verdicts=AlwaysPass())
         assert plan.status is not None and plan.invalid_spec is None
@@ -236,8 +237,8 @@ def test_other_workloads_gpus_cap_the_pool_and_the_shortfall_is_a_condition() ->
 
 def test_a_pool_with_no_gpu_left_is_not_created_and_says_why() -> None:
     foreign = [PodGpus("batch", f"trainer-{i}", 8, f"mi300x-{i}") for i in range(2)]
-    plan = evaluate(dataclasses.replace(observed(model_spec(), nodes=fleet(2)), gpu_pods=foreign), SETTINGS,
-                    "2026-11-29T10:00:00Z")
+    seen = dataclasses.replace(observed(model_spec(), nodes=fleet(2)), gpu_claims=FleetClaims.of(foreign))
+    plan = evaluate(seen, SETTINGS, "2026-11-29T10:00:00Z")
     assert not [o for o in plan.apply if o["kind"] == "Deployment"]
     assert condition(plan, "Ready")[:2] == ("False", "InsufficientGpus")
     assert "hold 16 of the 16 GPUs" in condition(plan, "Degraded")[2]
@@ -246,7 +247,7 @@ def test_a_pool_with_no_gpu_left_is_not_created_and_says_why() -> None:
 def test_a_pod_pending_past_the_grace_period_is_reported_with_the_schedulers_message() -> None:
     stuck = PodGpus("inference", "llama8b-gfx942-abc", 8, None, "inference/llama8b", "llama8b-gfx942",
                     "0/2 nodes are available: 2 Insufficient amd.com/gpu", "2026-11-29T10:00:00Z")
-    seen = dataclasses.replace(observed(model_spec(), nodes=fleet(2)), gpu_pods=[stuck])
+    seen = dataclasses.replace(observed(model_spec(), nodes=fleet(2)), gpu_claims=FleetClaims.of([stuck]))
     early = evaluate(seen, SETTINGS, "2026-11-29T10:00:20Z")
     assert condition(early, "Degraded")[1] != "PodsUnschedulable"
     late = evaluate(seen, SETTINGS, "2026-11-29T10:01:00Z")
