@@ -37,6 +37,10 @@ class WatchCache:
                 found[(kind, body["metadata"]["name"])] = body
         return found
 
+    def count(self) -> int:
+        """Objects in the bound indices (owned objects and runtime pods): how big the watched fleet is."""
+        return sum(len(store) for index in self._indices.values() for store in index.values())
+
     def pods(self, namespace: str, model_label: str) -> list[Mapping[str, Any]]:
         return list(_store(self._indices["runtime_pods"], (namespace, model_label)))
 
@@ -84,3 +88,7 @@ class FleetSnapshot:
             self._claims = FleetClaims.of(claim for store in pod_index.values() for claim in store)
             self._taken_at = now
         return self._nodes, self._claims
+
+    def clear(self) -> None:
+        """Drop the snapshot (the last model went): nothing reads it, and it would pin the fleet's claims."""
+        self._taken_at, self._nodes, self._claims = None, [], FleetClaims()

@@ -51,6 +51,8 @@ class OperatorContext:
         if self.scrapes is not None:
             self.scrapes.forget(key)
         self.cache.forget(key)
+        if not self.wakeups:
+            self.fleet.clear()
         self.memory.after_forget()
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:

@@ -6,6 +6,11 @@ unless asked. On a long-lived operator whose fleet grew and then shrank that rea
 last model in a burst of deletions is forgotten (a quiet period with no further ones), a full garbage
 collection and glibc's malloc_trim(0), which releases every whole free page in every arena, bring the
 resident size back near what the remaining fleet needs.
+
+Model deletions are not the end of it: the garbage collector deletes a model's ReplicaSets and pods
+minutes later, and each leaves the watch caches then. A release at the last model's forget would keep
+what those free. So the size of the watch caches is sampled too, and a fall of a tenth or more since the
+last release arms the same quiet-period release.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from collections.abc import Callable
 
 LOG = logging.getLogger(__name__)
 QUIET_S = 30.0  # a burst of deletions (kubectl delete --all, a namespace going) is over after this long
+SHRINK_SHARE = 0.1  # a fall of the watched objects by this share since the last release is worth one
+SAMPLE_S = 10.0  # how often the watch caches are counted
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -57,11 +64,15 @@ def release_memory() -> tuple[float | None, float | None]:
 
 
 class MemoryRelease:
-    """Runs release_memory() once a burst of forgotten models has been quiet for `quiet_s`."""
+    """Runs release_memory() once a burst of forgotten models, or of objects leaving the watch caches, has
+    been quiet for `quiet_s`."""
 
-    def __init__(self, quiet_s: float = QUIET_S) -> None:
+    def __init__(self, quiet_s: float = QUIET_S, shrink_share: float = SHRINK_SHARE) -> None:
         self.quiet_s = quiet_s
+        self.shrink_share = shrink_share
         self._pending: asyncio.TimerHandle | None = None
+        self._last_size = 0  # watched objects at the previous sample
+        self._high_size = 0  # the most since the last release
 
     def after_forget(self) -> None:
         """A model's state was dropped: release once no other follows for the quiet period."""
@@ -73,12 +84,26 @@ class MemoryRelease:
             self._pending.cancel()
         self._pending = loop.call_later(self.quiet_s, self._release)
 
+    def observe_watched(self, size: int) -> None:
+        """The watch caches hold `size` objects now. While they keep falling, and have fallen by
+        `shrink_share` since the last release, a release is armed for when they stop."""
+        last, self._last_size = self._last_size, size
+        self._high_size = max(self._high_size, size)
+        if size < last and size <= self._high_size * (1 - self.shrink_share):
+            self.after_forget()
+
+    async def watch(self, count_watched: Callable[[], int], every_s: float = SAMPLE_S) -> None:
+        """Sample `count_watched()` every `every_s` until cancelled."""
+        while True:
+            self.observe_watched(count_watched())
+            await asyncio.sleep(every_s)
+
     def _release(self) -> None:
         self._pending = None
+        self._high_size = self._last_size
         before, after = release_memory()
         if before is not None and after is not None:
-            LOG.info("models forgotten: resident memory %.0f MiB -> %.0f MiB after collection and trim",
-                     before, after)
+            LOG.info("fleet shrank: resident memory %.0f MiB -> %.0f MiB after collection and trim", before, after)
 
     async def close(self) -> None:
         if self._pending is not None:

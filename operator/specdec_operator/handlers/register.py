@@ -56,6 +56,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
         concurrency=operator_settings.scrape_concurrency, allow_non_loopback=not operator_settings.scrape_loopback_only,
     )
     memo.scrape_rounds = asyncio.create_task(memo.context.scrapes.run(), name="scrape rounds")
+    memo.memory_watch = asyncio.create_task(memo.context.memory.watch(memo.context.cache.count), name="memory watch")
     if not operator_settings.standalone:
         await ensure_peering(api, operator_settings)
     # Before kopf's peering starts (it waits for the startup handlers): kopf's first verdict is not missed.
@@ -81,9 +82,10 @@ async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
 @kopf.on.cleanup()
 async def close(memo: Any, **_: Any) -> None:
     context: OperatorContext = memo.context
-    memo.scrape_rounds.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await memo.scrape_rounds
+    for task in (memo.scrape_rounds, memo.memory_watch):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     await context.memory.close()
     await context.http.close()
     await context.api.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -32,3 +33,46 @@ async def test_a_burst_of_forgets_releases_once_after_it_goes_quiet(monkeypatch:
     release.after_forget()
     await release.close()  # an operator shutting down cancels a pending release
     assert len(released) == 1
+
+
+async def test_a_fleet_that_keeps_shrinking_after_its_models_went_is_released_again_once_quiet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The models' pods leave the watch caches minutes after the models (the garbage collector deletes
+    # them): what they free must be given back too, once, when the fall is over.
+    released: list[float] = []
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(memory, "release_memory", lambda: (released.append(loop.time()), (None, None))[1])
+    release = MemoryRelease(quiet_s=0.2, shrink_share=0.1)
+    for size in (0, 1000, 2000, 2000):  # the fleet grows: nothing to give back
+        release.observe_watched(size)
+    await asyncio.sleep(0.3)
+    assert released == []
+    release.observe_watched(1950)  # a rolling update's dip, under a tenth
+    await asyncio.sleep(0.3)
+    assert released == []
+    for size in (1700, 1200, 600):  # the pods going, sampled while it lasts
+        release.observe_watched(size)
+        await asyncio.sleep(0.1)
+    assert released == []  # still falling
+    release.observe_watched(600)
+    await asyncio.sleep(0.3)
+    assert len(released) == 1
+    release.observe_watched(600)  # level since the release: nothing more to give back
+    release.observe_watched(580)  # a small fall measured from the level at the release
+    await asyncio.sleep(0.3)
+    assert len(released) == 1
+    await release.close()
+
+
+async def test_the_watch_samples_the_caches_until_cancelled() -> None:
+    sizes = itertools.chain([10, 5], itertools.repeat(5))
+    seen: list[int] = []
+    release = MemoryRelease(quiet_s=60)
+    release.observe_watched = seen.append  # type: ignore[method-assign]
+    task = asyncio.create_task(release.watch(lambda: next(sizes), every_s=0.01))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen[:2] == [10, 5] and len(seen) >= 3

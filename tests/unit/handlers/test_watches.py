@@ -124,3 +124,6 @@ def test_the_fleet_snapshot_is_shared_for_a_moment_then_read_again() -> None:
     again_nodes, again = snapshot.read(nodes, pods, now=101.0)  # read again
     assert again_nodes == [] and again.held == {"node-1": 4, "node-2": 2}
     assert snapshot.read(nodes, {}, now=50.0)[1].held == {}  # a clock that went back never serves an old one
+    snapshot.read(nodes, pods, now=200.0)
+    snapshot.clear()  # the last model went: nothing pins the fleet's claims
+    assert snapshot.read(nodes, {}, now=200.5)[1].held == {}
