@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdec_runtime.simulator.server import Simulator, build_app
+from specdec_runtime.simulator.server import HTTP_KEEP_ALIVE_S, Simulator, build_app
 from specdec_runtime.simulator.vllm_cli import parse_serve_args
 from tests.contract.vllm_env import VllmDriver
 from tests.unit.runtime.simfactories import make_profile
@@ -58,3 +58,10 @@ async def test_http_requests_total_matches_vllms_instrumentation(driver: VllmDri
         (("handler", "/v1/models"), ("method", "GET"), ("status", "2xx")),
     }
     assert http_family(await simulated_exposition()) == vllm
+
+
+def test_the_simulator_closes_idle_connections_when_vllms_api_server_does(driver: VllmDriver) -> None:
+    # A scraper every 15 s against a server that drops idle connections after 5 s connects anew each
+    # time; the simulated fleet must cost the operator what a real one does.
+    defaults = driver.run("env_defaults", {"names": ["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]})
+    assert defaults["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == HTTP_KEEP_ALIVE_S

@@ -352,7 +352,17 @@ def _http_metrics(request: dict[str, Any]) -> str:
     return prometheus_client.generate_latest(get_prometheus_registry()).decode()
 
 
+def _env_defaults(request: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's defaults of the named VLLM_* settings, with none of them set in the environment."""
+    for name in request["names"]:
+        os.environ.pop(name, None)
+    import vllm.envs as envs
+
+    return {name: getattr(envs, name) for name in request["names"]}
+
+
 COMMANDS = {
+    "env_defaults": _env_defaults,
     "http_metrics": _http_metrics,
     "models": _models,
     "serve": _serve,

@@ -14,7 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from specdec_runtime.simulator.profile import Profile, load_profile
-from specdec_runtime.simulator.server import Simulator, build_app
+from specdec_runtime.simulator.server import HTTP_KEEP_ALIVE_S, Simulator, build_app
 from specdec_runtime.simulator.vllm_cli import ServeOptions, parse_serve_args
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class HostedSimulator:
     def __init__(self, simulator: Simulator) -> None:
         self.simulator = simulator
         self._runner = web.AppRunner(build_app(simulator, background_tick=False), access_log=None,
-                                     handle_signals=False)
+                                     handle_signals=False, keepalive_timeout=HTTP_KEEP_ALIVE_S)
 
     @classmethod
     async def start(cls, argv: list[str], profiles: ProfileCache) -> HostedSimulator:

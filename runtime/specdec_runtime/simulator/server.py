@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 VLLM_VERSION = "0.33.0"
 TICK_S = 0.5
+# vLLM's API server closes an idle HTTP connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s in 0.33), so a scraper
+# every 15 s opens a new one each time; the simulator does the same, not aiohttp's 75 s.
+HTTP_KEEP_ALIVE_S = 5.0
 # vLLM's instrumentator leaves these out of http_requests_total.
 UNCOUNTED_HANDLERS = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
 
@@ -197,5 +200,6 @@ def main(argv: list[str]) -> int:
         "serving %s (K=%d) on %s:%d; loaded at %.0f",
         options.served_model_name, simulator.replica.k, options.host, options.port, simulator.replica.ready_at,
     )
-    web.run_app(build_app(simulator), host=options.host, port=options.port, print=None, access_log=None)
+    web.run_app(build_app(simulator), host=options.host, port=options.port, print=None, access_log=None,
+                keepalive_timeout=HTTP_KEEP_ALIVE_S)
     return 0
