@@ -81,12 +81,34 @@ def index_pdb(body: Mapping[str, Any]) -> dict[ChildKey, dict[str, Any]] | None:
     return _index_child("PodDisruptionBudget", "policy/v1", body)
 
 
+# What the scrape path and the canary read of a runtime pod (reconcile/tuning_inputs.py scrape_targets,
+# canary/evidence.py pod_restarts). The rest, its spec above all, is most of a pod's size, and 2,000 of them
+# held for nothing were both resident memory and, once freed, heap the allocator could not give back.
+POD_METADATA_KEYS = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp")
+
+
+def runtime_pod_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The runtime pod as the operator reads it: identity, labels, annotations, readiness, IP, restarts."""
+    meta, status = body["metadata"], body.get("status") or {}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {key: meta[key] for key in POD_METADATA_KEYS if key in meta},
+        "status": {
+            "phase": status.get("phase"),
+            "podIP": status.get("podIP"),
+            "conditions": [{"type": c.get("type"), "status": c.get("status")} for c in status.get("conditions") or []],
+            "containerStatuses": [{"name": c.get("name"), "restartCount": c.get("restartCount", 0)}
+                                  for c in status.get("containerStatuses") or []],
+        },
+    }
+
+
 def index_runtime_pod(body: Mapping[str, Any]) -> dict[PodKey, dict[str, Any]] | None:
     meta = body["metadata"]
     model = (meta.get("labels") or {}).get(contract.LABEL_MODEL)
     if not model:
         return None
-    return {(str(meta["namespace"]), str(model)): _slim(body, "Pod", "v1")}
+    return {(str(meta["namespace"]), str(model)): runtime_pod_view(body)}
 
 
 # One index per kind: kopf passes each to handlers under its function's name. Async although they never

@@ -127,3 +127,28 @@ def test_the_fleet_snapshot_is_shared_for_a_moment_then_read_again() -> None:
     snapshot.read(nodes, pods, now=200.0)
     snapshot.clear()  # the last model went: nothing pins the fleet's claims
     assert snapshot.read(nodes, {}, now=200.5)[1].held == {}
+
+
+def test_a_runtime_pod_is_held_as_what_the_scrape_path_and_the_canary_read_of_it() -> None:
+    from specdec_operator.canary.evidence import pod_restarts
+    from specdec_operator.reconcile.tuning_inputs import scrape_targets
+
+    full = pod("p1", "a")
+    full["metadata"].update({
+        "annotations": {contract.ANNOTATION_K: "4"},
+        "labels": {**full["metadata"]["labels"], contract.LABEL_POOL: "a-gfx942", contract.LABEL_REVISION: "r1"},
+        "managedFields": [{"manager": "kubelet"}], "ownerReferences": [{"kind": "ReplicaSet"}],
+    })
+    full["spec"] = {"containers": [{"name": "vllm", "args": ["--model", "x"] * 50, "env": [{"name": "A"}] * 20}]}
+    full["status"].update({
+        "phase": "Running", "hostIP": "127.0.0.1",
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-30T10:00:00Z"}],
+        "containerStatuses": [{"name": "vllm", "restartCount": 2, "image": "x", "state": {"running": {}}}],
+    })
+    (held,) = index_runtime_pod(kopf.Body(full)).values()  # type: ignore[union-attr]
+    assert "spec" not in held and "managedFields" not in held["metadata"]
+    assert scrape_targets([held]) == scrape_targets([full]) and len(scrape_targets([held])) == 1
+    assert pod_restarts([held]) == pod_restarts([full]) and pod_restarts([held])[0].restart_count == 2
+    terminating = {**full, "metadata": {**full["metadata"], "deletionTimestamp": "2026-11-30T10:01:00Z"}}
+    (held,) = index_runtime_pod(kopf.Body(terminating)).values()  # type: ignore[union-attr]
+    assert scrape_targets([held]) == []
