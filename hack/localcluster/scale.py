@@ -7,7 +7,9 @@ applies N models x R replicas and reports:
 - time from apply to every model Ready, and the same for N bare Deployments of the same pods (the floor);
 - API requests per second by verb and resource over a steady window, from kube-apiserver's
   apiserver_request_total (all clients) and from the audit log (which this cluster logs reads into),
-  split into the operator's user agents (ours and kopf's) and everyone else's;
+  split into the operator's user agents (ours and kopf's) and everyone else's. The window starts --settle
+  seconds after Ready: one status statistics period, so each model's one-off statistics refresh falls
+  before it;
 - operator writes per minute, RSS and CPU; scrape round p50/p99 and the share of scrapes that succeed;
 - after deleting every model: per-model series left in the operator's /metrics, and RSS against idle.
 """
@@ -36,6 +38,7 @@ from typing import Any
 import yaml
 
 from localcluster.cluster import REPO_ROOT, ClusterPaths, LocalCluster, Ports
+from specdec_operator.handlers import memory
 from specdec_operator.settings import OperatorSettings
 
 OPERATOR_AGENTS = ("specdec-operator", "kopf/")
@@ -329,7 +332,8 @@ class Bench:
         # gone the operator still holds them in its pod index, and RSS would be measured with them.
         wait_until("runtime pods gone",
                    lambda: not self.kubectl_json("get", "pods", "-A", "-l", MANAGED)["items"], 900, 5)
-        time.sleep(60)  # a scrape round, the operator's memory release after the deletions, a GC pass
+        # The operator samples its watch caches, waits for them to stop shrinking, then gives memory back.
+        time.sleep(memory.SAMPLE_S + memory.QUIET_S + 30)
         left = [(name, labels) for name, labels, _ in self.operator_metrics() if "model" in labels]
         self.out["series_left"] = len(left)
         self.out["series_left_names"] = sorted({name for name, _ in left})
