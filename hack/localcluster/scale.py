@@ -289,6 +289,15 @@ class Bench:
         writes = {f"{labels['verb']} {labels['kind']}": value - _value(op_before, name, labels)
                   for name, labels, value in op_after if name == "specdec_api_writes_total"}
         self.out["operator_writes_metric"] = {key: value for key, value in writes.items() if value}
+        causes = {labels["cause"]: value - _value(op_before, name, labels)
+                  for name, labels, value in op_after if name == "specdec_status_writes_total"}
+        self.out["status_writes_by_cause"] = {cause: value for cause, value in causes.items() if value}
+        decisions: dict[str, float] = {}
+        for name, labels, value in op_after:
+            if name == "specdec_tuner_decisions_total":
+                delta = value - _value(op_before, name, labels)
+                decisions[labels["action"]] = decisions.get(labels["action"], 0.0) + delta
+        self.out["tuner_decisions"] = {action: value for action, value in decisions.items() if value}
 
     def _apiserver_requests(self) -> dict[str, float]:
         counts: dict[str, float] = {}
@@ -402,6 +411,8 @@ def report(bench: Bench) -> str:
     op_writes = sum(v for k, v in audit.get("operator", {}).items() if k.split()[0] not in ("get", "list", "watch"))
     lines.append(f"operator writes/min (audit)      {op_writes * 60:8.2f}   by the operator's own count: "
                  f"{out.get('operator_writes_metric', {})}")
+    lines.append(f"status writes by cause            {out.get('status_writes_by_cause', {})}   tuner decisions "
+                 f"(K changes and explorations): {out.get('tuner_decisions', {})}")
     lines.append(f"operator RSS (peak in window)    {out.get('operator_rss_mib', float('nan')):8.1f} MiB   "
                  f"idle {out.get('idle_rss_mib', float('nan')):.1f} MiB")
     lines.append(f"operator CPU (window mean)       {out.get('operator_cpu_cores', float('nan')):8.3f} cores")

@@ -19,6 +19,10 @@ RECONCILE_SECONDS = Histogram(
 API_WRITES = Counter(
     "specdec_api_writes", "Write requests the operator sent to the API server.", ("kind", "verb"), registry=REGISTRY
 )
+STATUS_WRITES = Counter(
+    "specdec_status_writes", "SpeculativeModel status writes by cause: state (decisions, conditions, pools, "
+    "canary), first_statistics, statistics (a due refresh past the tolerances).", ("cause",), registry=REGISTRY,
+)
 SCRAPES = Counter("specdec_scrapes", "Runtime pod /metrics scrapes by result.", ("result",), registry=REGISTRY)
 SCRAPE_SECONDS = Histogram(
     "specdec_scrape_duration_seconds", "Duration of one pod /metrics scrape.", registry=REGISTRY

@@ -22,7 +22,8 @@ from specdec_operator import KIND
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.kube.retry import DownstreamBackoff
-from specdec_operator.reconcile.status_write import merge_patch, status_to_write
+from specdec_operator.metrics import STATUS_WRITES
+from specdec_operator.reconcile.status_write import merge_patch, status_to_write, write_cause
 
 ModelKey = tuple[str, str]
 # The API server's words for a namespace being deleted: every write is refused, the model goes with it.
@@ -81,6 +82,7 @@ async def write_status(
             ctx.nudge(*key)
         raise
     ctx.written[key] = result
+    STATUS_WRITES.labels(cause=write_cause(stored, wanted)).inc()
     if fresh_stats:
         ctx.stats_written_at[key] = now
     return result

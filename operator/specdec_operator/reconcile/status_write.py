@@ -118,6 +118,14 @@ def first_statistics(stored: Mapping[str, Any], computed: Mapping[str, Any]) -> 
     return known(computed) and not known(stored)
 
 
+def write_cause(stored: Mapping[str, Any], written: Mapping[str, Any]) -> str:
+    """Why a status write happens: `state` (a decision, a condition, pools, the canary: anything but live
+    statistics), `first_statistics` (acceptance became known) or `statistics` (a due refresh that moved)."""
+    if without_live_stats(stored) != without_live_stats(written):
+        return "state"
+    return "first_statistics" if first_statistics(stored, written) else "statistics"
+
+
 def status_to_write(
     stored: Mapping[str, Any], computed: Mapping[str, Any], stats_due: bool
 ) -> tuple[dict[str, Any], bool]:

@@ -46,6 +46,7 @@ def test_the_report_prints_every_figure_it_has() -> None:
         "operator_rss_mib": 120.0, "idle_rss_mib": 100.0, "operator_cpu_cores": 0.05,
         "scrape_rounds": [12.0, 12.5], "scrape_targets": 8, "scrapes": {"ok": 999.0, "timeout": 1.0},
         "series_left": 0, "series_left_names": [], "rss_after_delete_mib": 110.0,
+        "status_writes_by_cause": {"state": 6.0}, "tuner_decisions": {"Explore": 4.0, "Change": 2.0},
     }
     text = report(bench)
     assert "operator / floor = 1.20x" in text
@@ -53,3 +54,4 @@ def test_the_report_prints_every_figure_it_has() -> None:
     assert "operator writes/min (audit)          1.20" in text
     assert "succeeded 99.900%" in text
     assert "RSS 110.0 MiB vs idle 100.0 MiB (1.10x)" in text
+    assert "{'state': 6.0}" in text and "{'Explore': 4.0, 'Change': 2.0}" in text

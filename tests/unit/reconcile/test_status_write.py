@@ -12,6 +12,7 @@ from specdec_operator.reconcile.status_write import (
     live_stats_moved,
     merge_patch,
     status_to_write,
+    write_cause,
 )
 
 
@@ -96,3 +97,12 @@ def test_the_first_known_acceptance_is_written_at_once_not_after_a_period() -> N
     # Acceptance becoming unknown again (no samples in the window) waits for the period like any move.
     kept, fresh = status_to_write(known, unknown, stats_due=False)
     assert not fresh and merge_patch(known, kept) == {}
+
+
+def test_each_write_names_its_cause() -> None:
+    unknown, known = status(acceptance=None), status(acceptance=0.70, tokens=1000.0)
+    assert write_cause(unknown, known) == "first_statistics"
+    assert write_cause(known, status(acceptance=0.60, tokens=1000.0)) == "statistics"
+    assert write_cause(known, status(k=5, acceptance=0.60, tokens=1000.0)) == "state"  # a decision moved K
+    conditioned = {**known, "conditions": [{"type": "Ready", "status": "False"}]}
+    assert write_cause(known, conditioned) == "state"
