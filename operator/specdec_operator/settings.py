@@ -64,7 +64,8 @@ class OperatorSettings(BaseSettings):
         default=300.0, ge=0,
         description="Live statistics (acceptance, tokens/s) reach status at most this often per model when "
         "nothing else changed, and only once they moved past a tolerance (reconcile/status_write.py); decisions "
-        "and condition changes are written at once. /metrics is always fresh.",
+        "and condition changes are written at once. A model's first figures are provisional: one refresh may "
+        "follow them after 120 s. /metrics is always fresh.",
     )
     api_timeout_seconds: float = Field(default=20.0, gt=0, description="Timeout of every Kubernetes API request.")
     refused_write_backoff_seconds: float = Field(

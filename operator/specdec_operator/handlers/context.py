@@ -37,7 +37,7 @@ class OperatorContext:
     route_rejections: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     # The object our last status write returned, per model: newer than kopf's body until the watch catches up.
     written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    stats_written_at: dict[tuple[str, str], float] = field(default_factory=dict)  # monotonic
+    stats_due_at: dict[tuple[str, str], float] = field(default_factory=dict)  # next statistics refresh, monotonic
     refusals: dict[tuple[str, str], Refusals] = field(default_factory=dict)
     memory: MemoryRelease = field(default_factory=MemoryRelease)  # gives pages back after models go
     fleet: FleetSnapshot = field(default_factory=FleetSnapshot)  # nodes and pod GPU claims, shared briefly
@@ -46,7 +46,7 @@ class OperatorContext:
         """Drop every per-model memory when the model's loop ends."""
         key = (namespace, name)
         for per_model in (self.wakeups, self.tuners, self.route_warnings, self.route_rejections, self.written,
-                          self.stats_written_at, self.refusals):
+                          self.stats_due_at, self.refusals):
             per_model.pop(key, None)
         if self.scrapes is not None:
             self.scrapes.forget(key)

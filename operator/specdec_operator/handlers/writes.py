@@ -46,11 +46,17 @@ def newest_body(ctx: OperatorContext, key: ModelKey, body: Mapping[str, Any]) ->
     return {k: v for k, v in dict(body).items()}
 
 
+# A model's first statistics come from its first tuner window, which began before traffic reached every pod,
+# so they are provisional: one refresh may follow this soon (two default tuner evaluations), and from then on
+# at most one per statusStatsPeriodSeconds. A fleet's one-off convergence is over minutes after it is Ready.
+FIRST_REFRESH_S = 120.0
+
+
 def stats_due(ctx: OperatorContext, key: ModelKey, now: float) -> bool:
-    """Live statistics reach status at most once per period; the period starts when we first see a model,
-    so a restarted operator does not rewrite them either."""
-    first = ctx.stats_written_at.setdefault(key, now)
-    return now - first >= ctx.settings.status_stats_period_seconds
+    """Whether a statistics refresh may go out now. The first period starts when we first see a model, so a
+    restarted operator does not rewrite them either."""
+    due_at = ctx.stats_due_at.setdefault(key, now + ctx.settings.status_stats_period_seconds)
+    return now >= due_at
 
 
 async def write_status(
@@ -82,9 +88,11 @@ async def write_status(
             ctx.nudge(*key)
         raise
     ctx.written[key] = result
-    STATUS_WRITES.labels(cause=write_cause(stored, wanted)).inc()
+    cause = write_cause(stored, wanted)
+    STATUS_WRITES.labels(cause=cause).inc()
     if fresh_stats:
-        ctx.stats_written_at[key] = now
+        period = ctx.settings.status_stats_period_seconds
+        ctx.stats_due_at[key] = now + (min(FIRST_REFRESH_S, period) if cause == "first_statistics" else period)
     return result
 
 

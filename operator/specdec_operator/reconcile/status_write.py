@@ -4,8 +4,9 @@ Status is computed whole each reconcile. The patch to get from the stored status
 values, and an explicit null for every key the new status no longer has, so removed fields disappear.
 Lists are replaced whole (we compute them whole). Live statistics change with every scrape; they ride
 along with any other change, and otherwise reach status only when they have moved past a tolerance since
-they were stored, at most once per period. A settled fleet under steady traffic thus writes nothing: the
-exact, fresh figures are on the operator's /metrics.
+they were stored, at most once per period (handlers/writes.py: after a model's provisional first figures,
+one refresh may come sooner). A settled fleet under steady traffic thus writes nothing: the exact, fresh
+figures are on the operator's /metrics.
 """
 
 from __future__ import annotations

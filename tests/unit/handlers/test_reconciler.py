@@ -309,3 +309,29 @@ async def test_live_statistics_reach_status_at_a_bounded_rate(
     now_written = await write_status(ctx, written, decided, LOG)  # a decision goes at once, stats ride along
     assert now_written is not None and now_written["status"]["speculation"]["acceptanceRate"] == 0.72
     assert body is not None
+
+
+async def test_a_models_provisional_first_statistics_may_be_refreshed_once_before_the_period(
+    http: aiohttp.ClientSession, events: PostedEvents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first figures come from a window that began before traffic reached every pod: a fleet that has
+    # just become Ready converges with one early refresh per model, not one a whole period later.
+    from specdec_operator.handlers import writes
+
+    monkeypatch.setattr(writes, "FIRST_REFRESH_S", 0.2)
+    api = FakeKubeApi()
+    ctx = context(api, http, status_stats_period_seconds=30.0)
+    await settled(ctx, api)
+    base = dict(await current(api))
+    fresher = copy.deepcopy(base["status"])
+    fresher["speculation"]["acceptanceRate"] = 0.40
+    written = await writes.write_status(ctx, base, fresher, LOG)  # first known: at once
+    assert written is not None
+    fresher["speculation"]["acceptanceRate"] = 0.70
+    assert await writes.write_status(ctx, written, fresher, LOG) is None  # not even the early refresh yet
+    await asyncio.sleep(0.25)
+    written = await writes.write_status(ctx, written, fresher, LOG)  # the one early refresh
+    assert written is not None and written["status"]["speculation"]["acceptanceRate"] == 0.70
+    await asyncio.sleep(0.25)
+    fresher["speculation"]["acceptanceRate"] = 0.40
+    assert await writes.write_status(ctx, written, fresher, LOG) is None  # from now on, the full period
