@@ -8,8 +8,8 @@ applies N models x R replicas and reports:
 - API requests per second by verb and resource over a steady window, from kube-apiserver's
   apiserver_request_total (all clients) and from the audit log (which this cluster logs reads into),
   split into the operator's user agents (ours and kopf's) and everyone else's. The window starts --settle
-  seconds after Ready: one status statistics period, so each model's one-off statistics refresh falls
-  before it;
+  seconds after Ready (default: one status statistics period and two scrape rounds), after each model's
+  first statistics and their one provisional refresh;
 - operator writes per minute, RSS and CPU; scrape round p50/p99 and the share of scrapes that succeed;
 - after deleting every model: per-model series left in the operator's /metrics, and RSS against idle.
 """
@@ -48,6 +48,7 @@ MANAGED = "app.kubernetes.io/managed-by=specdec-operator"
 # The allocator settings of the operator image (Dockerfile): RSS figures are only meaningful measured alike.
 OPERATOR_IMAGE_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
 STATS_PERIOD_S = OperatorSettings.model_fields["status_stats_period_seconds"].default
+SETTLE_S = STATS_PERIOD_S + 30  # one statistics period and two scrape rounds
 
 
 def log(message: str) -> None:
@@ -151,7 +152,7 @@ class Bench:
     replicas: int
     window_s: float
     cluster: LocalCluster
-    settle_s: float = 90.0
+    settle_s: float = SETTLE_S
     poll_s: float = 15.0
     out: dict[str, Any] = field(default_factory=dict)
     operator: Child | None = None
@@ -241,8 +242,7 @@ class Bench:
 
     def _steady_window(self) -> None:
         # A model writes its first statistics as soon as acceptance is known, from its first minutes of
-        # traffic, and refreshes them once after statusStatsPeriodSeconds if they moved past the tolerance
-        # (reconcile/status_write.py). Settling one stats period and two scrape rounds keeps that one-off
+        # traffic, and may refresh them once soon after (handlers/writes.py). Settling keeps that one-off
         # convergence out of a window meant to show the settled fleet.
         log(f"settling {self.settle_s:.0f}s before the steady window (first statistics and their first refresh)")
         time.sleep(self.settle_s)
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=int, default=100)
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--window", type=float, default=300, help="steady window in seconds")
-    parser.add_argument("--settle", type=float, default=STATS_PERIOD_S + 30,
+    parser.add_argument("--settle", type=float, default=SETTLE_S,
                         help="seconds between all Ready and the steady window (default: one status statistics "
                         "period, 300 s, and two scrape rounds)")
     parser.add_argument("--poll", type=float, default=15.0,

@@ -76,6 +76,10 @@ class MemoryRelease:
 
     def after_forget(self) -> None:
         """A model's state was dropped: release once no other follows for the quiet period."""
+        self._arm()
+
+    def _arm(self) -> None:
+        """Release after the quiet period, unless armed again before it ends."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -90,7 +94,7 @@ class MemoryRelease:
         last, self._last_size = self._last_size, size
         self._high_size = max(self._high_size, size)
         if size < last and size <= self._high_size * (1 - self.shrink_share):
-            self.after_forget()
+            self._arm()
 
     async def watch(self, count_watched: Callable[[], int], every_s: float = SAMPLE_S) -> None:
         """Sample `count_watched()` every `every_s` until cancelled."""
