@@ -3,10 +3,11 @@
 Status is computed whole each reconcile. The patch to get from the stored status to it sends changed
 values, and an explicit null for every key the new status no longer has, so removed fields disappear.
 Lists are replaced whole (we compute them whole). Live statistics change with every scrape; they ride
-along with any other change, and otherwise reach status only when they have moved past a tolerance since
-they were stored, at most once per period (handlers/writes.py: after a model's provisional first figures,
-one refresh may come sooner). A settled fleet under steady traffic thus writes nothing: the exact, fresh
-figures are on the operator's /metrics.
+along with any other change, and otherwise reach status only when what the tuner decides from (acceptance,
+mean accepted length, traffic present or not) has moved past a tolerance since it was stored, at most once
+per period (handlers/writes.py: after a model's provisional first figures, one refresh may come sooner).
+Throughput follows the offered load, not the speculation, so it never causes a write by itself. A settled
+fleet thus writes nothing whatever its load does: the exact, fresh figures are on the operator's /metrics.
 """
 
 from __future__ import annotations
@@ -65,12 +66,13 @@ def with_live_stats_of(status: Mapping[str, Any], source: Mapping[str, Any]) -> 
 
 # How far live statistics may drift from the stored ones before a refresh is worth a write. Acceptance
 # rates are fractions (0.05 is five points, what the printer column's percentage can show at a glance);
-# throughput and mean accepted length move with the traffic mix, so they get a relative band.
+# mean accepted length moves with the prompt mix, so it gets a relative band. tokensPerSecond has no band:
+# it moves with every change in offered load (a diurnal curve, a client's retry storm), which is a number
+# for /metrics, not a status change; it is refreshed whenever anything else is written.
 ACCEPTANCE_TOLERANCE = 0.05
-THROUGHPUT_TOLERANCE = 0.25
 ACCEPTED_LENGTH_TOLERANCE = 0.10
 _ABSOLUTE_KEYS = ("acceptanceRate",)
-_RELATIVE_KEYS = (("tokensPerSecond", THROUGHPUT_TOLERANCE), ("meanAcceptedLength", ACCEPTED_LENGTH_TOLERANCE))
+_RELATIVE_KEYS = (("meanAcceptedLength", ACCEPTED_LENGTH_TOLERANCE),)
 
 
 def _figure_moved(old: Any, new: Any, tolerance: float, relative: bool) -> bool:

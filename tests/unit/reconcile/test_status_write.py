@@ -50,7 +50,7 @@ def test_steady_traffic_noise_is_not_a_move() -> None:
 
 @pytest.mark.parametrize("moved", [
     status(acceptance=0.60),                 # ten points of acceptance
-    status(tokens=700.0),                    # throughput fell by 42%
+    status(acceptance=0.60, tokens=500.0),   # ... whatever the throughput did
     status(drafts=0),                        # traffic stopped
     status(acceptance=None, tokens=None),    # figures vanished (no samples in the window)
 ])
@@ -62,6 +62,20 @@ def test_a_move_past_the_tolerance_is_written_when_due(moved: dict[str, Any]) ->
     # Not due yet: the stored figures are kept and nothing is written.
     kept, fresh = status_to_write(stored, moved, stats_due=False)
     assert not fresh and merge_patch(stored, kept) == {}
+
+
+@pytest.mark.parametrize("tokens", [0.5, 700.0, 4800.0, None])
+def test_throughput_alone_never_causes_a_write(tokens: float | None) -> None:
+    # Load halving overnight or quadrupling at peak is not a change in the speculation: /metrics has it.
+    stored = status()
+    loaded = status(tokens=tokens)
+    assert not live_stats_moved(stored, loaded)
+    wanted, fresh = status_to_write(stored, loaded, stats_due=True)
+    assert not fresh and merge_patch(stored, wanted) == {}
+    # It rides along, fresh, with the next write that has a reason of its own.
+    decided = status(tokens=tokens, k=4)
+    wanted, fresh = status_to_write(stored, decided, stats_due=False)
+    assert fresh and wanted == decided
 
 
 def test_first_statistics_and_new_pools_are_moves() -> None:
