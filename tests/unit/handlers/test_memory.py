@@ -19,6 +19,24 @@ def test_release_collects_garbage_and_reports_resident_memory() -> None:
     assert memory._malloc_trim() is not None  # glibc here: the trim really runs
 
 
+def test_release_empties_the_url_caches_every_scraped_address_passed_through() -> None:
+    import urllib.parse
+
+    import yarl
+    from yarl import _parse
+
+    for pod in range(300):  # more addresses than the caches hold: the last ones stay cached
+        url = yarl.URL(f"http://127.0.0.{pod % 250}:{8000 + pod}/metrics")
+        assert url.host is not None
+        urllib.parse.urlsplit(str(url))
+    assert _parse.split_netloc.cache_info().currsize > 0
+    assert yarl.cache_info()["encode_host"].currsize > 0 and urllib.parse.urlsplit.cache_info().currsize > 0
+    release_memory()
+    assert _parse.split_netloc.cache_info().currsize == 0
+    assert yarl.cache_info()["encode_host"].currsize == 0 and urllib.parse.urlsplit.cache_info().currsize == 0
+    assert yarl.URL("http://127.0.0.1:8000/metrics").port == 8000  # and they refill on use
+
+
 async def test_a_burst_of_forgets_releases_once_after_it_goes_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     released: list[float] = []
     loop = asyncio.get_running_loop()
