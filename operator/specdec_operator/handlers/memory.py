@@ -11,6 +11,12 @@ Model deletions are not the end of it: the garbage collector deletes a model's R
 minutes later, and each leaves the watch caches then. A release at the last model's forget would keep
 what those free. So the size of the watch caches is sampled too, and a fall of a tenth or more since the
 last release arms the same quiet-period release.
+
+What a trim cannot give back is a page that still holds one live object. The heap a fleet grew is full
+of them when long-lived objects were (re)allocated at the peak: bounded library caches churned by every
+pod's address (emptied here before the trim), kopf's watch streams and per-object workers, resized
+tables of long-lived dicts. Measured at 200 models x 4 replicas: those few thousand objects keep about a
+fifth of the idle resident size.
 """
 
 from __future__ import annotations
