@@ -62,8 +62,9 @@ class OperatorSettings(BaseSettings):
     scrape_interval_seconds: float = Field(default=15.0, gt=0, description="Runtime pod /metrics scrape period.")
     status_stats_period_seconds: float = Field(
         default=300.0, ge=0,
-        description="Live statistics (acceptance, tokens/s) reach status at most this often per model when "
-        "nothing else changed, and only once they moved past a tolerance (reconcile/status_write.py); decisions "
+        description="Live statistics (acceptance, mean accepted length; tokens/s only rides along) reach status "
+        "at most this often per model when nothing else changed, and only once they moved past a tolerance "
+        "(reconcile/status_write.py); decisions "
         "and condition changes are written at once. A model's first figures are provisional: one refresh may "
         "follow them after 120 s. /metrics is always fresh.",
     )

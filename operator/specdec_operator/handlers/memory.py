@@ -67,17 +67,14 @@ def resident_mib() -> float | None:
 URL_CACHE_PACKAGES = ("yarl", "aiohttp", "urllib", "ipaddress")
 
 
-def clear_url_caches() -> int:
-    """Empty the LRU caches of URL_CACHE_PACKAGES' loaded modules; how many caches were cleared."""
-    cleared = 0
+def clear_url_caches() -> None:
+    """Empty the LRU caches of URL_CACHE_PACKAGES' loaded modules."""
     for name, module in list(sys.modules.items()):
         if module is None or name.partition(".")[0] not in URL_CACHE_PACKAGES:
             continue
         for value in list(vars(module).values()):
             if isinstance(value, functools._lru_cache_wrapper):
                 value.cache_clear()
-                cleared += 1
-    return cleared
 
 
 def release_memory() -> tuple[float | None, float | None]:
