@@ -16,7 +16,13 @@ What a trim cannot give back is a page that still holds one live object. The hea
 of them when long-lived objects were (re)allocated at the peak: bounded library caches churned by every
 pod's address (emptied here before the trim), kopf's watch streams and per-object workers, resized
 tables of long-lived dicts. Measured at 200 models x 4 replicas: those few thousand objects keep about a
-fifth of the idle resident size.
+fifth of the idle resident size, at 500 x 4 two fifths; this heap, resident yet free, is what we call
+stranded. Only a new process image gives it back. So once the last model is gone, when the stranded heap
+is over `restart_when_stranded_mib`, the operator restarts in place: kopf stops as on SIGTERM (cleanup
+handlers, peering presence withdrawn) and the process execs its own command line again, keeping its PID,
+pod and log streams. With no model to manage that loses nothing a restarted operator would not rebuild
+from the API server; a fleet that shrank but still has models keeps its pages, since a restart would
+cost their tuner windows (its resident size stays under the peak's).
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ import gc
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 LOG = logging.getLogger(__name__)
 QUIET_S = 30.0  # a burst of deletions (kubectl delete --all, a namespace going) is over after this long
@@ -49,6 +57,53 @@ def _malloc_trim() -> Callable[[int], int] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return trim
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.cache
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    """glibc's mallinfo2 (2.33+), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.argtypes = []
+    mallinfo2.restype = _MallInfo2
+    return mallinfo2
+
+
+def _resident_heap_mib() -> float | None:
+    """Resident size of the process's [heap] mapping (glibc's main arena)."""
+    try:
+        with open("/proc/self/smaps") as smaps:
+            in_heap = False
+            for line in smaps:
+                if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                    in_heap = line.rstrip().endswith("[heap]")
+                elif in_heap and line.startswith("Rss:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+def stranded_heap_mib() -> float | None:
+    """Heap that is resident yet free in malloc's books, after a trim: pages pinned by a few live objects.
+
+    The [heap] mapping's resident size minus the bytes malloc has in use in every arena (other arenas
+    are not in [heap], so this errs low). None without glibc's mallinfo2 or /proc.
+    """
+    mallinfo2, resident = _mallinfo2(), _resident_heap_mib()
+    if mallinfo2 is None or resident is None:
+        return None
+    in_use: int = mallinfo2().uordblks
+    return max(0.0, resident - in_use / 2**20)
 
 
 def resident_mib() -> float | None:
@@ -88,9 +143,52 @@ def release_memory() -> tuple[float | None, float | None]:
     return before, resident_mib()
 
 
+class RestartInPlace:
+    """A request from inside the operator to stop kopf and run the same command line again.
+
+    `stop_flag` goes to kopf.run(), which returns once kopf has stopped; the caller then calls exec().
+    """
+
+    def __init__(self) -> None:
+        self.stop_flag = threading.Event()
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.stop_flag.set()
+
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
+    @staticmethod
+    def command() -> list[str]:
+        """This process's command line, interpreter options included (python -X ..., -m, a script)."""
+        return [sys.executable, *sys.orig_argv[1:]]
+
+    def exec(self) -> NoReturn:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.execv(sys.executable, self.command())
+
+
+def restart_reason(models: int, forgot_any: bool, acting: bool, stranded_mib: float | None,
+                   above_mib: float) -> str | None:
+    """Why the process should restart in place to give its stranded heap back, or None if it should not."""
+    if above_mib <= 0 or stranded_mib is None or stranded_mib < above_mib:
+        return None
+    # A process that never let a model go grew nothing to strand (and a fresh one after a restart never
+    # restarts again until it has held models); a standby holds none, and a new priority would make it
+    # contend for leadership.
+    if models or not forgot_any or not acting:
+        return None
+    return f"no model left and {stranded_mib:.0f} MiB of heap resident yet free (limit {above_mib:.0f} MiB)"
+
+
 class MemoryRelease:
     """Runs release_memory() once a burst of forgotten models, or of objects leaving the watch caches, has
-    been quiet for `quiet_s`."""
+    been quiet for `quiet_s`; then, if restart_when_stranded() set it up, may ask for a restart in place."""
 
     def __init__(self, quiet_s: float = QUIET_S, shrink_share: float = SHRINK_SHARE) -> None:
         self.quiet_s = quiet_s
@@ -98,9 +196,20 @@ class MemoryRelease:
         self._pending: asyncio.TimerHandle | None = None
         self._last_size = 0  # watched objects at the previous sample
         self._high_size = 0  # the most since the last release
+        self._forgot_any = False  # a model's state was dropped since the process started
+        self._restart: RestartInPlace | None = None
+        self._restart_above_mib = 0.0
+        self._models: Callable[[], int] = lambda: 0
+        self._acting: Callable[[], bool] = lambda: False
+
+    def restart_when_stranded(self, restart: RestartInPlace, above_mib: float, models: Callable[[], int],
+                              acting: Callable[[], bool]) -> None:
+        """After each release, request `restart` when restart_reason() gives one."""
+        self._restart, self._restart_above_mib, self._models, self._acting = restart, above_mib, models, acting
 
     def after_forget(self) -> None:
         """A model's state was dropped: release once no other follows for the quiet period."""
+        self._forgot_any = True
         self._arm()
 
     def _arm(self) -> None:
@@ -131,8 +240,17 @@ class MemoryRelease:
         self._pending = None
         self._high_size = self._last_size
         before, after = release_memory()
+        stranded = stranded_heap_mib()
         if before is not None and after is not None:
-            LOG.info("fleet shrank: resident memory %.0f MiB -> %.0f MiB after collection and trim", before, after)
+            LOG.info("fleet shrank: resident memory %.0f MiB -> %.0f MiB after collection and trim "
+                     "(%s MiB of heap resident yet free)", before, after,
+                     "unknown" if stranded is None else f"{stranded:.0f}")
+        if self._restart is None or self._restart.requested:
+            return
+        reason = restart_reason(self._models(), self._forgot_any, self._acting(), stranded, self._restart_above_mib)
+        if reason is not None:
+            LOG.warning("restarting in place to give memory back: %s", reason)
+            self._restart.request(reason)
 
     async def close(self) -> None:
         if self._pending is not None:

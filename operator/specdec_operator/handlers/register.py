@@ -60,7 +60,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     if not operator_settings.standalone:
         await ensure_peering(api, operator_settings)
     # Before kopf's peering starts (it waits for the startup handlers): kopf's first verdict is not missed.
-    track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone)
+    leadership = track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone)
+    restart = getattr(memo, "restart", None)  # given by `specdec-operator run`, which execs on request
+    if restart is not None:
+        context = memo.context
+        context.memory.restart_when_stranded(restart, operator_settings.restart_when_stranded_mib,
+                                             models=lambda: len(context.wakeups), acting=lambda: leadership.active)
     if operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -94,3 +97,108 @@ async def test_the_watch_samples_the_caches_until_cancelled() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert seen[:2] == [10, 5] and len(seen) >= 3
+
+
+def test_the_stranded_heap_is_resident_heap_that_malloc_holds_free() -> None:
+    # Runs under pymalloc or malloc alike: a glibc process always has a [heap] and mallinfo2.
+    stranded = memory.stranded_heap_mib()
+    resident = memory._resident_heap_mib()
+    assert stranded is not None and resident is not None
+    assert 0 <= stranded <= resident
+
+
+def test_fragmenting_the_heap_strands_what_a_trim_cannot_give_back() -> None:
+    # In a child with glibc malloc for objects (the operator image's setting): many small objects, then
+    # every 50th kept alive, so most pages keep one live neighbour through the trim.
+    code = (
+        "from specdec_operator.handlers.memory import release_memory, stranded_heap_mib\n"
+        "fresh = stranded_heap_mib()\n"
+        "grown = [str(i) * 10 for i in range(300_000)]\n"
+        "pinned = grown[::50]\n"
+        "del grown\n"
+        "release_memory()\n"
+        "print(fresh, stranded_heap_mib(), len(pinned))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONMALLOC": "malloc"},
+                            capture_output=True, text=True, check=True, timeout=60)
+    fresh, stranded, _ = (float(value) for value in result.stdout.split())
+    assert fresh < 5 <= stranded  # ~24 MiB measured here; a fresh process ~0
+
+
+@pytest.mark.parametrize(("models", "forgot_any", "acting", "stranded", "above", "restarts"), [
+    (0, True, True, 40.0, 24.0, True),  # the fleet went and left its heap stranded
+    (0, True, True, 10.0, 24.0, False),  # under the limit: a restart would give back little
+    (1, True, True, 400.0, 24.0, False),  # a model left to manage: its tuner windows are worth more
+    (0, False, True, 40.0, 24.0, False),  # never held a model (a fresh process after a restart)
+    (0, True, False, 40.0, 24.0, False),  # a standby: a new priority would make it contend
+    (0, True, True, None, 24.0, False),  # no glibc figures: no evidence
+    (0, True, True, 40.0, 0.0, False),  # turned off
+])
+def test_restart_in_place_only_with_no_model_and_enough_stranded_heap(
+    models: int, forgot_any: bool, acting: bool, stranded: float | None, above: float, restarts: bool,
+) -> None:
+    reason = memory.restart_reason(models, forgot_any, acting, stranded, above)
+    assert (reason is not None) is restarts
+    if reason is not None:
+        assert "40 MiB" in reason and "limit 24 MiB" in reason
+
+
+async def test_a_release_with_no_model_left_and_a_stranded_heap_requests_one_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(memory, "release_memory", lambda: (200.0, 180.0))
+    stranded = [60.0]
+    monkeypatch.setattr(memory, "stranded_heap_mib", lambda: stranded[0])
+    models = [1]
+    restart = memory.RestartInPlace()
+    release = MemoryRelease(quiet_s=0.05)
+    release.restart_when_stranded(restart, 24.0, models=lambda: models[0], acting=lambda: True)
+
+    release.after_forget()  # one model of two went
+    await asyncio.sleep(0.15)
+    assert not restart.requested and not restart.stop_flag.is_set()
+
+    models[0] = 0
+    release.after_forget()  # the last one
+    await asyncio.sleep(0.15)
+    assert restart.requested and restart.stop_flag.is_set()
+    assert restart.reason is not None and "60 MiB" in restart.reason
+    first = restart.reason
+    stranded[0] = 90.0
+    release.after_forget()
+    await asyncio.sleep(0.15)
+    assert restart.reason == first  # requested once; kopf is already stopping
+    await release.close()
+
+
+async def test_without_a_restart_wired_a_release_only_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+    released: list[bool] = []
+    monkeypatch.setattr(memory, "release_memory", lambda: (released.append(True), (200.0, 180.0))[1])
+    measured: list[bool] = []
+    monkeypatch.setattr(memory, "stranded_heap_mib", lambda: (measured.append(True), 500.0)[1])
+    release = MemoryRelease(quiet_s=0.05)  # as when kopf runs the handlers without `specdec-operator run`
+    release.after_forget()
+    await asyncio.sleep(0.15)
+    assert released == [True] and measured == [True]  # released and logged; nothing wired to restart
+    await release.close()
+
+
+def test_a_restart_in_place_execs_the_same_command_line_in_the_same_process() -> None:
+    # Interpreter options survive (-X dev here, PYTHONMALLOC in the image's environment), and the PID
+    # stays: the kubelet sees no container restart.
+    code = (
+        "import os, sys\n"
+        "from specdec_operator.handlers.memory import RestartInPlace\n"
+        "print(os.getpid(), sys.flags.dev_mode, os.environ.get('ROUND', '1'), flush=True)\n"
+        "if 'ROUND' not in os.environ:\n"
+        "    os.environ['ROUND'] = '2'\n"
+        "    restart = RestartInPlace()\n"
+        "    restart.request('test')\n"
+        "    assert restart.stop_flag.is_set()\n"
+        "    restart.exec()\n"
+    )
+    result = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "ROUND"})
+    first, second = (line.split() for line in result.stdout.splitlines())
+    assert first[0] == second[0]  # same PID
+    assert first[1:] == ["True", "1"] and second[1:] == ["True", "2"]
