@@ -80,6 +80,7 @@ def test_the_last_model_going_restarts_the_operator_in_place_once(
     # The same process, never exited: the kubelet would see no container restart.
     assert own_operator.process.poll() is None and own_operator.process.pid == pid
     wait_for("/metrics served again", own_operator.metrics, 30, 0.5)
+    assert own_operator.total("specdec_restarts_in_place_total") == 1
 
     # The new process image manages models as the old one did.
     kube.apply(model("after"))

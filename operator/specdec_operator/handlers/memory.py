@@ -143,6 +143,18 @@ def release_memory() -> tuple[float | None, float | None]:
     return before, resident_mib()
 
 
+# Carries the number of restarts in place across each exec (the process's own environment, not a setting).
+RESTARTS_ENV = "_SPECDEC_RESTARTS_IN_PLACE"
+
+
+def restarts_so_far() -> int:
+    """Restarts in place this process has been through since the container started."""
+    try:
+        return max(0, int(os.environ.get(RESTARTS_ENV, "0")))
+    except ValueError:
+        return 0
+
+
 class RestartInPlace:
     """A request from inside the operator to stop kopf and run the same command line again.
 
@@ -168,6 +180,7 @@ class RestartInPlace:
         return [sys.executable, *sys.orig_argv[1:]]
 
     def exec(self) -> NoReturn:
+        os.environ[RESTARTS_ENV] = str(restarts_so_far() + 1)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os.execv(sys.executable, self.command())

@@ -188,8 +188,8 @@ def test_a_restart_in_place_execs_the_same_command_line_in_the_same_process() ->
     # stays: the kubelet sees no container restart.
     code = (
         "import os, sys\n"
-        "from specdec_operator.handlers.memory import RestartInPlace\n"
-        "print(os.getpid(), sys.flags.dev_mode, os.environ.get('ROUND', '1'), flush=True)\n"
+        "from specdec_operator.handlers.memory import RestartInPlace, restarts_so_far\n"
+        "print(os.getpid(), sys.flags.dev_mode, os.environ.get('ROUND', '1'), restarts_so_far(), flush=True)\n"
         "if 'ROUND' not in os.environ:\n"
         "    os.environ['ROUND'] = '2'\n"
         "    restart = RestartInPlace()\n"
@@ -198,7 +198,9 @@ def test_a_restart_in_place_execs_the_same_command_line_in_the_same_process() ->
         "    restart.exec()\n"
     )
     result = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True,
-                            check=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "ROUND"})
+                            check=True, timeout=60,
+                            env={k: v for k, v in os.environ.items() if k not in ("ROUND", memory.RESTARTS_ENV)})
     first, second = (line.split() for line in result.stdout.splitlines())
     assert first[0] == second[0]  # same PID
-    assert first[1:] == ["True", "1"] and second[1:] == ["True", "2"]
+    # dev mode, round, and the restart count the new image reads (specdec_restarts_in_place_total)
+    assert first[1:] == ["True", "1", "0"] and second[1:] == ["True", "2", "1"]
