@@ -143,6 +143,7 @@ def release_memory() -> tuple[float | None, float | None]:
     return before, resident_mib()
 
 
+STOP_GRACE_S = 60.0  # kopf's stop with no model left takes seconds; after this long, exec regardless
 # Carries the number of restarts in place across each exec (the process's own environment, not a setting).
 RESTARTS_ENV = "_SPECDEC_RESTARTS_IN_PLACE"
 
@@ -161,14 +162,29 @@ class RestartInPlace:
     `stop_flag` goes to kopf.run(), which returns once kopf has stopped; the caller then calls exec().
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stop_grace_s: float | None = STOP_GRACE_S) -> None:
+        """`stop_grace_s`: how long kopf may take to stop before exec() runs regardless (None: no limit)."""
         self.stop_flag = threading.Event()
         self.reason: str | None = None
+        self.stop_grace_s = stop_grace_s
+        self._overdue: threading.Timer | None = None
+        self._exec_once = threading.Lock()
 
     def request(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
             self.stop_flag.set()
+            # Kopf never SIGKILLs itself after a stop flag; a stop that hangs must not leave a process that
+            # neither manages models nor exits.
+            if self.stop_grace_s is not None:
+                self._overdue = threading.Timer(self.stop_grace_s, self._stop_overdue)
+                self._overdue.daemon = True
+                self._overdue.start()
+
+    def _stop_overdue(self) -> None:
+        LOG.warning("kopf had not stopped %.0f s after the restart request: restarting in place now",
+                    self.stop_grace_s)
+        self.exec()
 
     @property
     def requested(self) -> bool:
@@ -180,6 +196,9 @@ class RestartInPlace:
         return [sys.executable, *sys.orig_argv[1:]]
 
     def exec(self) -> NoReturn:
+        self._exec_once.acquire()  # the overdue timer and the main thread may race here; one execs
+        if self._overdue is not None:
+            self._overdue.cancel()
         os.environ[RESTARTS_ENV] = str(restarts_so_far() + 1)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()

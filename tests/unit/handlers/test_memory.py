@@ -7,6 +7,7 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -150,7 +151,7 @@ async def test_a_release_with_no_model_left_and_a_stranded_heap_requests_one_res
     stranded = [60.0]
     monkeypatch.setattr(memory, "stranded_heap_mib", lambda: stranded[0])
     models = [1]
-    restart = memory.RestartInPlace()
+    restart = memory.RestartInPlace(stop_grace_s=None)  # no exec timer in the test process
     release = MemoryRelease(quiet_s=0.05)
     release.restart_when_stranded(restart, 24.0, models=lambda: models[0], acting=lambda: True)
 
@@ -204,3 +205,15 @@ def test_a_restart_in_place_execs_the_same_command_line_in_the_same_process() ->
     assert first[0] == second[0]  # same PID
     # dev mode, round, and the restart count the new image reads (specdec_restarts_in_place_total)
     assert first[1:] == ["True", "1", "0"] and second[1:] == ["True", "2", "1"]
+
+
+def test_a_stop_that_hangs_does_not_keep_the_restart_from_happening(monkeypatch: pytest.MonkeyPatch) -> None:
+    execs: list[str | None] = []
+    restart = memory.RestartInPlace(stop_grace_s=0.05)
+    monkeypatch.setattr(restart, "exec", lambda: execs.append(restart.reason))
+    restart.request("stranded")
+    assert restart.stop_flag.is_set() and execs == []
+    deadline = time.monotonic() + 5
+    while not execs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert execs == ["stranded"]  # kopf never returned: the timer execs

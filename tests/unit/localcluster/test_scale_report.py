@@ -68,7 +68,7 @@ def test_the_bench_reads_the_operators_own_release_and_restart_lines(
     monkeypatch.setattr(memory, "release_memory", lambda: (290.4, 176.2))
     monkeypatch.setattr(memory, "stranded_heap_mib", lambda: 61.3)
     release = memory.MemoryRelease()
-    restart = memory.RestartInPlace()
+    restart = memory.RestartInPlace(stop_grace_s=None)  # no exec timer in the test process
     release.restart_when_stranded(restart, 24.0, models=lambda: 0, acting=lambda: True)
     release.after_forget()  # no running loop: arms nothing, but marks that a model went
     with caplog.at_level(logging.INFO, logger=memory.LOG.name):
