@@ -58,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
         stop_flag=restart.stop_flag,
         memo=kopf.Memo(restart=restart),
     )
-    if restart.requested:
+    if restart.due:
         restart.exec()
     return 0
 

@@ -33,6 +33,7 @@ import functools
 import gc
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -159,7 +160,8 @@ def restarts_so_far() -> int:
 class RestartInPlace:
     """A request from inside the operator to stop kopf and run the same command line again.
 
-    `stop_flag` goes to kopf.run(), which returns once kopf has stopped; the caller then calls exec().
+    `stop_flag` goes to kopf.run(), which returns once kopf has stopped; the caller then calls exec() if
+    the restart is still `due`.
     """
 
     def __init__(self, stop_grace_s: float | None = STOP_GRACE_S) -> None:
@@ -169,10 +171,12 @@ class RestartInPlace:
         self.stop_grace_s = stop_grace_s
         self._overdue: threading.Timer | None = None
         self._exec_once = threading.Lock()
+        self.cancelled_by: signal.Signals | None = None  # a SIGTERM or SIGINT after the request
 
     def request(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+            self._take_signals()
             self.stop_flag.set()
             # Kopf never SIGKILLs itself after a stop flag; a stop that hangs must not leave a process that
             # neither manages models nor exits.
@@ -180,6 +184,27 @@ class RestartInPlace:
                 self._overdue = threading.Timer(self.stop_grace_s, self._stop_overdue)
                 self._overdue.daemon = True
                 self._overdue.start()
+
+    def _take_signals(self) -> None:
+        """From the request on, SIGTERM and SIGINT cancel the exec: kopf, already stopping, would absorb them
+        and the kubelet's stop would meet a fresh process."""
+        try:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self._cancel, signum)
+        except (RuntimeError, ValueError, NotImplementedError):
+            pass  # no running loop, or not its main thread: kopf's handlers stay
+
+    def _cancel(self, signum: signal.Signals) -> None:
+        LOG.warning("%s during the restart in place: the operator stops instead", signum.name)
+        self.cancelled_by = signum
+        if self._overdue is not None:
+            self._overdue.cancel()
+
+    @property
+    def due(self) -> bool:
+        """Requested and not cancelled by a signal: exec once kopf has stopped."""
+        return self.requested and self.cancelled_by is None
 
     def _stop_overdue(self) -> None:
         LOG.warning("kopf had not stopped %.0f s after the restart request: restarting in place now",

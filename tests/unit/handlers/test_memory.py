@@ -217,3 +217,22 @@ def test_a_stop_that_hangs_does_not_keep_the_restart_from_happening(monkeypatch:
     while not execs and time.monotonic() < deadline:
         time.sleep(0.01)
     assert execs == ["stranded"]  # kopf never returned: the timer execs
+
+
+def test_a_sigterm_during_the_restart_stops_the_operator_instead() -> None:
+    # In a child: kopf would absorb the signal while it stops, and the kubelet's stop would meet a fresh
+    # process. After the request the signal is ours, cancels the exec, and the process ends.
+    code = (
+        "import asyncio, os, signal\n"
+        "from specdec_operator.handlers.memory import RestartInPlace\n"
+        "async def main():\n"
+        "    restart = RestartInPlace(stop_grace_s=0.5)\n"
+        "    restart.request('stranded')\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    await asyncio.sleep(1.0)  # past the grace: the overdue timer was cancelled too\n"
+        "    print(restart.requested, restart.due, restart.cancelled_by.name, flush=True)\n"
+        "asyncio.run(main())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert result.stdout.split() == ["True", "False", "SIGTERM"]
+    assert "SIGTERM during the restart in place" in result.stderr
