@@ -37,7 +37,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 LOG = logging.getLogger(__name__)
 QUIET_S = 30.0  # a burst of deletions (kubectl delete --all, a namespace going) is over after this long
@@ -46,17 +46,23 @@ SAMPLE_S = 10.0  # how often the watch caches are counted
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None where there is none (musl, macOS)."""
+def _glibc_function(name: str, argtypes: list[Any], restype: Any) -> Any:
+    """A glibc function by name, or None where there is none (musl, macOS, an older glibc)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
+    function.argtypes = argtypes
+    function.restype = restype
+    return function
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None."""
+    trim: Callable[[int], int] | None = _glibc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
     return trim
 
 
@@ -68,14 +74,7 @@ class _MallInfo2(ctypes.Structure):
 @functools.cache
 def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     """glibc's mallinfo2 (2.33+), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        mallinfo2 = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    mallinfo2.argtypes = []
-    mallinfo2.restype = _MallInfo2
+    mallinfo2: Callable[[], _MallInfo2] | None = _glibc_function("mallinfo2", [], _MallInfo2)
     return mallinfo2
 
 
