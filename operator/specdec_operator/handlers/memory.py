@@ -37,7 +37,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 LOG = logging.getLogger(__name__)
 QUIET_S = 30.0  # a burst of deletions (kubectl delete --all, a namespace going) is over after this long
@@ -242,6 +242,15 @@ def restart_reason(models: int, forgot_any: bool, acting: bool, stranded_mib: fl
     return f"no model left and {stranded_mib:.0f} MiB of heap resident yet free (limit {above_mib:.0f} MiB)"
 
 
+class _RestartWiring(NamedTuple):
+    """What MemoryRelease needs to ask for a restart in place: see restart_when_stranded()."""
+
+    restart: RestartInPlace
+    above_mib: float
+    models: Callable[[], int]  # models this process manages now
+    acting: Callable[[], bool]  # this replica acts (kopf peering did not pause it)
+
+
 class MemoryRelease:
     """Runs release_memory() once a burst of forgotten models, or of objects leaving the watch caches, has
     been quiet for `quiet_s`; then, if restart_when_stranded() set it up, may ask for a restart in place."""
@@ -253,15 +262,12 @@ class MemoryRelease:
         self._last_size = 0  # watched objects at the previous sample
         self._high_size = 0  # the most since the last release
         self._forgot_any = False  # a model's state was dropped since the process started
-        self._restart: RestartInPlace | None = None
-        self._restart_above_mib = 0.0
-        self._models: Callable[[], int] = lambda: 0
-        self._acting: Callable[[], bool] = lambda: False
+        self._restart: _RestartWiring | None = None
 
     def restart_when_stranded(self, restart: RestartInPlace, above_mib: float, models: Callable[[], int],
                               acting: Callable[[], bool]) -> None:
         """After each release, request `restart` when restart_reason() gives one."""
-        self._restart, self._restart_above_mib, self._models, self._acting = restart, above_mib, models, acting
+        self._restart = _RestartWiring(restart, above_mib, models, acting)
 
     def after_forget(self) -> None:
         """A model's state was dropped: release once no other follows for the quiet period."""
@@ -301,12 +307,13 @@ class MemoryRelease:
             LOG.info("fleet shrank: resident memory %.0f MiB -> %.0f MiB after collection and trim "
                      "(%s MiB of heap resident yet free)", before, after,
                      "unknown" if stranded is None else f"{stranded:.0f}")
-        if self._restart is None or self._restart.requested:
+        wiring = self._restart
+        if wiring is None or wiring.restart.requested:
             return
-        reason = restart_reason(self._models(), self._forgot_any, self._acting(), stranded, self._restart_above_mib)
+        reason = restart_reason(wiring.models(), self._forgot_any, wiring.acting(), stranded, wiring.above_mib)
         if reason is not None:
             LOG.warning("restarting in place to give memory back: %s", reason)
-            self._restart.request(reason)
+            wiring.restart.request(reason)
 
     async def close(self) -> None:
         if self._pending is not None:
