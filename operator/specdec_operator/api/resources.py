@@ -168,7 +168,8 @@ def resources_problem(requests: Mapping[str, str], limits: Mapping[str, str]) ->
 
 
 class Resources(ApiModel):
-    """Extra container resources. amd.com/gpu is the operator's: it requests spec.model.tensorParallelSize."""
+    """Container resources over the derived cpu and memory defaults (render/podspec.py container_resources).
+    amd.com/gpu is the operator's: it requests spec.model.tensorParallelSize."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _RULES})
 

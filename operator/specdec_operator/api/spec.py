@@ -266,7 +266,11 @@ class Runtime(ApiModel):
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list, max_length=64, description="Extra `vllm serve` arguments, passed through as given."
     )
-    resources: Resources = Field(default_factory=Resources, description="Extra container resources.")
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="Container resources, key by key over the defaults: cpu and memory requests derived from the "
+        "weights the pod loads, memory limited to its request (docs/runtime-pods.md).",
+    )
     simulate: bool = Field(
         default=False, description="Run the CPU-only vLLM simulator instead of vLLM (staging rehearsals)."
     )

@@ -10,7 +10,7 @@ from specdec_operator.decisions.capacity import GpuUsage, replica_slots
 from specdec_operator.decisions.drafter import DrafterDecision, MemoryBudget, choose_drafter
 from specdec_operator.decisions.weights import WeightsEstimate, target_weights
 from specdec_operator.gpu.devices import device_ids_for_gfx
-from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, NodeGpus, Taint
+from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, GPU_RESOURCE, NodeGpus, Taint
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 NODE_LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
@@ -47,15 +47,23 @@ class PlacementPlan:
     problems: tuple[str, ...] = field(default=())
 
 
+# Clusters taint their GPU nodes with the GPU resource's name (`amd.com/gpu=<any>:NoSchedule`) so that only pods
+# that use a GPU land there; Kubernetes' ExtendedResourceToleration admission plugin adds exactly this toleration to
+# every pod that requests amd.com/gpu. Runtime pods carry it themselves, so they schedule whether or not the
+# cluster enables that plugin.
+GPU_TAINT_TOLERATION = Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+
+
 def honoured_tolerations(tolerations: Sequence[Toleration]) -> list[Toleration]:
-    """The user tolerations runtime pods carry; placement honours exactly these, so both agree.
+    """The tolerations runtime pods carry: the GPU taint's, then the user's; placement honours exactly these.
 
     A sick or upgrading GPU node is never a place for inference, so tolerations of AMD's transient
     taints are dropped. A keyless toleration (`operator: Exists` without a key) matches every taint,
     those included, and Kubernetes cannot say "every taint but these", so it is dropped too: name the
     taint keys to tolerate instead.
     """
-    return [t for t in tolerations if t.key and t.key not in AMD_TRANSIENT_TAINTS]
+    user = [t for t in tolerations if t.key and t.key not in AMD_TRANSIENT_TAINTS and t != GPU_TAINT_TOLERATION]
+    return [GPU_TAINT_TOLERATION, *user]
 
 
 def tolerates(taint: Taint, tolerations: Sequence[Toleration]) -> bool:

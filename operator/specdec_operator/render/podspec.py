@@ -6,10 +6,12 @@ drop), so `drift.covers` stays exact and a steady pool sees zero writes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from specdec_operator.api.kubeformats import quantity_value
 from specdec_operator.api.pod import (
     HF_HOME,
     HF_TOKEN,
@@ -20,6 +22,8 @@ from specdec_operator.api.pod import (
     PodOverlay,
 )
 from specdec_operator.api.spec import SpeculativeModelSpec
+from specdec_operator.decisions.weights import drafter_weights, target_weights
+from specdec_operator.gpu.inventory import GPU_RESOURCE
 from specdec_operator.render.drift import canonical_quantity
 
 PodSecurityLevel = Literal["restricted", "baseline"]
@@ -60,6 +64,74 @@ def pod_security_context(settings: PodSettings) -> dict[str, Any]:
 def container_security_context() -> dict[str, Any]:
     """What `restricted` asks of every container; also right for root images under `baseline`."""
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+# Host resources a runtime pod requests unless spec.runtime.resources says otherwise (docs/runtime-pods.md).
+# vLLM runs an API server and an engine core, plus one busy-polling worker process per GPU under tensor
+# parallelism, each with torch and HIP runtime threads.
+CPU_BASE = 2
+CPU_PER_GPU = 2
+# Resident memory of those processes (Python, torch, the ROCm runtime, HIP graph capture), beyond the weights.
+MEMORY_BASE_GIB = 4
+MEMORY_PER_GPU_GIB = 6
+# /dev/shm: tensor-parallel workers exchange tensors through it (RCCL's shared-memory transport, vLLM's
+# message queues); AMD's vLLM images are run with 16G for 8 GPUs. A memory-backed emptyDir counts against
+# the container's memory, so its size limit is part of the memory request.
+SHM_PER_GPU_GIB = 2
+
+
+def shm_size_gib(spec: SpeculativeModelSpec) -> int:
+    return SHM_PER_GPU_GIB * spec.model.tensor_parallel_size
+
+
+def loaded_weights_gib(spec: SpeculativeModelSpec) -> float:
+    """The target's weights plus the largest drafter the spec lists (0 when the target's size is unknown).
+
+    A pool runs one of the listed drafters or the ngram fallback, which has no weights, so the largest listed
+    one bounds what any pool loads; the requests then stay a function of the spec alone and a drafter
+    fallback does not change them. A drafter of unknown size is never chosen, so it does not count.
+    """
+    target = target_weights(spec.model.name, spec.model.weights_gib)
+    if target is None:
+        return 0.0
+    drafters = [drafter_weights(d.method, d.model, d.weights_gib, target) for d in spec.drafters]
+    return target.gib + max((d.gib for d in drafters if d is not None), default=0.0)
+
+
+def derived_requests(spec: SpeculativeModelSpec) -> dict[str, str]:
+    """cpu and memory for what the pod runs and loads: the weights are read through the host (page cache,
+    and checkpoints that are materialised in process memory before they reach the GPU), so a load of tens of
+    GiB is reserved on the node rather than found there."""
+    gpus = spec.model.tensor_parallel_size
+    memory_gib = math.ceil(
+        loaded_weights_gib(spec) + MEMORY_BASE_GIB + MEMORY_PER_GPU_GIB * gpus + shm_size_gib(spec)
+    )
+    return {"cpu": str(CPU_BASE + CPU_PER_GPU * gpus), "memory": f"{memory_gib}Gi"}
+
+
+def container_resources(spec: SpeculativeModelSpec) -> dict[str, Any]:
+    """The runtime container's resources, in the server's canonical form ("0.5" -> "500m").
+
+    spec.runtime.resources wins key by key; derived cpu and memory requests fill the gaps, never above a
+    limit the user set. Memory is limited to its request unless the user sets a limit: the node reserved
+    exactly that much, so the pod never takes memory from its neighbours, and memory cannot be throttled,
+    only reclaimed by killing. cpu gets no limit unless the user sets one: a CPU limit throttles vLLM's
+    scheduling loop, and unused reserved cores are worth lending. amd.com/gpu is the operator's.
+    """
+    user = spec.runtime.resources
+    requests = {k: v for k, v in user.requests.items() if k != GPU_RESOURCE}
+    limits = {k: v for k, v in user.limits.items() if k != GPU_RESOURCE}
+    for name, derived in derived_requests(spec).items():
+        if name in requests:
+            continue
+        limit = limits.get(name)
+        requests[name] = limit if limit is not None and quantity_value(limit) < quantity_value(derived) else derived
+    limits.setdefault("memory", requests["memory"])
+    gpus = str(spec.model.tensor_parallel_size)
+    return {
+        "requests": {**{k: canonical_quantity(v) for k, v in requests.items()}, GPU_RESOURCE: gpus},
+        "limits": {**{k: canonical_quantity(v) for k, v in limits.items()}, GPU_RESOURCE: gpus},
+    }
 
 
 def weights_cache_claim(spec: SpeculativeModelSpec, settings: PodSettings) -> str | None:

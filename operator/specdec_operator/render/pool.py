@@ -10,10 +10,8 @@ from specdec_operator.api.pod import MODELS_MOUNT, MODELS_VOLUME, SHM_MOUNT, SHM
 from specdec_operator.api.spec import Drafter, SpeculativeModelSpec
 from specdec_operator.decisions.placement import honoured_tolerations
 from specdec_operator.decisions.runtime_env import RuntimePlan
-from specdec_operator.gpu.inventory import GPU_RESOURCE
 from specdec_operator.render import podspec
 from specdec_operator.render.affinity import gfx_node_affinity, with_extra_affinity
-from specdec_operator.render.drift import canonical_quantity
 from specdec_operator.render.names import (
     content_hash,
     deployment_name,
@@ -26,6 +24,12 @@ from specdec_runtime.config import RuntimeConfig, SpeculativeSettings
 
 # Model load on a big GPU can take many minutes; /health answers only after it (vLLM binds first).
 STARTUP_PROBE_BUDGET_S = 1800
+# Before the startup probe runs, the node pulls the runtime image (ROCm vLLM images are tens of GB).
+IMAGE_PULL_ALLOWANCE_S = 900
+# A rollout reports ProgressDeadlineExceeded only when a new pod took longer than a pull, a cold load and a few
+# minutes for scheduling and the first readiness probes may take (50 min); the Deployment default (600 s) would
+# declare every cold 70B rollout failed while it still loads.
+PROGRESS_DEADLINE_S = IMAGE_PULL_ALLOWANCE_S + STARTUP_PROBE_BUDGET_S + 300
 
 
 @dataclass(frozen=True)
@@ -96,15 +100,6 @@ def _probe(period_s: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _resources(spec: SpeculativeModelSpec) -> dict[str, Any]:
-    """In the server's canonical form ("0.5" -> "500m"), so the stored Deployment reads back as rendered."""
-    gpus = str(spec.model.tensor_parallel_size)
-    resources = spec.runtime.resources
-    requests = {k: canonical_quantity(v) for k, v in resources.requests.items() if k != GPU_RESOURCE}
-    limits = {k: canonical_quantity(v) for k, v in resources.limits.items() if k != GPU_RESOURCE}
-    return {"requests": {**requests, GPU_RESOURCE: gpus}, "limits": {**limits, GPU_RESOURCE: gpus}}
-
-
 def _env_var(name: str, value: str) -> dict[str, str]:
     # core/v1 EnvVar.value is omitempty: the server stores an empty value as no `value` key at all.
     return {"name": name, "value": value} if value else {"name": name}
@@ -136,7 +131,8 @@ def pod_template(
     volumes: list[dict[str, Any]] = [
         {"name": contract.CONFIG_VOLUME, "configMap": {"name": config_map_name}},
         # vLLM's tensor-parallel workers exchange tensors through shared memory; the default 64Mi is too small.
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        # Memory-backed, so it counts against the container's memory: bounded, and part of the memory request.
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{podspec.shm_size_gib(spec)}Gi"}},
     ]
     if source and source.pvc_name:
         mounts.append({"name": MODELS_VOLUME, "mountPath": MODELS_MOUNT, "readOnly": True})
@@ -167,7 +163,7 @@ def pod_template(
         "args": ["--config", f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"],
         "env": env,
         "ports": [{"name": contract.PORT_NAME, "containerPort": 8000, "protocol": "TCP"}],
-        "resources": _resources(spec),
+        "resources": podspec.container_resources(spec),
         "volumeMounts": mounts,
         "startupProbe": _probe(10, STARTUP_PROBE_BUDGET_S // 10),
         "readinessProbe": _probe(5, 3),
@@ -183,11 +179,11 @@ def pod_template(
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,
         "securityContext": podspec.pod_security_context(pod_settings),
+        # vLLM never calls the Kubernetes API: a mounted token would only be a credential to steal.
+        "automountServiceAccountToken": False,
         **podspec.pod_spec_knobs(overlay),
+        "tolerations": [toleration.to_wire() for toleration in honoured_tolerations(spec.placement.tolerations)],
     }
-    tolerations = [toleration.to_wire() for toleration in honoured_tolerations(spec.placement.tolerations)]
-    if tolerations:
-        spec_body["tolerations"] = tolerations
     labels = {**overlay.labels, **pool_labels(ctx.model, ctx.pool, ctx.gfx), contract.LABEL_TRACK: track}
     template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec_body}
     # The revision names the template's content, so reverting a change returns to the same revision. The
@@ -228,6 +224,7 @@ def deployment(ctx: PoolContext, template: dict[str, Any], replicas: int, track:
             "replicas": replicas,
             "selector": {"matchLabels": selector},
             "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": PROGRESS_DEADLINE_S,
             "strategy": rolling_strategy(),
             "template": template,
         },

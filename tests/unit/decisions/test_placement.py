@@ -283,7 +283,8 @@ def kubernetes_tolerates(taint: Taint, tolerations: Sequence[Mapping[str, Any]])
     return False
 
 
-TAINTS = [Taint(**t) for t in (UNHEALTHY, DRIVER_UPGRADE, DCM, DEDICATED)]
+GPU_TAINT = {"key": "amd.com/gpu", "value": "present", "effect": "NoSchedule"}
+TAINTS = [Taint(**t) for t in (UNHEALTHY, DRIVER_UPGRADE, DCM, DEDICATED, GPU_TAINT)]
 
 
 @pytest.mark.parametrize(
@@ -302,6 +303,15 @@ def test_placement_and_the_rendered_pod_agree_on_every_taint(tolerations: list[d
     rendered = render_tolerations(model)
     for taint in TAINTS:
         assert tolerates(taint, model.placement.tolerations) == kubernetes_tolerates(taint, rendered), taint
+
+
+def test_gpu_nodes_tainted_with_the_gpu_resource_get_pools_without_a_user_toleration() -> None:
+    """The taint that keeps non-GPU workloads off GPU nodes; runtime pods tolerate it by default."""
+    nodes = [homogeneous_node("reserved", MI300X, 8, taints=[GPU_TAINT])]
+    assert [pool.nodes for pool in place(nodes).pools] == [("reserved",)]
+    assert kubernetes_tolerates(Taint(**GPU_TAINT), render_tolerations(spec()))
+    no_execute = Taint(key="amd.com/gpu", value="present", effect="NoExecute")
+    assert not tolerates(no_execute, []), "only the NoSchedule taint is tolerated by default"
 
 
 def render_tolerations(model: SpeculativeModelSpec) -> list[dict[str, Any]]:

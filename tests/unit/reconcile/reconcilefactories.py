@@ -58,7 +58,7 @@ def live(obj: Child, created: str = T0, ready: bool = True) -> dict[str, Any]:
     meta.update({"uid": f"uid-{meta['name']}", "resourceVersion": "42", "creationTimestamp": created, "generation": 1})
     if body["kind"] == "Deployment":
         spec = body["spec"]
-        spec["progressDeadlineSeconds"] = 600
+        spec.setdefault("progressDeadlineSeconds", 600)
         for container in spec["template"]["spec"]["containers"]:
             container.update({"imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log"})
         replicas = spec["replicas"]

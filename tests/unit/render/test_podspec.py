@@ -100,7 +100,7 @@ def test_the_operators_own_fields_win_over_nothing_and_stay_in_place() -> None:
     labels = pool.template["metadata"]["labels"]
     assert labels[contract.LABEL_POOL] == "llama8b-gfx942"
     assert pool.container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    assert pool.container["resources"]["limits"] == {"amd.com/gpu": "1"}
+    assert pool.container["resources"]["limits"]["amd.com/gpu"] == "1"
     names = [volume["name"] for volume in pool.pod["volumes"]]
     assert names[:2] == [contract.CONFIG_VOLUME, "dshm"] and len(set(names)) == len(names)
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from specdec_operator.api.kubeformats import quantity_value
 from specdec_operator.api.spec import Drafter
 from specdec_operator.api.vocabulary import GFX_TARGETS, REFUSED_METHODS, SPECULATIVE_METHODS
-from specdec_operator.render.pool import STARTUP_PROBE_BUDGET_S, revision_of
+from specdec_operator.render.podspec import derived_requests
+from specdec_operator.render.pool import IMAGE_PULL_ALLOWANCE_S, STARTUP_PROBE_BUDGET_S, revision_of
 from specdec_runtime import contract
 from specdec_runtime.config import RuntimeConfig, serve_args
 from tests.unit.api.specfactories import drafter_wire, spec
@@ -25,6 +28,7 @@ VLLM_SPECULATIVE_KEYS = {
     "prompt_lookup_min",
     "prompt_lookup_max",
 }
+GPU_TAINT_TOLERATION = {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 REMOVED_FLAGS = ("--speculative-model", "--num-speculative-tokens", "--speculative-draft-tensor-parallel-size")
 DRAFTER_MODELS = {
     "draft_model": "meta-llama/Llama-3.2-1B-Instruct",
@@ -125,9 +129,70 @@ def test_user_resources_are_kept_but_cannot_change_the_gpu_count() -> None:
     )
     resources = rendered_pool(model).container["resources"]
     assert resources == {
-        "requests": {"cpu": "16", "amd.com/gpu": "2"},
+        "requests": {"cpu": "16", "memory": derived_requests(model)["memory"], "amd.com/gpu": "2"},
         "limits": {"memory": "256Gi", "amd.com/gpu": "2"},
     }
+
+
+LLAMA_8B_GIB = 8e9 * 2 / 2**30
+LLAMA_70B_GIB = 70e9 * 2 / 2**30
+
+
+@pytest.mark.parametrize(
+    ("model", "drafters", "cpu", "memory_gib"),
+    [
+        # weights + 4 GiB base + 6 GiB and 2 GiB of /dev/shm per GPU, rounded up; cpu 2 + 2 per GPU
+        ({"name": "meta-llama/Llama-3.1-8B-Instruct"}, [], 4, LLAMA_8B_GIB + 4 + 6 + 2),
+        ({"name": "meta-llama/Llama-3.1-70B-Instruct", "tensorParallelSize": 8}, [], 18,
+         LLAMA_70B_GIB + 4 + 48 + 16),
+        # the largest listed drafter counts: a 1B draft model over a 5% EAGLE head
+        ({"name": "meta-llama/Llama-3.1-8B-Instruct"},
+         [drafter_wire("eagle", "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"),
+          drafter_wire("draft_model", "meta-llama/Llama-3.2-1B-Instruct")], 4,
+         LLAMA_8B_GIB + 1e9 * 2 / 2**30 + 12),
+        # a declared size wins over the name; a drafter of unknown size is never chosen, so it adds nothing
+        ({"name": "org/house-model", "weightsGib": 40, "tensorParallelSize": 2},
+         [drafter_wire("draft_model", "org/house-drafter")], 6, 40 + 4 + 12 + 4),
+    ],
+    ids=["8b-tp1", "70b-tp8", "largest-drafter", "declared-size"],
+)
+def test_cpu_and_memory_requests_follow_what_the_pod_loads(
+    model: dict[str, Any], drafters: list[dict[str, Any]], cpu: int, memory_gib: float
+) -> None:
+    body: dict[str, Any] = {"model": model}
+    if drafters:
+        body["drafters"] = drafters
+    resources = rendered_pool(spec(**body)).container["resources"]
+    memory = f"{math.ceil(memory_gib)}Gi"
+    gpus = resources["requests"]["amd.com/gpu"]
+    assert resources["requests"] == {"cpu": str(cpu), "memory": memory, "amd.com/gpu": gpus}
+    # Memory is limited to what the node reserved; cpu is not limited (throttling would stall the serving loop).
+    assert resources["limits"] == {"memory": memory, "amd.com/gpu": gpus}
+
+
+@pytest.mark.parametrize(
+    ("user", "requests", "limits"),
+    [
+        ({"requests": {"cpu": "8", "memory": "100Gi"}}, {"cpu": "8", "memory": "100Gi"}, {"memory": "100Gi"}),
+        # a limit below the derived request caps the request, so the pair stays valid
+        ({"limits": {"cpu": "2", "memory": "8Gi"}}, {"cpu": "2", "memory": "8Gi"}, {"cpu": "2", "memory": "8Gi"}),
+        # a limit above it leaves the derived request, with room to burst up to the user's limit
+        ({"limits": {"memory": "1Ti"}}, {"cpu": "4", "memory": "27Gi"}, {"memory": "1Ti"}),
+        ({"requests": {"ephemeral-storage": "50Gi"}}, {"cpu": "4", "memory": "27Gi", "ephemeral-storage": "50Gi"},
+         {"memory": "27Gi"}),
+    ],
+    ids=["requests", "low-limits", "high-limit", "other-resource"],
+)
+def test_spec_runtime_resources_override_the_derived_values_key_by_key(
+    user: dict[str, Any], requests: dict[str, str], limits: dict[str, str]
+) -> None:
+    resources = rendered_pool(spec(runtime={"resources": user})).container["resources"]
+    assert resources == {"requests": {**requests, "amd.com/gpu": "1"}, "limits": {**limits, "amd.com/gpu": "1"}}
+
+
+def test_runtime_pods_mount_no_service_account_token() -> None:
+    pod = rendered_pool(spec(runtime={"pod": {"serviceAccountName": "vllm"}})).pod
+    assert pod["automountServiceAccountToken"] is False
 
 
 def test_extra_args_pass_through_after_ours() -> None:
@@ -153,20 +218,35 @@ def test_simulate_switches_the_engine() -> None:
 )
 def test_no_toleration_for_amd_transient_taints_even_if_asked(tolerations: list[dict[str, str]]) -> None:
     pod = rendered_pool(spec(placement={"gfxTargets": ["gfx942"], "tolerations": tolerations})).pod
-    assert "tolerations" not in pod
+    assert pod["tolerations"] == [GPU_TAINT_TOLERATION]
 
 
-def test_user_tolerations_are_kept() -> None:
+def test_user_tolerations_are_kept_after_the_gpu_taint_toleration() -> None:
     wanted = {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"}
-    model = spec(placement={"gfxTargets": ["gfx942"], "tolerations": [wanted, {"key": "amd-gpu-unhealthy"}]})
-    assert rendered_pool(model).pod["tolerations"] == [wanted]
+    tolerations = [wanted, {"key": "amd-gpu-unhealthy"}, GPU_TAINT_TOLERATION]
+    model = spec(placement={"gfxTargets": ["gfx942"], "tolerations": tolerations})
+    assert rendered_pool(model).pod["tolerations"] == [GPU_TAINT_TOLERATION, wanted]
 
 
-def test_dev_shm_is_a_memory_empty_dir() -> None:
-    pool = rendered_pool(spec())
+@pytest.mark.parametrize(("tp", "size"), [(1, "2Gi"), (4, "8Gi"), (8, "16Gi")])
+def test_dev_shm_is_a_memory_empty_dir_with_a_size_limit_inside_the_memory_request(tp: int, size: str) -> None:
+    pool = rendered_pool(spec(model={"tensorParallelSize": tp}))
     shm = next(v for v in pool.pod["volumes"] if v.get("emptyDir"))
-    assert shm["emptyDir"] == {"medium": "Memory"}
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": size}
     assert {"name": shm["name"], "mountPath": "/dev/shm"} in pool.container["volumeMounts"]
+    memory = pool.container["resources"]["requests"]["memory"]
+    assert quantity_value(memory) >= quantity_value(size) + 4 * 2**30 + tp * 6 * 2**30, "room for shm and processes"
+
+
+def test_a_rollout_has_time_for_an_image_pull_and_a_cold_load_before_its_progress_deadline() -> None:
+    pool = rendered_pool(spec(model={"name": "meta-llama/Llama-3.1-70B-Instruct", "tensorParallelSize": 8}))
+    startup = pool.container["startupProbe"]
+    startup_budget = startup.get("initialDelaySeconds", 0) + startup["periodSeconds"] * startup["failureThreshold"]
+    readiness = pool.container["readinessProbe"]
+    ready_after_start = readiness["periodSeconds"] * readiness["failureThreshold"]
+    deadline = pool.deployment["spec"]["progressDeadlineSeconds"]
+    assert deadline >= startup_budget + ready_after_start + IMAGE_PULL_ALLOWANCE_S
+    assert startup_budget >= 1800, "a cold 70B load may take 30 minutes"
 
 
 def test_probes_on_health_with_a_long_startup_budget() -> None:
