@@ -52,6 +52,8 @@ class NodeGroup(_Model):
     partition: str | None = None
     taints: list[Taint] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
+    # Host cores and memory of an 8-GPU MI300X/MI325X server (2 x 96-core EPYC, 2 TiB): runtime pods request cpu
+    # and memory for what they load, so a smaller node type (workstation cards, MI250X blades) sets its own.
     cpu: str = "192"
     memory: str = "2048Gi"
 
