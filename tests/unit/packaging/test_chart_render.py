@@ -251,3 +251,41 @@ def test_every_namespaced_object_lands_in_the_release_namespace(default_manifest
     for manifest in default_manifests:
         if manifest["kind"] not in cluster_scoped:
             assert manifest["metadata"]["namespace"] == RELEASE_NAMESPACE, manifest["metadata"]["name"]
+
+
+def test_network_policy_is_off_by_default(default_manifests: list[Manifest]) -> None:
+    assert of_kind(default_manifests, "NetworkPolicy") == []
+
+
+def test_network_policy_opens_exactly_what_the_operator_serves_and_calls(helm: str) -> None:
+    from specdec_runtime import contract
+    from tests.unit.api.specfactories import spec
+    from tests.unit.render.renderfactories import rendered_pool
+
+    manifests = render(helm, "networkPolicy.enabled=true", "watchNamespaces={team-a,team-b}",
+                       "networkPolicy.apiServer.cidrs={10.0.0.10/32}")
+    policy = one(manifests, "NetworkPolicy")["spec"]
+    pod_labels = one(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    # Ingress: the container's metrics and liveness ports, nothing else.
+    served = {port["port"] for rule in policy["ingress"] for port in rule["ports"]}
+    assert served == {port["name"] for port in _container(manifests)["ports"]} == {"metrics", "health"}
+    api_server, runtime = policy["egress"]
+    assert {port["port"] for port in api_server["ports"]} == {443, 6443}
+    assert api_server["to"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}]
+    # Egress to the runtime pods: the port and labels of the pods the operator renders, in the watched namespaces.
+    pool = rendered_pool(spec())
+    (runtime_port,) = [p["containerPort"] for p in pool.container["ports"] if p["name"] == contract.PORT_NAME]
+    assert runtime["ports"] == [{"port": runtime_port, "protocol": "TCP"}]
+    (peer,) = runtime["to"]
+    assert peer["podSelector"]["matchLabels"].items() <= pool.template["metadata"]["labels"].items()
+    assert peer["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]
+
+
+def test_network_policy_without_cidrs_or_watched_namespaces_allows_any_address_on_the_api_ports(helm: str) -> None:
+    policy = one(render(helm, "networkPolicy.enabled=true"), "NetworkPolicy")["spec"]
+    api_server, runtime = policy["egress"]
+    assert "to" not in api_server
+    assert runtime["to"][0]["namespaceSelector"] == {}
