@@ -2,7 +2,9 @@
 
 Mirrors k8s.io/kubernetes v1.36 ValidateContainerResourceRequirements: resource names, non-negative
 quantities, whole numbers for extended resources, requests within limits (equal to them for resources
-that cannot be overcommitted), and hugepages sizes. amd.com/gpu belongs to the operator.
+that cannot be overcommitted), and hugepages sizes. amd.com/gpu belongs to the operator. Its rule that
+hugepages need a cpu or memory request is met by the container the operator renders, which always
+requests both (derived when not set here).
 """
 
 from __future__ import annotations
@@ -57,7 +59,6 @@ _WITHIN_LIMITS = (
     f"{_FIELD}.requests must not exceed {_FIELD}.limits, and must equal them for extended resources and hugepages"
 )
 _LIMIT_REQUIRED = f"{_FIELD}.limits must be set for every extended resource and hugepages size that is requested"
-_HUGEPAGES_NEED_CPU = f"{_FIELD}: hugepages need a cpu or memory request or limit"
 
 
 def _per_map_rules(which: str) -> list[JsonDict]:
@@ -98,13 +99,6 @@ _RULES: list[JsonValue] = [
     cel(
         f"!has(self.requests) || self.requests.all(k, {_OVERCOMMIT} || (has(self.limits) && k in self.limits))",
         _LIMIT_REQUIRED,
-    ),
-    cel(
-        f"!((has(self.requests) && self.requests.exists(k, k.startsWith('{_HUGEPAGES}'))) || "
-        f"(has(self.limits) && self.limits.exists(k, k.startsWith('{_HUGEPAGES}')))) || "
-        "(has(self.requests) && ['cpu', 'memory'].exists(r, r in self.requests)) || "
-        "(has(self.limits) && ['cpu', 'memory'].exists(r, r in self.limits))",
-        _HUGEPAGES_NEED_CPU,
     ),
 ]
 
@@ -160,10 +154,6 @@ def resources_problem(requests: Mapping[str, str], limits: Mapping[str, str]) ->
             return _WITHIN_LIMITS
     if any(not _overcommit(name) and name not in limits for name in requests):
         return _LIMIT_REQUIRED
-    if any(k.startswith(_HUGEPAGES) for k in [*requests, *limits]) and not any(
-        r in requests or r in limits for r in ("cpu", "memory")
-    ):
-        return _HUGEPAGES_NEED_CPU
     return None
 
 

@@ -151,7 +151,6 @@ EXPECTED_RULES = [
     ],
     ("spec.runtime.resources", "requests must not exceed spec.runtime.resources.limits"),
     ("spec.runtime.resources", "limits must be set for every extended resource"),
-    ("spec.runtime.resources", "hugepages need a cpu or memory"),
     ("spec.runtime.pod", "pod.labels may not set specdec.io/ keys"),
     ("spec.runtime.pod", "pod.annotations may not set specdec.io/ keys"),
     ("spec.runtime.pod", "mountPath must be unique"),

@@ -72,8 +72,6 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
      "extended resources and hugepages"),
     ("extended-request-without-limit", {"runtime": {"resources": {"requests": {"example.com/nic": "1"}}}},
      "spec.runtime.resources.limits must be set for every extended resource and hugepages size that is requested"),
-    ("hugepages-without-cpu-or-memory", {"runtime": {"resources": {"limits": {"hugepages-2Mi": "4Mi"}}}},
-     "spec.runtime.resources: hugepages need a cpu or memory request or limit"),
     ("hugepages-not-a-page-multiple",
      {"runtime": {"resources": {"limits": {"hugepages-2Mi": "3Mi", "memory": "1Gi"}}}},
      "spec.runtime.resources.limits: a hugepages-<size> amount must be a whole multiple of a positive whole page size"),

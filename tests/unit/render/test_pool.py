@@ -190,6 +190,14 @@ def test_spec_runtime_resources_override_the_derived_values_key_by_key(
     assert resources == {"requests": {**requests, "amd.com/gpu": "1"}, "limits": {**limits, "amd.com/gpu": "1"}}
 
 
+def test_hugepages_alone_are_admitted_since_the_container_always_requests_cpu_and_memory() -> None:
+    """The API server refuses hugepages without a cpu or memory request; the derived requests supply both."""
+    model = spec(runtime={"resources": {"limits": {"hugepages-2Mi": "512Mi"}}})
+    resources = rendered_pool(model).container["resources"]
+    assert {"cpu", "memory", "hugepages-2Mi"} <= set(resources["requests"]) | set(resources["limits"])
+    assert {"cpu", "memory"} <= set(resources["requests"])
+
+
 def test_runtime_pods_mount_no_service_account_token() -> None:
     pod = rendered_pool(spec(runtime={"pod": {"serviceAccountName": "vllm"}})).pod
     assert pod["automountServiceAccountToken"] is False
