@@ -70,8 +70,8 @@ def checkov() -> str:
     return made.stdout.strip().splitlines()[-1]
 
 
-def scan(checkov: str, directory: Path) -> tuple[list[Finding], list[Finding], int]:
-    """(failed, skipped, passed count) of checkov's kubernetes checks over every manifest in `directory`."""
+def scan(checkov: str, directory: Path) -> tuple[list[Finding], int]:
+    """(failed checks, passed count) of checkov's kubernetes checks over every manifest in `directory`."""
     # Offline: no update check, no policy download from the platform, and any other request meets a closed
     # loopback port (tests connect only to 127.0.0.0/8).
     env = {**os.environ, "LOG_LEVEL": "WARNING", "CKV_SKIP_PACKAGE_UPDATE_CHECK": "true", "BC_SKIP_MAPPING": "TRUE",
@@ -88,11 +88,10 @@ def scan(checkov: str, directory: Path) -> tuple[list[Finding], list[Finding], i
     (kubernetes,) = [r for r in reports if r.get("check_type") == "kubernetes"]
     results = kubernetes["results"]
 
-    def findings(kind: str) -> list[Finding]:
-        return [Finding(c["check_id"], c["check_name"], c["resource"], c["file_path"]) for c in results.get(kind, [])]
-
-    # --quiet leaves passed checks out of the results; the summary still counts them.
-    return findings("failed_checks"), findings("skipped_checks"), int(kubernetes["summary"]["passed"])
+    failed = [Finding(c["check_id"], c["check_name"], c["resource"], c["file_path"])
+              for c in results.get("failed_checks", [])]
+    # --quiet leaves passed and skipped checks out of the results; the summary still counts them.
+    return failed, int(kubernetes["summary"]["passed"])
 
 
 def write_manifests(directory: Path, manifests: list[Manifest]) -> None:
@@ -136,7 +135,7 @@ def chart_scan(checkov: str, helm: str, tmp_path_factory: pytest.TempPathFactory
     for name, manifests in renders.items():
         write_manifests(directory / "as-rendered" / name, manifests)
         write_manifests(directory / "without-skips" / name, without_checkov_skips(manifests))
-    failed, _, passed = scan(checkov, directory)
+    failed, passed = scan(checkov, directory)
     assert passed > 0, "checkov found nothing to check in the rendered chart"
     return ChartScan(
         failed=[f for f in failed if f.file.startswith("/as-rendered/")],
@@ -208,7 +207,7 @@ def runtime_scan(checkov: str, tmp_path_factory: pytest.TempPathFactory) -> list
     deployments = runtime_deployments()
     assert len(deployments) >= len(EXAMPLES), "every example renders at least one pool"
     write_manifests(directory, deployments)
-    failed, _, passed = scan(checkov, directory)
+    failed, passed = scan(checkov, directory)
     assert passed > 0, "checkov found nothing to check in the runtime Deployments"
     return failed
 
