@@ -46,8 +46,16 @@ def raw_into(deployment: dict[str, Any], runtime: dict[str, Any], placement: dic
     out = copy.deepcopy(deployment)
     template = out["spec"]["template"]
     pod, container = template["spec"], template["spec"]["containers"][0]
+    user = runtime.get("resources", {})
     for which in ("requests", "limits"):
-        container["resources"][which].update(runtime.get("resources", {}).get(which, {}))
+        container["resources"][which].update(user.get(which, {}))
+    # As the renderer does: a user's limit below the derived request lowers the request to it, and a user's
+    # memory request is also the memory limit (the runtime pod's memory is never overcommitted).
+    for name in ("cpu", "memory"):
+        if name in user.get("limits", {}) and name not in user.get("requests", {}):
+            container["resources"]["requests"][name] = user["limits"][name]
+    if "memory" in user.get("requests", {}) and "memory" not in user.get("limits", {}):
+        container["resources"]["limits"]["memory"] = user["requests"]["memory"]
     container["env"] += runtime.get("env", [])
     knobs = runtime.get("pod", {})
     template["metadata"]["labels"].update(knobs.get("labels", {}))
