@@ -26,9 +26,19 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "K", "type": "string", "jsonPath": ".status.summary.effectiveK", "description": "Effective K per pool"},
     {"name": "Acceptance", "type": "string", "jsonPath": ".status.summary.acceptance"},
     {"name": "Pools", "type": "integer", "jsonPath": ".status.summary.pools"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas",
+     "description": "Replicas placed across all pools"},
     {"name": "Canary", "type": "string", "jsonPath": ".status.summary.canary", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+# `kubectl scale`, an HPA and KEDA drive spec.placement.totalReplicas; status says how many replicas the
+# operator placed and which pods are the model's (the HPA reads their metrics through this selector).
+SCALE_SUBRESOURCE: dict[str, str] = {
+    "specReplicasPath": ".spec.placement.totalReplicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
 
 
 def _resolve(node: Any, defs: dict[str, JsonSchema]) -> Any:
@@ -99,7 +109,7 @@ def build_crd() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {
                         "openAPIV3Schema": {

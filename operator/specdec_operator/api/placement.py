@@ -52,6 +52,9 @@ class Toleration(ApiModel):
 _NODE_SELECTOR = "spec.placement.nodeSelector"
 _ONE_REPLICA_FIELD = "spec.placement: set replicasPerPool or totalReplicas, not both"
 _GFX_TARGETS_UNIQUE = "spec.placement.gfxTargets must not repeat a target"
+_BOUNDS_NEED_TOTAL = ("spec.placement.minReplicasPerPool and maxReplicasPerPool bound how totalReplicas is split: "
+                      "set totalReplicas (or scale the model) to use them")
+_BOUNDS_ORDER = "spec.placement.maxReplicasPerPool must not be below minReplicasPerPool"
 
 
 class Placement(ApiModel):
@@ -62,6 +65,10 @@ class Placement(ApiModel):
             "x-kubernetes-validations": [
                 cel("!(has(self.replicasPerPool) && has(self.totalReplicas))", _ONE_REPLICA_FIELD),
                 cel("self.gfxTargets.all(g, self.gfxTargets.exists_one(h, h == g))", _GFX_TARGETS_UNIQUE),
+                cel("!(has(self.minReplicasPerPool) || has(self.maxReplicasPerPool)) || has(self.totalReplicas)",
+                    _BOUNDS_NEED_TOTAL),
+                cel("!has(self.minReplicasPerPool) || !has(self.maxReplicasPerPool) "
+                    "|| self.maxReplicasPerPool >= self.minReplicasPerPool", _BOUNDS_ORDER),
             ]
         }
     )
@@ -81,13 +88,29 @@ class Placement(ApiModel):
     )
     replicas_per_pool: int | None = Field(default=None, ge=0, le=1000, description="Replicas in every pool.")
     total_replicas: int | None = Field(
-        default=None, ge=0, le=1000, description="Replicas across all pools, split in gfxTargets order by capacity."
+        default=None, ge=0, le=1000,
+        description="Replicas across all pools, split in gfxTargets order by capacity and the per-pool bounds. "
+        "The scale subresource sets it (kubectl scale, HorizontalPodAutoscaler, KEDA).",
+    )
+    min_replicas_per_pool: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="With totalReplicas: replicas every pool gets first (capacity and the total permitting).",
+    )
+    max_replicas_per_pool: int | None = Field(
+        default=None, ge=1, le=1000,
+        description="With totalReplicas: the most replicas one pool takes; the rest go to the next gfx target.",
     )
 
     @model_validator(mode="after")
     def _consistent(self) -> Placement:
         if self.replicas_per_pool is not None and self.total_replicas is not None:
             raise ValueError(_ONE_REPLICA_FIELD)
+        bounded = self.min_replicas_per_pool is not None or self.max_replicas_per_pool is not None
+        if bounded and self.total_replicas is None:
+            raise ValueError(_BOUNDS_NEED_TOTAL)
+        if (self.min_replicas_per_pool is not None and self.max_replicas_per_pool is not None
+                and self.max_replicas_per_pool < self.min_replicas_per_pool):
+            raise ValueError(_BOUNDS_ORDER)
         if len(set(self.gfx_targets)) < len(self.gfx_targets):
             raise ValueError(_GFX_TARGETS_UNIQUE)
         check_keys(QUALIFIED_NAME, _NODE_SELECTOR, self.node_selector)

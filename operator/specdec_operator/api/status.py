@@ -171,6 +171,10 @@ class SpeculativeModelStatus(ApiModel):
     speculation: SpeculationStatus = Field(default_factory=SpeculationStatus, description="Measured statistics.")
     canary: CanaryStatus | None = Field(default=None, description="Canary in flight, if any.")
     summary: Summary = Field(default_factory=Summary, description="Strings for printer columns.")
+    replicas: int = Field(default=0, description="Replicas placed across all pools (the scale subresource's count).")
+    selector: str = Field(
+        default="", description="Label selector of the model's runtime pods, for the scale subresource (HPA, KEDA)."
+    )
     shard: str | None = Field(
         default=None, description="The operator install (shard) that reconciles this model, when sharded."
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from specdec_operator.api.spec import SpeculativeModelSpec, Toleration
 from specdec_operator.decisions.capacity import GpuUsage, replica_slots
 from specdec_operator.decisions.drafter import DrafterDecision, MemoryBudget, choose_drafter
+from specdec_operator.decisions.replica_split import split_replicas
 from specdec_operator.decisions.weights import WeightsEstimate, target_weights
 from specdec_operator.gpu.devices import device_ids_for_gfx
 from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, GPU_RESOURCE, NodeGpus, Taint
@@ -104,15 +105,43 @@ def scheduling_block(node: NodeGpus, spec: SpeculativeModelSpec) -> str | None:
     return None
 
 
-def _wanted_replicas(gfx: str, spec: SpeculativeModelSpec, remaining: int | None) -> tuple[int, str]:
-    """Replicas the spec asks of this pool before capacity, and what to say when that is none."""
+def _none_wanted(gfx: str, spec: SpeculativeModelSpec) -> str:
+    """What to say when the spec asks no replicas of this pool."""
     placement = spec.placement
-    if remaining is not None:
-        if placement.total_replicas == 0:
-            return 0, f"{gfx}: totalReplicas is 0"
-        return remaining, f"{gfx}: all {placement.total_replicas} of totalReplicas are placed on earlier pools"
-    wanted = placement.replicas_per_pool if placement.replicas_per_pool is not None else 1
-    return wanted, f"{gfx}: replicasPerPool is 0"
+    if placement.total_replicas is None:
+        return f"{gfx}: replicasPerPool is 0"
+    if placement.total_replicas == 0:
+        return f"{gfx}: totalReplicas is 0"
+    return f"{gfx}: all {placement.total_replicas} of totalReplicas are placed on earlier pools"
+
+
+def _wanted_replicas(spec: SpeculativeModelSpec, available: Sequence[int], allocatable: Sequence[int]
+                     ) -> tuple[list[int], list[int]]:
+    """(replicas that fit now, replicas the spec asks of each pool were no other workload holding GPUs)."""
+    placement = spec.placement
+    if placement.total_replicas is None:
+        wanted = placement.replicas_per_pool if placement.replicas_per_pool is not None else 1
+        return [min(slots, wanted) for slots in available], [wanted] * len(available)
+    total, bounds = placement.total_replicas, (placement.min_replicas_per_pool or 0, placement.max_replicas_per_pool)
+    fits = split_replicas(total, available, *bounds).replicas
+    # What a pool is asked is what it would take were none of its own GPUs held by others, the other pools
+    # as they are: a pool short of GPUs says so even when earlier pools' shortfalls pushed replicas to it.
+    asked = [split_replicas(total, [*available[:i], allocatable[i], *available[i + 1:]], *bounds).replicas[i]
+             for i in range(len(available))]
+    return list(fits), asked
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A gfx target with eligible nodes and a drafter that fits, before replicas are split over pools."""
+
+    gfx: str
+    hosts: tuple[NodeGpus, ...]
+    notes: tuple[str, ...]
+    vram: float
+    decision: DrafterDecision
+    allocatable_slots: int
+    slots: int
 
 
 def unvetted_nodes(nodes: Sequence[NodeGpus], gfx: str) -> tuple[str, ...]:
@@ -149,14 +178,14 @@ def plan_placement(
         return PlacementPlan((), (), None, (problem,))
     tp = spec.model.tensor_parallel_size
     usage = usage or GpuUsage()
-    remaining = spec.placement.total_replicas
-    pools: list[PoolPlan] = []
-    skipped: list[SkippedTarget] = []
+    # Per gfx target in preference order: a candidate pool, or why it was skipped. Replicas are split once
+    # every candidate's capacity is known, since per-pool bounds spread a total over all of them.
+    outcomes: list[_Candidate | SkippedTarget] = []
     for gfx in spec.placement.gfx_targets:
         if not device_ids_for_gfx(gfx):
             # No label could ever identify such a node, and an affinity `In []` is invalid.
-            skipped.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes (the device table "
-                                         f"has no AMD device id for {gfx} yet, so no node is recognised as one)"))
+            outcomes.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes (the device table "
+                                          f"has no AMD device id for {gfx} yet, so no node is recognised as one)"))
             continue
         matching: list[NodeGpus] = []
         notes: list[str] = []
@@ -174,32 +203,41 @@ def plan_placement(
             hosts = matching
         if not hosts:
             detail = "; ".join(notes) or "no node has this gfx target"
-            skipped.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes ({detail})"))
+            outcomes.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes ({detail})"))
             continue
         vram = min(node.vram_gib_per_gpu for node in matching)
         decision = choose_drafter(spec.drafters, gfx, weights, MemoryBudget(tp, vram, kv_headroom_fraction))
         if decision.drafter is None:
-            skipped.append(SkippedTarget(gfx, "InsufficientMemory", decision.reason))
+            outcomes.append(SkippedTarget(gfx, "InsufficientMemory", decision.reason))
             continue
         allocatable_slots = replica_slots(hosts, {n.name: n.allocatable_gpus for n in hosts}, tp)
         slots = replica_slots(hosts, {n.name: usage.available_to_model(n) for n in hosts}, tp)
-        wanted, none_wanted = _wanted_replicas(gfx, spec, remaining)
-        replicas = min(slots, wanted)
-        if remaining is not None:
-            remaining -= replicas
-        shortfall = _shortfall(gfx, hosts, usage, tp, wanted, replicas, allocatable_slots)
+        outcomes.append(_Candidate(gfx, tuple(hosts), tuple(notes), vram, decision, allocatable_slots, slots))
+    candidates = [c for c in outcomes if isinstance(c, _Candidate)]
+    fits, wanted = _wanted_replicas(spec, [c.slots for c in candidates], [c.allocatable_slots for c in candidates])
+    split = {c.gfx: (replicas, asked) for c, replicas, asked in zip(candidates, fits, wanted, strict=True)}
+    pools: list[PoolPlan] = []
+    skipped: list[SkippedTarget] = []
+    for outcome in outcomes:
+        if isinstance(outcome, SkippedTarget):
+            skipped.append(outcome)
+            continue
+        candidate_gfx, candidate_hosts, slots = outcome.gfx, outcome.hosts, outcome.slots
+        replicas, asked = split[candidate_gfx]
+        shortfall = _shortfall(candidate_gfx, candidate_hosts, usage, tp, asked, replicas, outcome.allocatable_slots)
         if replicas == 0:
             if shortfall:
-                skipped.append(SkippedTarget(gfx, "InsufficientGpus", shortfall))
+                skipped.append(SkippedTarget(candidate_gfx, "InsufficientGpus", shortfall))
             else:
-                skipped.append(SkippedTarget(gfx, "NoReplicas", none_wanted))
+                skipped.append(SkippedTarget(candidate_gfx, "NoReplicas", _none_wanted(candidate_gfx, spec)))
             continue
+        notes = list(outcome.notes)
         if replicas < (spec.placement.replicas_per_pool or 0) and not shortfall:
             notes.append(f"replicasPerPool {spec.placement.replicas_per_pool} capped to {replicas}: "
-                         f"{len(hosts)} nodes hold {slots} replicas at TP {tp}")
-        names = tuple(sorted(n.name for n in hosts))
-        pools.append(PoolPlan(gfx, names, slots, replicas, vram, decision, tuple(notes), unvetted_nodes(nodes, gfx),
-                              shortfall))
+                         f"{len(candidate_hosts)} nodes hold {slots} replicas at TP {tp}")
+        names = tuple(sorted(n.name for n in candidate_hosts))
+        pools.append(PoolPlan(candidate_gfx, names, slots, replicas, outcome.vram, outcome.decision, tuple(notes),
+                              unvetted_nodes(nodes, candidate_gfx), shortfall))
     return PlacementPlan(tuple(pools), tuple(skipped), weights)
 
 

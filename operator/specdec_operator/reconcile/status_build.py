@@ -18,6 +18,7 @@ from specdec_operator.conditions import ConditionUpdate, apply_updates
 from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import ObservedModel
+from specdec_operator.render.names import model_selector
 from specdec_runtime import contract
 
 
@@ -136,6 +137,8 @@ def build_status(
     status.pools = list(pools)
     status.conditions = apply_updates(previous.conditions, updates, observed.generation, now)
     status.summary = summarise(pools, status.speculation.acceptance_rate, canary_summary(status.canary))
+    status.replicas = sum(pool.replicas for pool in pools)
+    status.selector = model_selector(observed.name)
     return status
 
 

@@ -68,6 +68,12 @@ def model_labels(model: str) -> dict[str, str]:
     }
 
 
+def model_selector(model: str) -> str:
+    """The label selector (string form) of every runtime pod of the model: what the scale subresource reports."""
+    return ",".join(f"{key}={value}" for key, value in sorted(
+        {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_MODEL: label_value(model)}.items()))
+
+
 def pool_labels(model: str, pool: str, gfx: str) -> dict[str, str]:
     return {**model_labels(model), contract.LABEL_POOL: pool, contract.LABEL_GFX: gfx}
 

@@ -66,6 +66,7 @@ class _PoolHistory:
     samples: float = 0.0  # drafts (engine steps at K=0) at `k` since it took effect
     previous_k: int | None = None
     decayed_at: float | None = None
+    replicas: int | None = None  # the pool's size the samples above were taken at
 
 
 class TunerState:
@@ -162,6 +163,13 @@ class TunerState:
         if history.k != pool.effective_k:
             # K changed outside our decisions (a spec edit, or status restored after a restart).
             history.previous_k, history.k, history.samples = history.k, pool.effective_k, 0.0
+        if history.replicas != pool.replicas:
+            # A resize moves the batch each pod runs, and with it the best K: windows start afresh at the new
+            # size, so no decision rests on samples that straddle the resize.
+            history.replicas, history.samples, history.recent = pool.replicas, 0.0, {}
+        elif pool.rolling:
+            # Pods still starting or being replaced: what is counted now is not the settled pool's load.
+            history.samples = 0.0
         return history
 
     def _forget(self, history: _PoolHistory, at: float) -> None:

@@ -113,6 +113,8 @@ EXPECTED_RULES = [
     ("spec.speculation.autotune", "tpotTargetMs is required when objective is Latency"),
     ("spec.placement", "set replicasPerPool or totalReplicas, not both"),
     ("spec.placement", "gfxTargets must not repeat a target"),
+    ("spec.placement", "bound how totalReplicas is split"),
+    ("spec.placement", "maxReplicasPerPool must not be below minReplicasPerPool"),
     ("spec.runtime", "extraArgs may not set a flag the operator owns"),
     ("spec.runtime", "extraArgs may not set --attention-config as a whole nor its backend key"),
     ("spec.rollout", "httpRouteRef requires spec.rollout.strategy Canary"),
@@ -240,7 +242,14 @@ def test_names_scope_and_subresources() -> None:
     assert (spec["group"], spec["scope"], spec["names"]["kind"]) == ("specdec.io", "Namespaced", "SpeculativeModel")
     assert {"sm", "specmodel"} <= set(spec["names"]["shortNames"])
     assert VERSION["name"] == "v1alpha1" and VERSION["served"] and VERSION["storage"]
-    assert VERSION["subresources"] == {"status": {}}
+    # kubectl scale, an HPA and KEDA drive totalReplicas; status says how many run and which pods they are.
+    assert VERSION["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.placement.totalReplicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }}
+    assert at("spec.placement.totalReplicas")["type"] == "integer"
+    assert at("status.replicas")["type"] == "integer" and at("status.selector")["type"] == "string"
     assert ROOT["required"] == ["spec"]
 
 

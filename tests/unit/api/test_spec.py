@@ -207,6 +207,7 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("unowned-extra-args", {"runtime": {"extraArgs": ["--gpu-memory-utilization=0.9", "--portable", "-O3"]}}),
     ("weights-source-pvc", {"model": {"source": {"pvcName": "models", "path": "llama"}}}),
     ("total-replicas", {"placement": {"totalReplicas": 5}}),
+    ("total-replicas-bounded", {"placement": {"totalReplicas": 5, "minReplicasPerPool": 1, "maxReplicasPerPool": 4}}),
     ("zero-replicas", {"placement": {"replicasPerPool": 0}}),
     ("distinct-gfx-targets", {"placement": {"gfxTargets": ["gfx942", "gfx90a"]}}),
     ("weights-source-hub", {"model": {"source": {"hubSecretRef": {"name": "hf"}}}}),
@@ -234,6 +235,9 @@ def test_every_vllm_033_method_is_accepted_with_or_without_a_model_as_it_needs(m
 CEL_MIRRORED: list[tuple[str, dict[str, Any], str]] = [
     ("pvc-and-hub-secret", {"model": {"source": {"pvcName": "models", "hubSecretRef": {"name": "hf"}}}}, "set either"),
     ("replicas-both-ways", {"placement": {"replicasPerPool": 1, "totalReplicas": 3}}, "not both"),
+    ("bounds-without-total", {"placement": {"replicasPerPool": 2, "maxReplicasPerPool": 3}}, "bound how totalReplicas"),
+    ("bounds-inverted", {"placement": {"totalReplicas": 4, "minReplicasPerPool": 3, "maxReplicasPerPool": 2}},
+     "must not be below"),
     ("repeated-gfx-target", {"placement": {"gfxTargets": ["gfx942", "gfx942"]}}, "must not repeat"),
     ("prompt-lookup-on-eagle", {"drafters": [drafter_wire("eagle", "x/eagle-8B", promptLookupMin=2)]}, "apply only"),
     ("draft-tp-not-1-or-target", {"drafters": [drafter_wire("ngram", draftTensorParallelSize=2)]}, "must be 1 or"),

@@ -28,6 +28,8 @@ def test_empty_status_defaults() -> None:
         "pools": [],
         "speculation": {"pools": []},
         "summary": {"drafter": "", "effectiveK": "", "acceptance": "", "pools": 0, "canary": ""},
+        "replicas": 0,
+        "selector": "",
     }
 
 

@@ -144,3 +144,32 @@ def test_a_report_is_published_in_the_operator_metrics() -> None:
         0.8, abs=0.03
     )
     assert REGISTRY.get_sample_value("specdec_tuner_decisions_total", {**labels, "action": "Change"}) == 1
+
+
+def _sized(k: int, replicas: int, rolling: bool = False) -> PoolContext:
+    return PoolContext(name="p", gfx_target="gfx942", drafter_method="eagle3", effective_k=k, replicas=replicas,
+                       rolling=rolling)
+
+
+def test_a_resize_holds_k_and_the_tuner_decides_again_only_from_windows_at_the_new_size() -> None:
+    # About 7,000 drafts a scrape: a decision needs several scrapes at one size.
+    spec = Speculation(initial_k=5, min_k=0, max_k=10, autotune=QUICK.model_copy(update={"min_samples": 50_000}))
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 125, 5):
+        state.observe([_sized(3, 2)], [_scrape(replica, float(t), 3)])
+    assert state.evaluate(125.0, [_sized(3, 2)], spec).decision is not None  # enough samples at 2 replicas
+    # Scaled to 4: the new pods are starting (the Deployment is rolling), so nothing is decided ...
+    for t in range(130, 250, 5):
+        state.observe([_sized(3, 4, rolling=True)], [_scrape(replica, float(t), 3)])
+    during = state.evaluate(250.0, [_sized(3, 4, rolling=True)], spec)
+    assert during.decision is None and during.decisions[0].action == "Hold"
+    assert during.stats[0].drafts == 0
+    # ... and once every pod is up, the samples taken before and during the resize do not count.
+    state.observe([_sized(3, 4)], [_scrape(replica, 255.0, 3)])
+    settling = state.evaluate(255.0, [_sized(3, 4)], spec)
+    assert settling.decision is None and "samples at K=3" in settling.decisions[0].reason
+    assert settling.stats[0].drafts < 50_000
+    for t in range(260, 380, 5):
+        state.observe([_sized(3, 4)], [_scrape(replica, float(t), 3)])
+    after = state.evaluate(380.0, [_sized(3, 4)], spec)
+    assert after.decision is not None and after.decision.to_k == 2
