@@ -270,7 +270,23 @@ def test_unreachable_api_server_exits_1(
     assert "cannot reach the API server" in capsys.readouterr().err
 
 
-def test_kubectl_plugin_watches_until_ctrl_c(api: FakeApiServer) -> None:
+@pytest.fixture(params=["default", "ignored", "blocked"])
+def launched_with_sigint(request: pytest.FixtureRequest) -> Iterator[str]:
+    """How whatever started this suite left SIGINT: as a terminal does, ignored (a background job of a
+    script) or blocked (a supervisor waiting for it with sigwait); each is inherited by the plugin we start."""
+    handler = signal.getsignal(signal.SIGINT)
+    if request.param == "ignored":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    elif request.param == "blocked":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield request.param
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, handler)
+
+
+def test_kubectl_plugin_watches_until_ctrl_c(api: FakeApiServer, launched_with_sigint: str) -> None:
     command = [sys.executable, "-c", "from specdec_operator.fleetview import kubectl_plugin_main as m; m()"]
     plugin = subprocess.Popen(
         [*command, "status", "-A", "--watch", "--interval", "0.1"],
@@ -278,7 +294,9 @@ def test_kubectl_plugin_watches_until_ctrl_c(api: FakeApiServer) -> None:
         stderr=subprocess.PIPE,
         text=True,
         # As from a terminal: a suite started in the background (`cmd &` in a script) inherits an ignored
-        # SIGINT, and a Python started with SIGINT ignored never raises KeyboardInterrupt.
+        # SIGINT, and a Python started with SIGINT ignored never raises KeyboardInterrupt; a suite started by a
+        # supervisor that blocks SIGINT (to sigwait for it) passes the blocked mask through fork and exec, and
+        # the plugin never sees the signal at all.
         preexec_fn=_sigint_as_at_a_terminal,
     )
     try:
@@ -302,6 +320,7 @@ def test_kubectl_plugin_watches_until_ctrl_c(api: FakeApiServer) -> None:
 
 def _sigint_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _wait_for_line(process: subprocess.Popen[str], pattern: str) -> None:
