@@ -11,6 +11,8 @@ import pytest
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--e2e", action="store_true", help="run e2e tests against the local control plane")
     parser.addoption("--vllm", action="store_true", help="run the vLLM 0.33.0 contract suite (hack/vllm-env)")
+    parser.addoption("--fresh", action="store_true",
+                     help="ask vLLM again instead of using cached contract verdicts (tests/contract/vllm_env.py)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

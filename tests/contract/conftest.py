@@ -4,6 +4,7 @@ driver command run once for all cases (vLLM's imports cost seconds per process, 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,9 +16,14 @@ from tests.contract.vllm_env import VllmDriver, vllm_python
 
 
 @pytest.fixture(scope="session")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> VllmDriver:
+def driver(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[VllmDriver]:
     models_dir = tmp_path_factory.mktemp("vllm-models")
-    return VllmDriver(vllm_python(), models_dir)
+    session_driver = VllmDriver(vllm_python(), models_dir, fresh=pytestconfig.getoption("--fresh"))
+    yield session_driver
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"vLLM contract verdicts: {session_driver.hits} from the cache, {session_driver.misses} "
+                            f"asked of vLLM ({session_driver.cache_dir}; --fresh asks vLLM for all)")
 
 
 @pytest.fixture(scope="session")
