@@ -11,15 +11,28 @@ them already, see `Release`) and stay after it.
 from __future__ import annotations
 
 import ipaddress
+import os
+import re
+import subprocess
 from collections import Counter
 from functools import partial
+from pathlib import Path
 
 import pytest
 import yaml
 
 from localcluster.cluster import LocalCluster
 from localcluster.versions import KUBERNETES_VERSION
-from tests.e2e.helm import CHART_DIR, SM_CRD, Helm, Manifest, Release, resource_ref, unique_name
+from tests.e2e.helm import (
+    CHART_DIR,
+    SM_CRD,
+    Helm,
+    Manifest,
+    Release,
+    existing_peering_crds,
+    resource_ref,
+    unique_name,
+)
 from tests.e2e.kube import Kube, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -139,3 +152,66 @@ def test_every_option_rendered_passes_the_api_servers_validation(cluster: LocalC
     finally:
         for name in (namespace, "team-a", "team-b"):
             cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def readme_install_commands() -> list[str]:
+    """The README's "Installing into a real cluster" block, one command per entry (continuations joined)."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Installing into a real cluster"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "the README's install section has no bash block"
+    return [command.strip() for command in block.group(1).replace("\\\n", " ").splitlines() if command.strip()]
+
+
+def test_the_readmes_install_commands_work_as_written_on_a_fresh_cluster(cluster: LocalCluster, crds: None,
+                                                                         helm: Helm) -> None:
+    """A newcomer's path: the README's commands, run by a shell from the checkout. The chart refuses a
+    watched namespace that does not exist with a message naming it and the fix, before creating anything."""
+    commands = readme_install_commands()
+    helm_install = next(command for command in commands if command.startswith("helm install"))
+    names = re.search(r"helm install (\S+) \S+ -n (\S+)", helm_install)
+    assert names, helm_install
+    release, release_namespace = names.groups()
+    watched = re.findall(r"watchNamespaces='\{([^}]*)\}'", helm_install)[0].split(",")
+    env = {**os.environ, "KUBECONFIG": str(cluster.paths.kubeconfig),
+           "PATH": os.pathsep.join([str(cluster.binaries["kubectl"].parent), str(cluster.binaries["helm"].parent),
+                                    os.environ["PATH"]])}
+    # kopf's peering CRDs are shared and kept after an uninstall: on a fresh cluster the chart creates them,
+    # here another release of this session may own them already (the chart's value for that case).
+    if existing_peering_crds(cluster):
+        commands = [command.replace("helm install", "helm install --set peering.installCRDs=false", 1)
+                    if command is helm_install else command for command in commands]
+        helm_install = next(command for command in commands if command.startswith("helm install"))
+
+    def shell(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=180, check=False)
+
+    def gone(namespace: str) -> bool:
+        return not cluster.kubectl("get", "namespace", namespace, "-o", "name", check=False).strip()
+
+    for namespace in [*watched, release_namespace]:
+        wait_for(f"namespace {namespace} absent (a fresh cluster)", partial(gone, namespace), 120, 1)
+    try:
+        # Without the namespace the chart stops with its own message, and nothing of the release is left.
+        refused = shell(helm_install)
+        assert refused.returncode != 0, refused.stdout
+        assert f"namespace(s) {', '.join(watched)} do not exist" in refused.stderr, refused.stderr
+        assert f"kubectl create namespace {' '.join(watched)}" in refused.stderr, refused.stderr
+        assert release not in helm.run("list", "-A", "-q").split()
+        # As written, top to bottom.
+        for command in commands:
+            result = shell(command)
+            assert result.returncode == 0, f"README command failed: {command}\n{result.stderr}"
+        assert helm.run("status", release, "-n", release_namespace).count("STATUS: deployed") == 1
+        models = Kube(cluster, watched[0]).items("sm")
+        assert [model["metadata"]["name"] for model in models], "the README's example created no model"
+    finally:
+        listed = helm.run("list", "--namespace", release_namespace, "-q").split()
+        if release in listed:
+            helm.run("uninstall", release, "--namespace", release_namespace, "--wait", "--timeout", "120s")
+        for namespace in [*watched, release_namespace]:
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

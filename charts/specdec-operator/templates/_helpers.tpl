@@ -183,3 +183,24 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
 - name: SPECDEC_LOG_FORMAT
   value: {{ .Values.logging.format | quote }}
 {{- end -}}
+
+{{/*
+Every watched namespace must exist before the install: the chart puts a Role and RoleBinding in each, and
+Kubernetes refuses them in a namespace that is missing (`namespaces "inference" not found`). The chart does
+not create them: a namespace holds the models, and uninstalling a release must never delete them. Checked
+against the cluster with `lookup` when helm talks to one (kube-system always exists there); `helm template`
+and client-side dry runs cannot look and skip the check.
+*/}}
+{{- define "specdec-operator.checkWatchNamespaces" -}}
+{{- if lookup "v1" "Namespace" "" "kube-system" -}}
+{{- $missing := list -}}
+{{- range $namespace := .Values.watchNamespaces -}}
+{{- if not (lookup "v1" "Namespace" "" $namespace) -}}
+{{- $missing = append $missing $namespace -}}
+{{- end -}}
+{{- end -}}
+{{- if $missing -}}
+{{- fail (printf "watchNamespaces: namespace(s) %s do not exist; create them first (kubectl create namespace %s): the chart puts a Role and RoleBinding in each watched namespace and does not create namespaces" (join ", " $missing) (join " " $missing)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
