@@ -20,8 +20,9 @@ OPERATOR_AGENTS = ("specdec-operator", "kopf/")
 WRITE_VERBS = ("create", "update", "patch", "delete")
 
 
-def _operator_entries(audit_log: Path, since_iso: str) -> Iterable[dict[str, Any]]:
-    """Completed requests by the operator (our client or kopf's) received at or after `since_iso`."""
+def _operator_entries(audit_log: Path, since_iso: str, namespace: str | None = None) -> Iterable[dict[str, Any]]:
+    """Completed requests by the operator (our client or kopf's) received at or after `since_iso`; with
+    `namespace`, only those on objects in it (so a test need not wait for other tests' namespaces to go)."""
     for line in audit_log.read_text(errors="replace").splitlines():
         try:
             entry = json.loads(line)
@@ -29,20 +30,23 @@ def _operator_entries(audit_log: Path, since_iso: str) -> Iterable[dict[str, Any
             continue
         if entry.get("stage") != "ResponseComplete" or entry.get("requestReceivedTimestamp", "") < since_iso:
             continue
+        if namespace is not None and entry.get("objectRef", {}).get("namespace") != namespace:
+            continue
         if str(entry.get("userAgent", "")).startswith(OPERATOR_AGENTS) and entry.get("verb") in WRITE_VERBS:
             yield entry
 
 
-def operator_writes_since(audit_log: Path, since_iso: str) -> list[str]:
-    """Writes by the operator received at or after `since_iso`, one line each."""
+def operator_writes_since(audit_log: Path, since_iso: str, namespace: str | None = None) -> list[str]:
+    """Writes by the operator received at or after `since_iso` (in `namespace`, if given), one line each."""
     return [f"{entry['verb']} {entry.get('objectRef', {}).get('resource')}/{entry.get('objectRef', {}).get('name')} "
-            f"({entry['userAgent']})" for entry in _operator_entries(audit_log, since_iso)]
+            f"({entry['userAgent']})" for entry in _operator_entries(audit_log, since_iso, namespace)]
 
 
-def operator_write_entries(audit_log: Path, since_iso: str) -> list[dict[str, str]]:
-    """The operator's writes at or after `since_iso`, each with its time, verb, resource, subresource and name."""
+def operator_write_entries(audit_log: Path, since_iso: str, namespace: str | None = None) -> list[dict[str, str]]:
+    """The operator's writes at or after `since_iso` (in `namespace`, if given), each with its time, verb,
+    resource, subresource and name."""
     entries = []
-    for entry in _operator_entries(audit_log, since_iso):
+    for entry in _operator_entries(audit_log, since_iso, namespace):
         ref = entry.get("objectRef", {})
         entries.append({
             "at": entry["requestReceivedTimestamp"], "verb": entry["verb"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -13,7 +14,7 @@ import pytest
 from localcluster.build import prometheus_operator_crd_files
 from localcluster.cluster import LocalCluster
 from tests.e2e.kube import Kube, wait_for
-from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
+from tests.e2e.operator_process import FleetDriverProcess, OperatorFactory, OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,6 +43,32 @@ def operator(cluster: LocalCluster, crds: None) -> Iterator[OperatorProcess]:
     process = OperatorProcess(cluster).start()
     yield process
     process.stop()
+
+
+@pytest.fixture
+def scoped_operator(cluster: LocalCluster, crds: None, operator: OperatorProcess,
+                    namespace: str) -> Iterator[OperatorFactory]:
+    """Starts operators of this test's own, watching only its namespace, with the settings it names
+    (`scoped_operator(SPECDEC_STATUS_STATS_PERIOD_SECONDS="10")`): the fast pattern for a test that waits out
+    an operator period. The session operator stops meanwhile (a second one would act on the same models) and
+    comes back afterwards. docs/testing.md."""
+    started: list[OperatorProcess] = []
+
+    def start(**settings: str) -> OperatorProcess:
+        if not started:
+            operator.stop()
+        process = OperatorProcess(cluster, name=f"operator-{namespace}-{len(started)}",
+                                  SPECDEC_NAMESPACES=json.dumps([namespace]), **settings)
+        started.append(process)
+        return process.start()
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.stop()
+        if started:
+            operator.start()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -136,3 +137,7 @@ class OperatorProcess:
 
     def total(self, prefix: str) -> float:
         return sum(v for k, v in (self.metrics() or {}).items() if k.startswith(prefix + "{"))
+
+
+# The `scoped_operator` fixture (tests/e2e/conftest.py): settings as keyword arguments, a started operator back.
+OperatorFactory = Callable[..., OperatorProcess]

@@ -15,9 +15,17 @@ import pytest
 from localcluster.cluster import LocalCluster
 from tests.e2e.audit import operator_write_entries
 from tests.e2e.kube import Kube, wait_for
-from tests.e2e.operator_process import OperatorProcess
+from tests.e2e.operator_process import OperatorFactory, OperatorProcess
+from tests.e2e.tier import period, setting
 
 pytestmark = pytest.mark.e2e
+
+# Refused writes: first retry after BACKOFF_S, doubling up to BACKOFF_MAX_S; watched for a window of the first
+# five tries (0, 1, 3, 7, 15 x BACKOFF_S), where a loop retrying every reconcile period would send many more.
+RECONCILE_S = period(fast=1, thorough=5)
+BACKOFF_S = period(fast=1, thorough=2)
+BACKOFF_MAX_S = period(fast=16, thorough=600)
+REFUSED_WINDOW_S = period(fast=20, thorough=60)
 
 
 def small_model(name: str) -> dict[str, Any]:
@@ -115,8 +123,11 @@ def deny_deployments(namespace: str, message: str) -> list[dict[str, Any]]:
 
 
 def test_a_refused_deployment_is_a_condition_with_the_servers_message_and_retries_back_off(
-    cluster: LocalCluster, kube: Kube, namespace: str, operator: OperatorProcess
+    cluster: LocalCluster, kube: Kube, namespace: str, scoped_operator: OperatorFactory
 ) -> None:
+    scoped_operator(SPECDEC_RECONCILE_INTERVAL_SECONDS=setting(RECONCILE_S),
+                    SPECDEC_REFUSED_WRITE_BACKOFF_SECONDS=setting(BACKOFF_S),
+                    SPECDEC_REFUSED_WRITE_BACKOFF_MAX_SECONDS=setting(BACKOFF_MAX_S))
     name = "refused"
     message = "resources.limits.memory: 2Gibibytes is not a quantity (injected refusal)"
     policy = deny_deployments(namespace, message)
@@ -135,22 +146,24 @@ def test_a_refused_deployment_is_a_condition_with_the_servers_message_and_retrie
         found = wait_for("Degraded=WriteRefused", refused, 20)
         seen_after = time.monotonic() - started
         assert message in found["message"] and f"Deployment/{name}-gfx942" in found["message"], found
-        time.sleep(60)
-        attempts = [w for w in operator_write_entries(cluster.paths.logs / "audit.log", since)
+        # How often a refused object is retried over a window is the property: the window is the measurement.
+        time.sleep(max(0.0, REFUSED_WINDOW_S - (time.monotonic() - started)))
+        attempts = [w for w in operator_write_entries(cluster.paths.logs / "audit.log", since, namespace)
                     if w["resource"] == "deployments" and w["name"] == f"{name}-gfx942"]
         times = [datetime.fromisoformat(w["at"].replace("Z", "+00:00")) for w in attempts]
         gaps = [round((b - a).total_seconds(), 1) for a, b in itertools.pairwise(times)]
         warnings = [e for e in kube.events(name) if e["reason"] == "WriteRefused"]
-        print(f"\ncondition after {seen_after:.1f}s; {len(attempts)} refused applies in ~60s, gaps {gaps}s; "
+        print(f"\ncondition after {seen_after:.1f}s; {len(attempts)} refused applies in ~{REFUSED_WINDOW_S:g}s "
+              f"(backoff {BACKOFF_S:g}s doubling, reconcile period {RECONCILE_S:g}s), gaps {gaps}s; "
               f"Warning events {sum(int(e.get('count', 1)) for e in warnings)}")
         assert warnings and message in warnings[0]["message"]
         assert all(w["code"] == "422" or w["code"].startswith("4") for w in attempts), attempts
-        assert 2 <= len(attempts) <= 7, gaps  # a fixed 5 s loop would have sent 12 or more
+        assert 2 <= len(attempts) <= 7, gaps  # a loop retrying every reconcile period would have sent 12 or more
         assert all(later >= earlier * 1.5 for earlier, later in itertools.pairwise(gaps)), gaps
     finally:
         for obj in reversed(policy):
             cluster_kube.run("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found")
     wait_for("the Deployment created once the refusal is gone",
-             lambda: kube.get("deployment", f"{name}-gfx942") is not None, 120, 2)
+             lambda: kube.get("deployment", f"{name}-gfx942") is not None, 2 * BACKOFF_MAX_S + 60, 1)
     wait_for("Degraded cleared", lambda: (condition(kube, name, "Degraded") or {}).get("reason") != "WriteRefused",
              30)
