@@ -57,7 +57,7 @@ def scoped_operator(cluster: LocalCluster, crds: None, operator: OperatorProcess
     def start(**settings: str) -> OperatorProcess:
         if not started:
             operator.stop()
-        process = OperatorProcess(cluster, name=f"operator-{namespace}-{len(started)}",
+        process = OperatorProcess(cluster, f"operator-{namespace}-{len(started)}", None,
                                   SPECDEC_NAMESPACES=json.dumps([namespace]), **settings)
         started.append(process)
         return process.start()
