@@ -14,16 +14,22 @@ from specdec_operator.api.vocabulary import GFX_TARGETS
 from tests.contract import cases as rendered
 from tests.contract.vllm_env import VllmDriver, vllm_python
 
+# The session's driver, for the summary line (a fixture's own output is captured at teardown).
+_SESSION_DRIVERS: list[VllmDriver] = []
+
 
 @pytest.fixture(scope="session")
 def driver(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[VllmDriver]:
     models_dir = tmp_path_factory.mktemp("vllm-models")
     session_driver = VllmDriver(vllm_python(), models_dir, fresh=pytestconfig.getoption("--fresh"))
+    _SESSION_DRIVERS.append(session_driver)
     yield session_driver
-    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"vLLM contract verdicts: {session_driver.hits} from the cache, {session_driver.misses} "
-                            f"asked of vLLM ({session_driver.cache_dir}; --fresh asks vLLM for all)")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for used in _SESSION_DRIVERS:
+        terminalreporter.write_line(f"vLLM contract verdicts: {used.hits} from the cache, {used.misses} asked of "
+                                    f"vLLM ({used.cache_dir}; --fresh asks vLLM for all)")
 
 
 @pytest.fixture(scope="session")
