@@ -38,14 +38,12 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     import specdec_operator.handlers.register  # noqa: F401  (registers the handlers)
-    from specdec_operator.handlers.memory import RestartInPlace
     from specdec_operator.settings import OperatorSettings
 
     settings = OperatorSettings()
     namespaces = settings.namespaces
     log_format = kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN
     kopf.configure(verbose=args.verbose, log_format=log_format)
-    restart = RestartInPlace()
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,
@@ -54,12 +52,7 @@ def _run(args: argparse.Namespace) -> int:
         # Equal priorities make every kopf replica pause; a random one lets exactly one act.
         priority=random.randint(1, 10_000),
         liveness_endpoint=args.liveness,
-        # The handlers may ask for a restart in place (handlers/memory.py): kopf stops, then we exec.
-        stop_flag=restart.stop_flag,
-        memo=kopf.Memo(restart=restart),
     )
-    if restart.due:
-        restart.exec()
     return 0
 
 

@@ -68,11 +68,6 @@ ACTIVE = Gauge(
     "1 on the replica that acts (kopf peering did not pause it), 0 on a standby.",
     registry=REGISTRY,
 )
-RESTARTS_IN_PLACE = Counter(
-    "specdec_restarts_in_place",
-    "Times this process re-executed itself to give stranded heap back (the count survives each exec).",
-    registry=REGISTRY,
-)
 
 # Every metric labelled by one SpeculativeModel. A model's series leave /metrics when it is deleted or
 # when this replica stops acting for it (standby), so dashboards and alerts never read a stale number.

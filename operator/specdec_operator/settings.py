@@ -85,13 +85,6 @@ class OperatorSettings(BaseSettings):
     kv_headroom_fraction: float = Field(
         default=0.2, ge=0, lt=1, description="Share of GPU memory kept for KV cache when fitting weights."
     )
-    restart_when_stranded_mib: float = Field(
-        default=24.0, ge=0,
-        description="Once the last model is gone (and this replica acts), the operator re-executes itself in "
-        "place (same pod and PID, no container restart) when at least this much of its heap is resident yet "
-        "free: pages a large fleet grew that a few long-lived objects pin, which no trim can return "
-        "(handlers/memory.py). With no model to manage nothing is lost but a few seconds of /metrics. 0 = never.",
-    )
     metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
     peering_name: str = Field(default="specdec-operator", description="Kopf peering object for HA.")
     runtime_pod_security: Literal["restricted", "baseline"] = Field(

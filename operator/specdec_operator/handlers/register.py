@@ -20,7 +20,6 @@ from specdec_operator import GROUP, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, PodGpus, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.leadership import track_leadership
-from specdec_operator.handlers.memory import restarts_so_far
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.schedule import LoopSchedule
 from specdec_operator.handlers.scrapes import ScrapeScheduler
@@ -28,7 +27,7 @@ from specdec_operator.handlers.tuning import next_wake, scrape_tick
 from specdec_operator.handlers.watches import filter_watches, owned_changed
 from specdec_operator.handlers.writes import newest_body
 from specdec_operator.kube.api import KubeApi, KubeApiError
-from specdec_operator.metrics import REGISTRY, RESTARTS_IN_PLACE, forget_model
+from specdec_operator.metrics import REGISTRY, forget_model
 from specdec_operator.settings import OperatorSettings
 from specdec_operator.tuner.scraper import scrape_session
 from specdec_runtime import contract
@@ -61,13 +60,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     if not operator_settings.standalone:
         await ensure_peering(api, operator_settings)
     # Before kopf's peering starts (it waits for the startup handlers): kopf's first verdict is not missed.
-    leadership = track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone)
-    restart = getattr(memo, "restart", None)  # given by `specdec-operator run`, which execs on request
-    RESTARTS_IN_PLACE.inc(restarts_so_far())  # a fresh registry after each exec: carried in the environment
-    if restart is not None:
-        context = memo.context
-        context.memory.restart_when_stranded(restart, operator_settings.restart_when_stranded_mib,
-                                             models=lambda: len(context.wakeups), acting=lambda: leadership.active)
+    track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone)
     if operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))

@@ -102,7 +102,6 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
         "peering.name=fleet-peering",
         "shard.name=blue",
         "shard.modelSelector=specdec.io/shard in (blue)",
-        "restartWhenStrandedMib=0",
     )
     settings = _settings_from_env(_settings_env(manifests), monkeypatch)
     assert settings.namespaces == ["team-a"]
@@ -111,7 +110,6 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
     assert settings.scrape_loopback_only is True
     assert settings.peering_name == "fleet-peering"
     assert settings.shard == "blue" and settings.model_selector == "specdec.io/shard in (blue)"
-    assert settings.restart_when_stranded_mib == 0
 
 
 # Settings the chart already sets that the operator has yet to read. Strict: once the field exists in
@@ -134,7 +132,6 @@ def _env_names() -> list[Any]:
         "SPECDEC_SCRAPE_TIMEOUT_SECONDS",
         "SPECDEC_SCRAPE_CONCURRENCY",
         "SPECDEC_SCRAPE_LOOPBACK_ONLY",
-        "SPECDEC_RESTART_WHEN_STRANDED_MIB",
         "SPECDEC_KV_HEADROOM_FRACTION",
         "SPECDEC_METRICS_PORT",
         "SPECDEC_PEERING_NAME",
