@@ -75,12 +75,15 @@ def test_container_is_locked_down(default_manifests: list[Manifest]) -> None:
     assert container["resources"]["limits"]["memory"]
 
 
-def test_liveness_probe_hits_the_endpoint_kopf_serves(default_manifests: list[Manifest]) -> None:
+@pytest.mark.parametrize("kind", ["livenessProbe", "readinessProbe"])
+def test_the_probes_hit_the_endpoint_kopf_serves(default_manifests: list[Manifest], kind: str) -> None:
+    # Readiness too: kopf serves the endpoint only once the startup handlers are done, and it fails while
+    # a background task cannot recover (handlers/supervisor.py).
     container = _container(default_manifests)
     args = container["args"]
     assert args[0] == "run"
     liveness_url = args[args.index("--liveness") + 1]
-    probe = container["livenessProbe"]["httpGet"]
+    probe = container[kind]["httpGet"]
     port = next(port["containerPort"] for port in container["ports"] if port["name"] == probe["port"])
     assert liveness_url == f"http://0.0.0.0:{port}{probe['path']}"
 
