@@ -35,16 +35,22 @@ def _crds(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
     import kopf
 
     import specdec_operator.handlers.register  # noqa: F401  (registers the handlers)
+    from specdec_operator.handlers.shutdown import run_operator
     from specdec_operator.settings import OperatorSettings
 
     settings = OperatorSettings()
     namespaces = settings.namespaces
     log_format = kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN
     kopf.configure(verbose=args.verbose, log_format=log_format)
-    kopf.run(
+    # kopf.run(), with SIGTERM and SIGINT handled by the operator so that a stop is prompt (handlers/shutdown.py).
+    asyncio.run(run_operator(
+        settings.shutdown_grace_seconds,
+        kopf.OperatorSettings(),
         clusterwide=not namespaces,
         namespaces=namespaces,
         standalone=settings.standalone,
@@ -52,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
         # Equal priorities make every kopf replica pause; a random one lets exactly one act.
         priority=random.randint(1, 10_000),
         liveness_endpoint=args.liveness,
-    )
+    ))
     return 0
 
 

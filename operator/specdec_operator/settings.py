@@ -85,6 +85,11 @@ class OperatorSettings(BaseSettings):
     kv_headroom_fraction: float = Field(
         default=0.2, ge=0, lt=1, description="Share of GPU memory kept for KV cache when fitting weights."
     )
+    shutdown_grace_seconds: float = Field(
+        default=3.0, gt=0,
+        description="After SIGTERM or SIGINT, how long kopf's graceful stop may take before what is left of it "
+        "is cancelled (handlers/shutdown.py). Keep it well under the pod's terminationGracePeriodSeconds.",
+    )
     metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
     peering_name: str = Field(default="specdec-operator", description="Kopf peering object for HA.")
     runtime_pod_security: Literal["restricted", "baseline"] = Field(
