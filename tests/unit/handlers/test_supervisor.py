@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import aiohttp
 import kopf
 import pytest
 
@@ -20,6 +22,13 @@ from specdec_operator.metrics import BACKGROUND_TASK_RESTARTS
 from specdec_operator.settings import OperatorSettings
 from specdec_operator.tuner.scraper import scrape_session
 from tests.unit.handlers.test_scrapes import Pod, serve, targets
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
 
 POLICY = RestartPolicy(first_delay_s=1.0, factor=2.0, max_delay_s=10.0, healthy_after_s=60.0, give_up_failures=5)
 
@@ -180,3 +189,32 @@ async def test_a_killed_scrape_scheduler_restarts_and_scraping_resumes(monkeypat
         await context.supervisor.close()
         await session.close()
         await runner.cleanup()
+
+
+async def test_kopfs_liveness_endpoint_answers_500_while_a_task_cannot_recover() -> None:
+    """The real endpoint: kopf's health reporter runs the probe handlers (ours among them) per request."""
+    from kopf._cogs.structs import ephemera
+    from kopf._core.engines import probing
+    from kopf._core.intents import registries
+
+    fake = FakeTime(blocks_after=1)
+    supervisor = Supervisor(RestartPolicy(give_up_failures=1), clock=fake.clock, sleep=fake.sleep)
+    memo = ephemera.AnyMemo(kopf.Memo(context=OperatorContext(
+        settings=OperatorSettings(), api=None, http=None)))  # type: ignore[arg-type]
+    memo.context.supervisor = supervisor
+    port = free_port()
+    serving = asyncio.Event()
+    reporter = asyncio.create_task(probing.health_reporter(
+        f"http://127.0.0.1:{port}/healthz", memo=memo, indices={},  # type: ignore[arg-type]
+        registry=registries.get_default_registry(), settings=kopf.OperatorSettings(), ready_flag=serving))
+    try:
+        await asyncio.wait_for(serving.wait(), 10)
+        supervisor.start("test_probe", failing([], RuntimeError("unexpected")))
+        await asyncio.wait_for(fake.blocked.wait(), 10)
+        # (Asked first: kopf caches a passing probe for 10 s, a failing one not at all.)
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:
+            assert response.status == 500  # the kubelet restarts the container after failureThreshold
+    finally:
+        reporter.cancel()
+        await asyncio.gather(reporter, return_exceptions=True)
+        await supervisor.close()
