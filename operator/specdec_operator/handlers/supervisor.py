@@ -38,10 +38,8 @@ class RestartPolicy:
 
     def delay(self, failures: int) -> float:
         """Seconds to wait before the next start, after the streak's `failures`-th failure (1 = first)."""
-        exponent = max(0, failures - 1)
-        if self.first_delay_s * self.factor ** min(exponent, 64) >= self.max_delay_s:
-            return self.max_delay_s
-        return float(self.first_delay_s * self.factor**exponent)
+        exponent = min(max(0, failures - 1), 64)  # past the cap long before; keeps the power finite
+        return float(min(self.max_delay_s, self.first_delay_s * self.factor**exponent))
 
 
 @dataclass
