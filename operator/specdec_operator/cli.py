@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import sys
 from collections.abc import Sequence
@@ -59,6 +60,10 @@ def _run(args: argparse.Namespace) -> int:
         priority=random.randint(1, 10_000),
         liveness_endpoint=args.liveness,
     ))
+    # Everything has stopped; what is left is the interpreter's teardown, whose garbage collections walk
+    # the whole heap (kopf, kubernetes_asyncio's models, the watch caches): measured 2.6-3.3 s of a loaded
+    # 2-core machine's time after SIGTERM. Nothing needs collecting on the way out, so skip them.
+    gc.freeze()
     return 0
 
 
