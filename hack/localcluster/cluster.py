@@ -194,26 +194,42 @@ class LocalCluster:
         """Stop one component's process group (SIGTERM, or SIGKILL with `kill`) and start it again with the
         flags it was started with, keeping its data (etcd's data dir, the audit log); waits until the
         control plane answers again. Returns the seconds from the stop to healthy."""
+        started = time.monotonic()
+        sig = signal.SIGKILL if kill else signal.SIGTERM
+        if not self.stop_component(component, sig):
+            self.log(f"{component} was not running; starting it")
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        self.start_component(component)
+        elapsed = time.monotonic() - started
+        self.log(f"restarted {self._component(component)} ({sig.name}) in {elapsed:.1f}s")
+        return elapsed
+
+    def _component(self, component: str) -> str:
         name = COMPONENT_ALIASES.get(component, component)
         if name not in COMPONENT_ORDER:
             known = ", ".join([*COMPONENT_ORDER, *COMPONENT_ALIASES])
             raise ClusterError(f"unknown component {component!r}: one of {known}")
+        return name
+
+    def stop_component(self, component: str, sig: signal.Signals = signal.SIGTERM) -> bool:
+        """Stop one component's process group, keeping what start_component() needs to start it again;
+        True if it was running. Returns once the process is gone (its ports are closed)."""
+        name = self._component(component)
+        processes.load_component(self.paths.pids, name)  # fails now, not at the start, if nothing is recorded
+        return processes.stop_pid_file(self.paths.pids / f"{name}.pid", sig=sig)
+
+    def start_component(self, component: str) -> None:
+        """Start a component stopped by stop_component() with the flags it was first started with, keeping
+        its data; waits until the control plane answers again."""
+        name = self._component(component)
         recorded = processes.load_component(self.paths.pids, name)
-        started = time.monotonic()
-        sig = signal.SIGKILL if kill else signal.SIGTERM
-        if not processes.stop_pid_file(self.paths.pids / f"{name}.pid", sig=sig):
-            self.log(f"{name} was not running; starting it")
-        if down_seconds > 0:
-            time.sleep(down_seconds)
         self._start(name, recorded.command, recorded.ports)
         if name == "etcd":
             self._wait(f"etcd on 127.0.0.1:{self.ports.etcd_client}", "etcd", self._etcd_healthy, 30)
         if name in ("etcd", "kube-apiserver"):
             # The API server's /readyz includes its etcd check, so this also covers an etcd restart.
             self._wait("kube-apiserver /readyz", "kube-apiserver", self.is_ready, 90)
-        elapsed = time.monotonic() - started
-        self.log(f"restarted {name} ({sig.name}) in {elapsed:.1f}s")
-        return elapsed
 
     def status(self) -> dict[str, object]:
         return {

@@ -44,9 +44,8 @@ from specdec_operator.settings import OperatorSettings
 OPERATOR_AGENTS = ("specdec-operator", "kopf/")
 GPUS_PER_NODE = 8
 NAMESPACES = 10
-# The operator's log lines (handlers/memory.py) for a memory release and a restart in place.
+# The operator's log line (handlers/memory.py) for a memory release.
 RELEASE_LINE = re.compile(r"resident memory (\d+) MiB -> (\d+) MiB after collection and trim \((\S+) MiB of heap")
-RESTART_IN_PLACE_LINE = "restarting in place to give memory back"
 MANAGED = "app.kubernetes.io/managed-by=specdec-operator"
 # The allocator settings of the operator image (Dockerfile): RSS figures are only meaningful measured alike.
 OPERATOR_IMAGE_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
@@ -348,16 +347,10 @@ class Bench:
                    lambda: not self.kubectl_json("get", "pods", "-A", "-l", MANAGED)["items"], 900, 5)
         # The operator samples its watch caches, waits for them to stop shrinking, then gives memory back.
         time.sleep(memory.SAMPLE_S + memory.QUIET_S + 30)
-        # With no model left and heap stranded, it restarts in place: measured, like idle, 20 s after its
-        # /metrics is back.
         with operator_log.open("rb") as raw:
             raw.seek(log_offset)
             log_text = raw.read().decode(errors="replace")
-        self.out["restarts_in_place"] = log_text.count(RESTART_IN_PLACE_LINE)
         self.out["releases"] = RELEASE_LINE.findall(log_text)
-        if self.out["restarts_in_place"]:
-            wait_until("operator /metrics after its restart in place", self._metrics_up, 120, 1)
-            time.sleep(20)
         left = [(name, labels) for name, labels, _ in self.operator_metrics() if "model" in labels]
         self.out["series_left"] = len(left)
         self.out["series_left_names"] = sorted({name for name, _ in left})
@@ -449,8 +442,7 @@ def report(bench: Bench) -> str:
                      f"{out['series_left_names'][:8]}; RSS {after:.1f} MiB"
                      f" vs idle {idle:.1f} MiB ({after / idle:.2f}x)")
         releases = "; ".join(f"{b} -> {a} MiB, {stranded} MiB stranded" for b, a, stranded in out.get("releases", []))
-        lines.append(f"    memory releases after the deletion: {releases or 'none'}; restarts in place: "
-                     f"{out.get('restarts_in_place', 0)}")
+        lines.append(f"    memory releases after the deletion: {releases or 'none'}")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import sys
 from collections.abc import Sequence
@@ -35,18 +36,22 @@ def _crds(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
     import kopf
 
     import specdec_operator.handlers.register  # noqa: F401  (registers the handlers)
-    from specdec_operator.handlers.memory import RestartInPlace
+    from specdec_operator.handlers.shutdown import run_operator
     from specdec_operator.settings import OperatorSettings
 
     settings = OperatorSettings()
     namespaces = settings.namespaces
     log_format = kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN
     kopf.configure(verbose=args.verbose, log_format=log_format)
-    restart = RestartInPlace()
-    kopf.run(
+    # kopf.run(), with SIGTERM and SIGINT handled by the operator so that a stop is prompt (handlers/shutdown.py).
+    asyncio.run(run_operator(
+        settings.shutdown_grace_seconds,
+        kopf.OperatorSettings(),
         clusterwide=not namespaces,
         namespaces=namespaces,
         standalone=settings.standalone,
@@ -54,12 +59,11 @@ def _run(args: argparse.Namespace) -> int:
         # Equal priorities make every kopf replica pause; a random one lets exactly one act.
         priority=random.randint(1, 10_000),
         liveness_endpoint=args.liveness,
-        # The handlers may ask for a restart in place (handlers/memory.py): kopf stops, then we exec.
-        stop_flag=restart.stop_flag,
-        memo=kopf.Memo(restart=restart),
-    )
-    if restart.due:
-        restart.exec()
+    ))
+    # Everything has stopped; what is left is the interpreter's teardown, whose garbage collections walk
+    # the whole heap (kopf, kubernetes_asyncio's models, the watch caches): measured 2.6-3.3 s of a loaded
+    # 2-core machine's time after SIGTERM. Nothing needs collecting on the way out, so skip them.
+    gc.freeze()
     return 0
 
 

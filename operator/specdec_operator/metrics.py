@@ -63,14 +63,15 @@ SCRAPE_LAST_ROUND_SECONDS = Gauge(
     "specdec_scrape_last_round_seconds", "Duration of the latest operator-wide scrape round.", registry=REGISTRY
 )
 SCRAPE_TARGETS = Gauge("specdec_scrape_targets", "Runtime pods the scrape scheduler scrapes.", registry=REGISTRY)
+BACKGROUND_TASK_RESTARTS = Counter(
+    "specdec_background_task_restarts",
+    "Restarts of an operator-wide background task (scrape scheduler, memory watcher) after it failed.",
+    ["task"],
+    registry=REGISTRY,
+)
 ACTIVE = Gauge(
     "specdec_active",
     "1 on the replica that acts (kopf peering did not pause it), 0 on a standby.",
-    registry=REGISTRY,
-)
-RESTARTS_IN_PLACE = Counter(
-    "specdec_restarts_in_place",
-    "Times this process re-executed itself to give stranded heap back (the count survives each exec).",
     registry=REGISTRY,
 )
 

@@ -85,12 +85,10 @@ class OperatorSettings(BaseSettings):
     kv_headroom_fraction: float = Field(
         default=0.2, ge=0, lt=1, description="Share of GPU memory kept for KV cache when fitting weights."
     )
-    restart_when_stranded_mib: float = Field(
-        default=24.0, ge=0,
-        description="Once the last model is gone (and this replica acts), the operator re-executes itself in "
-        "place (same pod and PID, no container restart) when at least this much of its heap is resident yet "
-        "free: pages a large fleet grew that a few long-lived objects pin, which no trim can return "
-        "(handlers/memory.py). With no model to manage nothing is lost but a few seconds of /metrics. 0 = never.",
+    shutdown_grace_seconds: float = Field(
+        default=3.0, gt=0,
+        description="After SIGTERM or SIGINT, how long kopf's graceful stop may take before what is left of it "
+        "is cancelled (handlers/shutdown.py). Keep it well under the pod's terminationGracePeriodSeconds.",
     )
     metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
     peering_name: str = Field(default="specdec-operator", description="Kopf peering object for HA.")

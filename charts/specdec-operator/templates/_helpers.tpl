@@ -166,8 +166,6 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ .Values.scrape.concurrency | quote }}
 - name: SPECDEC_SCRAPE_LOOPBACK_ONLY
   value: {{ .Values.scrape.loopbackOnly | quote }}
-- name: SPECDEC_RESTART_WHEN_STRANDED_MIB
-  value: {{ .Values.restartWhenStrandedMib | quote }}
 - name: SPECDEC_KV_HEADROOM_FRACTION
   value: {{ .Values.kvHeadroomFraction | quote }}
 - name: SPECDEC_METRICS_PORT

@@ -11,6 +11,7 @@ import aiohttp
 
 from specdec_operator.handlers.cache import FleetSnapshot, WatchCache
 from specdec_operator.handlers.memory import MemoryRelease
+from specdec_operator.handlers.supervisor import Supervisor
 from specdec_operator.kube.api import KubeApi
 from specdec_operator.reconcile.observed import Settings
 from specdec_operator.settings import OperatorSettings
@@ -41,6 +42,7 @@ class OperatorContext:
     refusals: dict[tuple[str, str], Refusals] = field(default_factory=dict)
     memory: MemoryRelease = field(default_factory=MemoryRelease)  # gives pages back after models go
     fleet: FleetSnapshot = field(default_factory=FleetSnapshot)  # nodes and pod GPU claims, shared briefly
+    supervisor: Supervisor = field(default_factory=Supervisor)  # runs the operator-wide background loops
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop every per-model memory when the model's loop ends."""

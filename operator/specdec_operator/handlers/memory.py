@@ -12,17 +12,11 @@ minutes later, and each leaves the watch caches then. A release at the last mode
 what those free. So the size of the watch caches is sampled too, and a fall of a tenth or more since the
 last release arms the same quiet-period release.
 
-What a trim cannot give back is a page that still holds one live object. The heap a fleet grew is full
-of them when long-lived objects were (re)allocated at the peak: bounded library caches churned by every
-pod's address (emptied here before the trim), kopf's watch streams and per-object workers, resized
-tables of long-lived dicts. Measured at 200 models x 4 replicas: those few thousand objects keep about a
-fifth of the idle resident size, at 500 x 4 two fifths; this heap, resident yet free, is what we call
-stranded. Only a new process image gives it back. So once the last model is gone, when the stranded heap
-is over `restart_when_stranded_mib`, the operator restarts in place: kopf stops as on SIGTERM (cleanup
-handlers, peering presence withdrawn) and the process execs its own command line again, keeping its PID,
-pod and log streams. With no model to manage that loses nothing a restarted operator would not rebuild
-from the API server; a fleet that shrank but still has models keeps its pages, since a restart would
-cost their tuner windows (its resident size stays under the peak's).
+What a trim cannot give back is a page that still holds one live object (the heap a fleet grew is full
+of them when long-lived objects were reallocated at the peak); only a new process would. The operator
+does not re-execute itself for that: the pages stay resident until the pod is replaced, which a
+controller in the field leaves to its Deployment. Bounded library caches churned by every pod's address
+are emptied before each trim, since they are the commonest such survivors.
 """
 
 from __future__ import annotations
@@ -33,11 +27,9 @@ import functools
 import gc
 import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple, NoReturn
+from typing import Any
 
 LOG = logging.getLogger(__name__)
 QUIET_S = 30.0  # a burst of deletions (kubectl delete --all, a namespace going) is over after this long
@@ -143,117 +135,9 @@ def release_memory() -> tuple[float | None, float | None]:
     return before, resident_mib()
 
 
-STOP_GRACE_S = 60.0  # kopf's stop with no model left takes seconds; after this long, exec regardless
-# Carries the number of restarts in place across each exec (the process's own environment, not a setting).
-RESTARTS_ENV = "_SPECDEC_RESTARTS_IN_PLACE"
-
-
-def restarts_so_far() -> int:
-    """Restarts in place this process has been through since the container started."""
-    try:
-        return max(0, int(os.environ.get(RESTARTS_ENV, "0")))
-    except ValueError:
-        return 0
-
-
-class RestartInPlace:
-    """A request from inside the operator to stop kopf and run the same command line again.
-
-    `stop_flag` goes to kopf.run(), which returns once kopf has stopped; the caller then calls exec() if
-    the restart is still `due`.
-    """
-
-    def __init__(self, stop_grace_s: float | None = STOP_GRACE_S) -> None:
-        """`stop_grace_s`: how long kopf may take to stop before exec() runs regardless (None: no limit)."""
-        self.stop_flag = threading.Event()
-        self.reason: str | None = None
-        self.stop_grace_s = stop_grace_s
-        self._overdue: threading.Timer | None = None
-        self._exec_once = threading.Lock()
-        self.cancelled_by: signal.Signals | None = None  # a SIGTERM or SIGINT after the request
-
-    def request(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-            self._take_signals()
-            self.stop_flag.set()
-            # Kopf never SIGKILLs itself after a stop flag; a stop that hangs must not leave a process that
-            # neither manages models nor exits.
-            if self.stop_grace_s is not None:
-                self._overdue = threading.Timer(self.stop_grace_s, self._stop_overdue)
-                self._overdue.daemon = True
-                self._overdue.start()
-
-    def _take_signals(self) -> None:
-        """From the request on, SIGTERM and SIGINT cancel the exec: kopf, already stopping, would absorb them
-        and the kubelet's stop would meet a fresh process."""
-        try:
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, self._cancel, signum)
-        except (RuntimeError, ValueError, NotImplementedError):
-            pass  # no running loop, or not its main thread: kopf's handlers stay
-
-    def _cancel(self, signum: signal.Signals) -> None:
-        LOG.warning("%s during the restart in place: the operator stops instead", signum.name)
-        self.cancelled_by = signum
-        if self._overdue is not None:
-            self._overdue.cancel()
-
-    @property
-    def due(self) -> bool:
-        """Requested and not cancelled by a signal: exec once kopf has stopped."""
-        return self.requested and self.cancelled_by is None
-
-    def _stop_overdue(self) -> None:
-        LOG.warning("kopf had not stopped %.0f s after the restart request: restarting in place now",
-                    self.stop_grace_s)
-        self.exec()
-
-    @property
-    def requested(self) -> bool:
-        return self.reason is not None
-
-    @staticmethod
-    def command() -> list[str]:
-        """This process's command line, interpreter options included (python -X ..., -m, a script)."""
-        return [sys.executable, *sys.orig_argv[1:]]
-
-    def exec(self) -> NoReturn:
-        self._exec_once.acquire()  # the overdue timer and the main thread may race here; one execs
-        if self._overdue is not None:
-            self._overdue.cancel()
-        os.environ[RESTARTS_ENV] = str(restarts_so_far() + 1)
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os.execv(sys.executable, self.command())
-
-
-def restart_reason(models: int, forgot_any: bool, acting: bool, stranded_mib: float | None,
-                   above_mib: float) -> str | None:
-    """Why the process should restart in place to give its stranded heap back, or None if it should not."""
-    if above_mib <= 0 or stranded_mib is None or stranded_mib < above_mib:
-        return None
-    # A process that never let a model go grew nothing to strand (and a fresh one after a restart never
-    # restarts again until it has held models); a standby holds none, and a new priority would make it
-    # contend for leadership.
-    if models or not forgot_any or not acting:
-        return None
-    return f"no model left and {stranded_mib:.0f} MiB of heap resident yet free (limit {above_mib:.0f} MiB)"
-
-
-class _RestartWiring(NamedTuple):
-    """What MemoryRelease needs to ask for a restart in place: see restart_when_stranded()."""
-
-    restart: RestartInPlace
-    above_mib: float
-    models: Callable[[], int]  # models this process manages now
-    acting: Callable[[], bool]  # this replica acts (kopf peering did not pause it)
-
-
 class MemoryRelease:
     """Runs release_memory() once a burst of forgotten models, or of objects leaving the watch caches, has
-    been quiet for `quiet_s`; then, if restart_when_stranded() set it up, may ask for a restart in place."""
+    been quiet for `quiet_s`."""
 
     def __init__(self, quiet_s: float = QUIET_S, shrink_share: float = SHRINK_SHARE) -> None:
         self.quiet_s = quiet_s
@@ -261,17 +145,9 @@ class MemoryRelease:
         self._pending: asyncio.TimerHandle | None = None
         self._last_size = 0  # watched objects at the previous sample
         self._high_size = 0  # the most since the last release
-        self._forgot_any = False  # a model's state was dropped since the process started
-        self._restart: _RestartWiring | None = None
-
-    def restart_when_stranded(self, restart: RestartInPlace, above_mib: float, models: Callable[[], int],
-                              acting: Callable[[], bool]) -> None:
-        """After each release, request `restart` when restart_reason() gives one."""
-        self._restart = _RestartWiring(restart, above_mib, models, acting)
 
     def after_forget(self) -> None:
         """A model's state was dropped: release once no other follows for the quiet period."""
-        self._forgot_any = True
         self._arm()
 
     def _arm(self) -> None:
@@ -307,13 +183,6 @@ class MemoryRelease:
             LOG.info("fleet shrank: resident memory %.0f MiB -> %.0f MiB after collection and trim "
                      "(%s MiB of heap resident yet free)", before, after,
                      "unknown" if stranded is None else f"{stranded:.0f}")
-        wiring = self._restart
-        if wiring is None or wiring.restart.requested:
-            return
-        reason = restart_reason(wiring.models(), self._forgot_any, wiring.acting(), stranded, wiring.above_mib)
-        if reason is not None:
-            LOG.warning("restarting in place to give memory back: %s", reason)
-            wiring.restart.request(reason)
 
     async def close(self) -> None:
         if self._pending is not None:

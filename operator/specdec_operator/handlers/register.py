@@ -20,15 +20,15 @@ from specdec_operator import GROUP, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, PodGpus, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.leadership import track_leadership
-from specdec_operator.handlers.memory import restarts_so_far
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.schedule import LoopSchedule
 from specdec_operator.handlers.scrapes import ScrapeScheduler
+from specdec_operator.handlers.supervisor import Supervisor
 from specdec_operator.handlers.tuning import next_wake, scrape_tick
 from specdec_operator.handlers.watches import filter_watches, owned_changed
 from specdec_operator.handlers.writes import newest_body
 from specdec_operator.kube.api import KubeApi, KubeApiError
-from specdec_operator.metrics import REGISTRY, RESTARTS_IN_PLACE, forget_model
+from specdec_operator.metrics import REGISTRY, forget_model
 from specdec_operator.settings import OperatorSettings
 from specdec_operator.tuner.scraper import scrape_session
 from specdec_runtime import contract
@@ -56,21 +56,32 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
         http, interval_s=operator_settings.scrape_interval_seconds, timeout_s=operator_settings.scrape_timeout_seconds,
         concurrency=operator_settings.scrape_concurrency, allow_non_loopback=not operator_settings.scrape_loopback_only,
     )
-    memo.scrape_rounds = asyncio.create_task(memo.context.scrapes.run(), name="scrape rounds")
-    memo.memory_watch = asyncio.create_task(memo.context.memory.watch(memo.context.cache.count), name="memory watch")
+    start_background_tasks(memo.context)
     if not operator_settings.standalone:
         await ensure_peering(api, operator_settings)
     # Before kopf's peering starts (it waits for the startup handlers): kopf's first verdict is not missed.
-    leadership = track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone)
-    restart = getattr(memo, "restart", None)  # given by `specdec-operator run`, which execs on request
-    RESTARTS_IN_PLACE.inc(restarts_so_far())  # a fresh registry after each exec: carried in the environment
-    if restart is not None:
-        context = memo.context
-        context.memory.restart_when_stranded(restart, operator_settings.restart_when_stranded_mib,
-                                             models=lambda: len(context.wakeups), acting=lambda: leadership.active)
+    track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone)
     if operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))
+
+
+def start_background_tasks(context: OperatorContext) -> None:
+    """The operator-wide loops, each restarted after an unexpected error (handlers/supervisor.py)."""
+    scrapes, memory, cache = context.scrapes, context.memory, context.cache
+    assert scrapes is not None
+    context.supervisor.start("scrape_scheduler", scrapes.run)
+    context.supervisor.start("memory_watcher", lambda: memory.watch(cache.count))
+
+
+@kopf.on.probe(id="background_tasks")
+async def background_tasks(memo: Any, **_: Any) -> dict[str, dict[str, object]]:
+    """Part of kopf's liveness endpoint: fails it (HTTP 500) while a background task cannot recover."""
+    supervisor: Supervisor = memo.context.supervisor
+    unhealthy = supervisor.unhealthy()
+    if unhealthy:
+        raise kopf.PermanentError(f"background tasks failing: {unhealthy}")
+    return supervisor.report()
 
 
 async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
@@ -89,10 +100,7 @@ async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
 @kopf.on.cleanup()
 async def close(memo: Any, **_: Any) -> None:
     context: OperatorContext = memo.context
-    for task in (memo.scrape_rounds, memo.memory_watch):
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await context.supervisor.close()
     await context.memory.close()
     await context.http.close()
     await context.api.close()

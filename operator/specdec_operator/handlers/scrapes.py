@@ -129,8 +129,12 @@ class ScrapeScheduler:
         SCRAPE_TARGETS.set(len(jobs))
         span = self.interval_s * SPREAD
         offsets = [((phase(target.uid) + self._rng.uniform(0, JITTER)) % 1.0) * span for _, target in jobs]
-        results = await asyncio.gather(*(self._one(key, target, started + offset) for (key, target), offset in zip(
-            jobs, offsets, strict=True)))
+        # A task group, not gather: if one scrape fails unexpectedly the others are cancelled with it, so a
+        # round the supervisor restarts (handlers/supervisor.py) leaves no scrape behind holding the gate.
+        async with asyncio.TaskGroup() as group:
+            scrapes = [group.create_task(self._one(key, target, started + offset))
+                       for (key, target), offset in zip(jobs, offsets, strict=True)]
+        results = [scrape.result() for scrape in scrapes]
         by_model: dict[ModelKey, list[ScrapeResult]] = {}
         for (key, _), result in zip(jobs, results, strict=True):
             if result is not None:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from localcluster.fleet import load_fleet, node_objects
-from localcluster.scale import RELEASE_LINE, RESTART_IN_PLACE_LINE, Bench, fleet_yaml, percentile, report, samples
+from localcluster.scale import RELEASE_LINE, Bench, fleet_yaml, percentile, report, samples
 from specdec_operator.handlers import memory
 
 
@@ -49,7 +49,7 @@ def test_the_report_prints_every_figure_it_has() -> None:
         "operator_rss_mib": 120.0, "idle_rss_mib": 100.0, "operator_cpu_cores": 0.05,
         "scrape_rounds": [12.0, 12.5], "scrape_targets": 8, "scrapes": {"ok": 999.0, "timeout": 1.0},
         "series_left": 0, "series_left_names": [], "rss_after_delete_mib": 110.0,
-        "releases": [("290", "176", "61")], "restarts_in_place": 1,
+        "releases": [("290", "176", "61")],
         "status_writes_by_cause": {"state": 6.0}, "tuner_decisions": {"Explore": 4.0, "Change": 2.0},
     }
     text = report(bench)
@@ -58,21 +58,17 @@ def test_the_report_prints_every_figure_it_has() -> None:
     assert "operator writes/min (audit)          1.20" in text
     assert "succeeded 99.900%" in text
     assert "RSS 110.0 MiB vs idle 100.0 MiB (1.10x)" in text
-    assert "290 -> 176 MiB, 61 MiB stranded; restarts in place: 1" in text
+    assert "memory releases after the deletion: 290 -> 176 MiB, 61 MiB stranded" in text
     assert "{'state': 6.0}" in text and "{'Explore': 4.0, 'Change': 2.0}" in text
 
 
-def test_the_bench_reads_the_operators_own_release_and_restart_lines(
+def test_the_bench_reads_the_operators_own_release_line(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(memory, "release_memory", lambda: (290.4, 176.2))
     monkeypatch.setattr(memory, "stranded_heap_mib", lambda: 61.3)
     release = memory.MemoryRelease()
-    restart = memory.RestartInPlace(stop_grace_s=None)  # no exec timer in the test process
-    release.restart_when_stranded(restart, 24.0, models=lambda: 0, acting=lambda: True)
-    release.after_forget()  # no running loop: arms nothing, but marks that a model went
     with caplog.at_level(logging.INFO, logger=memory.LOG.name):
         release._release()
     text = caplog.text
     assert RELEASE_LINE.findall(text) == [("290", "176", "61")]
-    assert text.count(RESTART_IN_PLACE_LINE) == 1 and restart.requested
