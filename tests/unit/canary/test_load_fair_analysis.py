@@ -145,3 +145,12 @@ def test_a_one_replica_pool_canaried_in_place_reaches_a_verdict() -> None:
     windows.deltas = {status.canary_revision: erroring}
     failed = canary_verdicts(windows, status, CanaryAnalysis(), 1, 4, stable_serving=False)[status.canary_revision]
     assert failed is not None and (failed.outcome, failed.reason) == ("Fail", "ErrorRateExceeded")
+
+
+def test_without_per_position_counters_a_k_change_is_judged_on_goodput_not_held_forever() -> None:
+    stable = delta(pods=1, batch=8.0, k=2, positions=(0.8, 0.6))
+    canary = delta(pods=1, batch=8.0, k=4)
+    bare = [WindowDelta(**{**side.__dict__, "accepted_per_position": ()}) for side in (canary, stable)]
+    verdict = verdict_of(bare[0], bare[1], canary_status(canary_k=4), canary_k=4, stable_k=2)
+    assert verdict.outcome == "Pass", verdict.message
+    assert "acceptance at position" not in verdict.message
