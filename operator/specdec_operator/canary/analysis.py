@@ -340,7 +340,7 @@ def _log_spread(buckets: Buckets) -> float | None:
     return math.sqrt(variance)
 
 
-# When a histogram cannot size the spread (every request in one bucket), assume this log-sd per request:
+# When a histogram cannot size the spread (fewer than two requests in it), assume this log-sd per request:
 # a conservative figure for per-request TPOT across prompt and output lengths.
 DEFAULT_LOG_SPREAD = 0.3
 # The spread a bucket's width alone adds (a uniform spread over one vLLM TPOT bucket, roughly x1.5 wide).
