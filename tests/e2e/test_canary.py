@@ -33,8 +33,9 @@ def canary_model(name: str, pause_s: int = 20, autotune: bool = False, profile: 
                 "canary": {
                     "steps": [{"weight": 10, "pauseSeconds": pause_s}, {"weight": 50, "pauseSeconds": pause_s},
                               {"weight": 100, "pauseSeconds": 5}],
-                    "analysis": {"minDrafts": 200, "timeoutSeconds": 90, "minAcceptedLengthRatio": 0.9,
-                                 "minTokensPerSecondRatio": 0.8},
+                    # The simulators finish about one request per second per pod: samples are finished requests.
+                    "analysis": {"minDrafts": 200, "minRequests": 20, "timeoutSeconds": 90,
+                                 "minAcceptedLengthRatio": 0.9, "minTokensPerSecondRatio": 0.8},
                     "traffic": {"httpRouteRef": {"name": f"{name}-route"}},
                 },
             },
@@ -165,7 +166,7 @@ def test_bad_canary_is_rolled_back_with_its_numbers(
     if profile == "e2e-tpot-slow":
         # Only latency fails (failed checks lead the message); the ratio is vLLM's bucketed p90.
         checks = message.split(": ", 1)[1].split("; ")
-        match = re.match(r"TPOT p90 [0-9.]+ ms vs stable [0-9.]+ ms \(ratio ([0-9.]+) > 1.15\)", checks[0])
+        match = re.match(r"TPOT p90 [0-9.]+ ms vs stable [0-9.]+ ms \(ratio ([0-9.]+) > 1.15, p=", checks[0])
         assert match and 1.3 < float(match.group(1)) < 1.8, message
         assert all(">=" in check for check in checks[1:3]), message
 
@@ -216,7 +217,7 @@ def test_failover_mid_step_with_little_traffic_ends_the_step_on_evidence(
     body["spec"]["rollout"]["canary"]["steps"] = [{"weight": 10, "pauseSeconds": 20},
                                                   {"weight": 100, "pauseSeconds": 5}]
     # TPOT p90 from one client's few requests sits on a bucket edge; this test is about the clock.
-    body["spec"]["rollout"]["canary"]["analysis"].update({"minDrafts": 1500, "timeoutSeconds": 60,
+    body["spec"]["rollout"]["canary"]["analysis"].update({"minDrafts": 1500, "minRequests": 10, "timeoutSeconds": 60,
                                                           "maxTpotRatio": 3})
     kube.apply([route("failover"), body])
     settle(kube, "failover")

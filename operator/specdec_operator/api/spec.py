@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from itertools import pairwise
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -318,16 +318,28 @@ class CanaryAnalysis(ApiModel):
     """Thresholds the canary must meet against the stable revision over the same window."""
 
     min_accepted_length_ratio: float = Field(
-        default=0.9, ge=0, le=2, description="Canary mean accepted length / stable, at least this."
+        default=0.9, ge=0, le=2,
+        description="Canary acceptance / stable, at least this, per draft position both sides draft (accepted "
+        "length when per-position counters are missing). A shortfall fails only when significant.",
     )
     min_tokens_per_second_ratio: float = Field(
-        default=0.9, ge=0, le=2, description="Canary tokens/s per GPU / stable, at least this."
+        default=0.9, ge=0, le=2,
+        description="Canary goodput per running sequence (tokens per request-second, normalised by load) / "
+        "stable, at least this; for a tuner K change, at least this times the gain the tuner predicted. A "
+        "shortfall fails only when significant.",
     )
     max_tpot_ratio: float = Field(
-        default=1.15, ge=1, le=10, description="Canary TPOT p90 / stable TPOT p90, at most this."
+        default=1.15, ge=1, le=10,
+        description="Canary TPOT p90 / stable TPOT p90, at most this; an excess fails only when a rank test "
+        "on the request histograms makes it significant.",
     )
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Highest tolerated canary error fraction.")
-    min_drafts: int = Field(default=500, ge=0, description="Drafts each side needs before a verdict is possible.")
+    min_requests: int = Field(
+        default=100, ge=1, description="Finished requests each side needs before any verdict but a failure."
+    )
+    min_drafts: int = Field(
+        default=500, ge=0, description="Drafts each side needs before acceptance per position is compared."
+    )
     timeout_seconds: int = Field(
         default=900, ge=30, description="A step still inconclusive after this long rolls back."
     )
@@ -423,7 +435,11 @@ class Rollout(ApiModel):
         default="Rolling", description="Rolling: a Deployment rolling update. Canary: stepped, analysed canary."
     )
     paused: bool = Field(default=False, description="Hold a canary at its current step (analysis keeps running).")
-    canary: Canary | None = Field(default=None, description="Canary settings (strategy Canary).")
+    canary: Canary | None = Field(
+        default=None,
+        description="Canary settings (strategy Canary). Omitted with strategy Canary, the default steps and "
+        "analysis apply.",
+    )
     max_surge: int = Field(
         default=1,
         ge=0,
@@ -439,6 +455,14 @@ class Rollout(ApiModel):
         "replica (replace in place; a canary then takes its replicas out of the stable set). 0 never does: a "
         "rollout on a full pool then waits for free GPUs and reports the Pending pod.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canary_defaults(cls, data: Any) -> Any:
+        # `strategy: Canary` alone gets the default steps and analysis, never a canary without thresholds.
+        if isinstance(data, dict) and data.get("strategy") == "Canary" and data.get("canary") is None:
+            return {**data, "canary": {}}
+        return data
 
     @model_validator(mode="after")
     def _route_needs_canary(self) -> Rollout:

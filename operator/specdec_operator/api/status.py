@@ -112,6 +112,18 @@ class PoolSpeculationStats(ApiModel):
     recommended_k: int | None = Field(default=None, description="K the tuner would pick now.")
 
 
+class RejectedK(ApiModel):
+    """A tuner K change whose canary was rolled back: the tuner does not propose it again for the same stable
+    revision until its evidence says otherwise (docs/canary.md, "After a rollback")."""
+
+    pool: str = Field(description="Pool the K change was for.")
+    k: int = Field(description="The K that failed its canary.")
+    stable_revision: str = Field(description="Revision the K change started from; the record applies to it only.")
+    time: Timestamp = Field(description="When the canary was rolled back (RFC 3339).")
+    predicted_gain: float = Field(default=0.0, description="Gain the tuner had predicted for the failed change.")
+    reason: str = Field(default="", description="The verdict's reason, e.g. TPOTExceeded.")
+
+
 class SpeculationStatus(ApiModel):
     """Speculative-decoding statistics and the tuner's last decision.
 
@@ -124,6 +136,9 @@ class SpeculationStatus(ApiModel):
     pools: list[PoolSpeculationStats] = Field(default_factory=list, description="Per-pool statistics.")
     last_decision: TuningDecision | None = Field(
         default=None, description="Most recent K change (Change or Explore): the decision record."
+    )
+    rejected_ks: list[RejectedK] = Field(
+        default_factory=list, description="K changes rolled back by their canary, newest last (at most 8)."
     )
 
 
@@ -146,6 +161,9 @@ class CanaryStatus(ApiModel):
         "from here (RFC 3339).",
     )
     canary_k: int | None = Field(default=None, description="K the canary runs, for tuner-driven canaries.")
+    decision_id: str | None = Field(
+        default=None, description="The tuner decision (status.speculation.lastDecision.id) this canary rolls out."
+    )
     verdict: str = Field(default="", description="Last analysis verdict: Pass, Fail or Inconclusive.")
     message: str = Field(default="", description="Last analysis numbers or the rollback reason.")
 

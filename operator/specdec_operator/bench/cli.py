@@ -48,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     tuner.add_argument("--json", action="store_true", help="print JSON instead of the table")
     tuner.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
+    canary = sub.add_parser("canary", help="simulated canaries through the real analysis: false rollbacks, detection")
+    canary.add_argument("--trials", type=int, default=200, help="canaries per (steps, pool size, scenario)")
+    canary.add_argument("--rate", type=float, default=1.0, help="requests/s per replica (open loop, Poisson)")
+    canary.add_argument("--interval", type=float, default=10.0, help="seconds between verdicts (reconcile period)")
+    canary.add_argument("--pool", type=int, action="append", help="pool sizes (repeatable; default 1 2 4 8)")
+    canary.add_argument("--seed", type=int, default=1)
+    canary.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    canary.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     return parser
 
 
@@ -74,8 +82,28 @@ def _default_profiles() -> list[str]:
     return found
 
 
+def canary_main(args: argparse.Namespace) -> int:
+    from specdec_operator.bench import canary
+
+    if args.trials < 1 or args.rate <= 0 or args.interval <= 0 or any(size < 1 for size in args.pool or ()):
+        sys.stderr.write("error: need --trials >= 1, --rate > 0, --interval > 0 and --pool >= 1\n")
+        return 2
+    started = time.perf_counter()
+    cells = canary.run_bench(args.trials, args.seed, args.rate, args.interval, pools=args.pool or canary.POOL_SIZES)
+    summary = canary.summarise(cells)
+    if args.json:
+        sys.stdout.write(json.dumps({"cells": [cell.to_json() for cell in cells], "summary": summary}, indent=2))
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(canary.format_table(cells, summary, args.rate, args.interval))
+        sys.stdout.write(f"replayed in {time.perf_counter() - started:.1f} s wall\n")
+    return 1 if args.check and not summary["targets_met"] else 0
+
+
 def bench_main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
+    if args.benchmark == "canary":
+        return canary_main(args)
     if not args.min_k <= args.initial_k <= args.max_k or args.max_k > 16 or args.min_k < 0:
         sys.stderr.write("error: need 0 <= --min-k <= --initial-k <= --max-k <= 16\n")
         return 2

@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from specdec_operator.api.spec import CanaryAnalysis
-from specdec_operator.api.status import CanaryStatus
-from specdec_operator.canary.analysis import Verdict, WindowStats, analyse
+from specdec_operator.api.status import CanaryStatus, TuningDecision
+from specdec_operator.canary.analysis import KChange, Verdict, WindowStats, analyse
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
 from specdec_operator.tuner.window import WindowDelta, WindowReport
@@ -180,6 +180,8 @@ class CanaryWindows:
             errors=errors,
             health_failures=self.health_failures[revision],
             restarts=sum(n for uid, n in self.restarts_seen.items() if self.pod_revision.get(uid) == revision),
+            busy_seconds=delta.itl_sum if delta.itl_count > 0 else delta.running_seconds,
+            accepted_per_position=delta.accepted_per_position,
         )
 
 
@@ -195,17 +197,41 @@ def _requests_and_errors(delta: WindowDelta) -> tuple[float, float]:
     return http if rate(http) > rate(engine) else engine
 
 
+def k_change_under_test(canary: CanaryStatus, decision: TuningDecision | None, stable_k: int | None) -> KChange | None:
+    """The tuner's K change this canary tests, from the decision record in status: same pool, the stable
+    revision runs the K the decision left and the canary the K it chose. A spec change at an unchanged K is
+    not one, whatever an older decision says."""
+    if canary.canary_k is None or decision is None or decision.action == "Hold":
+        return None
+    if decision.pool != canary.pool or decision.to_k != canary.canary_k or decision.from_k != stable_k:
+        return None
+    return KChange(predicted_gain=decision.predicted_gain)
+
+
 def canary_verdicts(
-    windows: CanaryWindows, canary: CanaryStatus | None, thresholds: CanaryAnalysis | None, gpus: int, initial_k: int
+    windows: CanaryWindows,
+    canary: CanaryStatus | None,
+    thresholds: CanaryAnalysis | None,
+    gpus: int,
+    initial_k: int,
+    *,
+    last_decision: TuningDecision | None = None,
+    stable_serving: bool = True,
 ) -> dict[str, Verdict | None]:
-    """The verdict on the canary revision of the step in flight; empty before traffic reaches it."""
+    """The verdict on the canary revision of the step in flight; empty before traffic reaches it.
+
+    `stable_serving` False: the stable Deployment has no replica in this step (a one-replica pool canaried
+    in place), so there is no baseline to compare against (see `analyse`).
+    """
     if canary is None or canary.phase not in IN_FLIGHT_PHASES or canary.weight == 0 or thresholds is None:
         return {}
     fallback_k = canary.canary_k if canary.canary_k is not None else initial_k
+    stable = windows.stats(canary.stable_revision, windows.ks.get(canary.stable_revision, fallback_k), gpus)
     verdict = analyse(
         windows.stats(canary.canary_revision, windows.ks.get(canary.canary_revision, fallback_k), gpus),
-        windows.stats(canary.stable_revision, windows.ks.get(canary.stable_revision, fallback_k), gpus),
+        stable if stable_serving else None,
         thresholds,
+        k_change_under_test(canary, last_decision, windows.ks.get(canary.stable_revision)),
     )
     since = windows.evidence_since if windows.step == (canary.canary_revision, canary.step_started_at, canary.step) \
         else None

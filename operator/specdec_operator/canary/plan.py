@@ -17,13 +17,15 @@ class CanaryTarget:
     """What the reconciler observed about one pool's revisions.
 
     `stable_revision` is the revision the stable Deployment is ready at; `desired_revision` the one
-    the spec (or a tuner K change, then with `desired_k`) asks for.
+    the spec (or a tuner K change, then with `desired_k`) asks for. `decision_id`: the tuner decision
+    the desired revision carries out, if a K change is what it rolls out.
     """
 
     pool: str
     stable_revision: str
     desired_revision: str
     desired_k: int | None = None
+    decision_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ def _start(
         phase="Progressing",
         step_started_at=format_time(now),
         canary_k=target.desired_k,
+        decision_id=target.decision_id,
     )
     message = f"pool {target.pool}: canary revision {target.desired_revision} against stable {target.stable_revision}"
     if previous is not None and previous.phase in IN_FLIGHT_PHASES:
@@ -336,6 +337,10 @@ def advance(
         # Manual actions wait for the next call: they address the canary in flight, not a new one.
         return _start(target, settings.steps, now, current)
     if current.phase not in IN_FLIGHT_PHASES:
-        # A rolled-back revision is not retried on its own: the spec must change first.
+        if target.decision_id is not None and target.decision_id != current.decision_id:
+            # A new tuner decision for a revision that failed before: the tuner's evidence changed
+            # (tuner/policy.py), so the revision gets a fresh canary, not a silent revert.
+            return _start(target, settings.steps, now, current)
+        # A rolled-back revision is not retried on its own: the spec (or a new decision) must change first.
         return CanaryProgress(current, _terminal_plan(current, one_shot))
     return _step(current, settings, rollout.paused, verdict, now, action, canary_ready)

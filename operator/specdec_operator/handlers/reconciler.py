@@ -21,7 +21,7 @@ from specdec_operator.handlers.traffic import clear_manual_action, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
 from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, write_status
 from specdec_operator.kube.api import KubeApiError
-from specdec_operator.metrics import RECONCILE_SECONDS, RECONCILES, ROLLOUTS, pool_series
+from specdec_operator.metrics import K_CHANGES, RECONCILE_SECONDS, RECONCILES, ROLLOUTS, pool_series
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status, read_status
 from specdec_operator.reconcile.status_build import summarise
@@ -36,6 +36,8 @@ ROLLOUT_RESULTS = {
     "CanaryAborted": "aborted",
     "CanaryCancelled": "cancelled",
 }
+# Events a canary's plan posts when it promotes a tuner K change (reconcile/rollout.py).
+K_ROLLED_OUT = ("KChanged", "KExplore")
 
 
 def utc_now() -> str:
@@ -69,6 +71,9 @@ def _post_events(body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) 
         result = ROLLOUT_RESULTS.get(event.reason)
         if result is not None and plan.status is not None and plan.status.canary is not None:
             pool_series(ROLLOUTS, observed.namespace, observed.name, plan.status.canary.pool, result).inc()
+        if event.reason in K_ROLLED_OUT and plan.status is not None and plan.status.canary is not None:
+            # A tuner K change is counted when its canary promotes it, as its event says.
+            pool_series(K_CHANGES, observed.namespace, observed.name, plan.status.canary.pool).inc()
 
 
 async def write(

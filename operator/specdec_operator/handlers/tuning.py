@@ -21,7 +21,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from specdec_operator.api.spec import SpeculativeModelSpec
-from specdec_operator.api.status import SpeculationStatus, SpeculativeModelStatus, TuningDecision
+from specdec_operator.api.status import CanaryStatus, SpeculationStatus, SpeculativeModelStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts, pod_restarts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
@@ -30,7 +30,7 @@ from specdec_operator.handlers.health import probe_health
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
 from specdec_operator.reconcile.plan import read_status
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, scrape_targets, speculation_status
-from specdec_operator.render.names import label_value
+from specdec_operator.render.names import deployment_name, label_value
 from specdec_operator.tuner.engine import PoolContext, TunerState
 from specdec_operator.tuner.exporter import count_k_change, publish
 
@@ -51,14 +51,18 @@ class TuningOutcome:
     # A K change the tuner proposes: it is written to status first, then committed with `commit`.
     proposal: TuningDecision | None = None
     proposed_at: float = 0.0  # monotonic time of the proposal, the cooldown's start once committed
+    # With strategy Canary a recorded decision is not a K change yet: the canary's promotion makes it one
+    # (reconcile/rollout.py posts KChanged then, handlers/reconciler.py counts it).
+    rolls_out_now: bool = True
 
     def commit(self, tuner: ModelTuner | None, namespace: str, name: str) -> None:
-        """The proposal is in status: the tuner may now remember it, and it counts as a K change."""
+        """The proposal is in status: the tuner may now remember it; a rolling K change counts now."""
         if self.proposal is None:
             return
         if tuner is not None:
             tuner.state.commit(self.proposal, self.proposed_at)
-        count_k_change(namespace, name, self.proposal)
+        if self.rolls_out_now:
+            count_k_change(namespace, name, self.proposal)
 
 
 def _rfc3339(at: float) -> str:
@@ -131,6 +135,17 @@ def route_hold(verdicts: dict[str, Verdict | None], rejection: tuple[str, str] |
             for revision, verdict in verdicts.items()}
 
 
+def _stable_serving(observed: ObservedModel, canary: CanaryStatus | None) -> bool:
+    """Whether the canary pool's stable Deployment keeps a replica: a one-replica pool canaried in place has
+    none, so its steps have no baseline (canary/analysis.py)."""
+    if canary is None:
+        return True
+    stable = observed.children.get(("Deployment", deployment_name(canary.pool, "stable")))
+    if stable is None:
+        return True
+    return int((stable.get("spec") or {}).get("replicas", 0) or 0) > 0
+
+
 async def tuning_step(
     ctx: OperatorContext,
     session: aiohttp.ClientSession,
@@ -163,13 +178,15 @@ async def tuning_step(
         # No K decision while a canary is in flight: its verdict (and a rollback to the K the decision record
         # says it left) must concern one decision only.
         rolling = rolling | {pool.name for pool in previous.pools}
-    contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling)
+    contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling,
+                             previous.speculation.rejected_ks)
     if now >= tuner.next_scrape_at:
         await _observe_round(ctx, session, tuner, observed.namespace, observed.name, previous, contexts)
     thresholds = spec.rollout.canary.analysis if spec.rollout.canary else None
     verdicts = route_hold(
         canary_verdicts(tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size,
-                        spec.speculation.initial_k),
+                        spec.speculation.initial_k, last_decision=previous.speculation.last_decision,
+                        stable_serving=_stable_serving(observed, in_flight)),
         ctx.route_rejections.get(key),
     )
     if not autotune.enabled:
@@ -188,11 +205,16 @@ async def tuning_step(
     if proposed is not None and proposed.to_k != proposed.from_k:
         # The record users (and a restarted operator) read: wall-clock stamp, an id for the audit trail.
         decision = proposed.model_copy(update={"time": _rfc3339(time.time()), "id": uuid.uuid4().hex[:12]})
+        if canary_mode:
+            # Not a change until its canary promotes it (then KChanged); announced as what it is now.
+            reason, after = "KProposed", "; it rolls out through a canary"
+        else:
+            reason, after = ("KChanged" if decision.action == "Change" else "KExplore"), ""
         events.append(EventRecord(
-            "Normal", "KChanged" if decision.action == "Change" else "KExplore",
+            "Normal", reason,
             f"{decision.pool}: K {decision.from_k} -> {decision.to_k}, predicted gain {decision.predicted_gain:+.1%}, "
-            f"confidence {decision.confidence:.0%}: {decision.reason} (decision {decision.id})",
+            f"confidence {decision.confidence:.0%}: {decision.reason} (decision {decision.id}){after}",
         ))
     status = speculation_status(previous.speculation, report_.stats, decision)
     return TuningOutcome(speculation=status, events=tuple(events), verdicts=verdicts, proposal=decision,
-                         proposed_at=now)
+                         proposed_at=now, rolls_out_now=not canary_mode)

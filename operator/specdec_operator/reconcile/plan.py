@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specdec_operator.api.spec import ObjectRef, SpeculativeModelSpec
-from specdec_operator.api.status import PoolRollout, SpeculationStatus, SpeculativeModelStatus
+from specdec_operator.api.status import CanaryStatus, PoolRollout, SpeculationStatus, SpeculativeModelStatus
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
 from specdec_operator.conditions import ConditionUpdate, apply_updates
@@ -177,14 +177,18 @@ def evaluate(
 
     decisions: dict[str, PoolRollout] = {}
 
-    def roll(current_pools: list[DesiredPool]) -> RolloutResult:
+    def roll(current_pools: list[DesiredPool], canary: CanaryStatus | None) -> RolloutResult:
         decisions.update(rollout_modes(spec, current_pools, observed, usage, previous))
-        return plan_rollout(current_pools, live_deployments, previous.canary, spec.rollout, verdicts or {}, action,
+        return plan_rollout(current_pools, live_deployments, canary, spec.rollout, verdicts or {}, action,
                             moment, routed=route is not None, modes=modes_for_rollout(decisions),
                             last_decision=previous.speculation.last_decision)
 
     live_deployments = {body["metadata"]["name"]: body for body in observed.children_of_kind("Deployment")}
-    rollout = roll(pools)
+    rollout = roll(pools, previous.canary)
+    if rollout.rejected is not None:
+        # Written with the rollback itself, so the tuner reads it before its next decision (docs/canary.md).
+        recorded = speculation or previous.speculation
+        speculation = recorded.model_copy(update={"rejected_ks": [*recorded.rejected_ks, rollout.rejected][-8:]})
     if rollout.k_reverts:
         # The K before the decision (from the decision record) makes the stable revision the desired one again
         # only if K was all the canary changed; a spec change rolled back keeps the K in status.
@@ -193,9 +197,10 @@ def evaluate(
         stable = rollout.canary.stable_revision if rollout.canary is not None else None
         if any(p.name in rollout.k_reverts and p.revision == stable for p in reverted):
             previous_k, pools = reverted_k, reverted
-            events = rollout.events
-            rollout = roll(pools)
-            rollout.events[:0] = events
+            # Planned again from the canary as this pass ended it: recorded once, RolledBack with its verdict.
+            first = rollout
+            rollout = roll(pools, first.canary)
+            rollout.events[:0] = first.events
     desired: list[dict[str, Any]] = []
     if pools:
         desired.append(model_service(observed))

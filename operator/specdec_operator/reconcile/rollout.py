@@ -9,14 +9,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from specdec_operator.api.spec import Rollout
-from specdec_operator.api.status import CanaryStatus, TuningDecision
+from specdec_operator.api.status import CanaryStatus, RejectedK, TuningDecision
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.plan import (
     IN_FLIGHT_PHASES,
+    CanaryEvent,
     CanaryTarget,
     RolloutPlan,
     ServingReplicas,
@@ -41,6 +42,8 @@ class RolloutResult:
     events: list[EventRecord] = field(default_factory=list)
     route_weight: int | None = None  # canary percent for the HTTPRoute; None when not routing
     k_reverts: dict[str, int] = field(default_factory=dict)  # rolled-back tuner changes: pool -> stable K
+    # A tuner K change whose canary failed in this pass: the record the tuner reads before it decides again.
+    rejected: RejectedK | None = None
     clear_action: bool = False
 
 
@@ -57,6 +60,29 @@ def _k_before(decision: TuningDecision | None, pool: str, canary_k: int) -> int 
     if decision is None or decision.pool != pool or decision.to_k != canary_k or decision.action == "Hold":
         return None
     return decision.from_k
+
+
+def _decision_id(decision: TuningDecision | None, pool: DesiredPool, previous: CanaryStatus | None) -> str | None:
+    """The recorded tuner decision the pool's desired revision carries out, if it is a K change not yet
+    rolled out: a decision that an earlier canary of another revision already carried is spent (a later
+    spec change at that K is not the tuner's)."""
+    if decision is None or not decision.id or decision.action == "Hold" or decision.from_k == decision.to_k:
+        return None
+    if decision.pool != pool.name or decision.to_k != pool.k:
+        return None
+    if previous is not None and previous.decision_id == decision.id and previous.canary_revision != pool.revision:
+        return None
+    return decision.id
+
+
+def _rolled_out_event(decision: TuningDecision, pool: str) -> EventRecord:
+    """KChanged (or KExplore) once the canary carrying the decision is promoted: the change is real now."""
+    reason = "KChanged" if decision.action == "Change" else "KExplore"
+    return EventRecord("Normal", reason, (
+        f"{pool}: K {decision.from_k} -> {decision.to_k} rolled out (canary promoted), predicted gain "
+        f"{decision.predicted_gain:+.1%}, confidence {decision.confidence:.0%}: {decision.reason} "
+        f"(decision {decision.id})"
+    ))
 
 
 def retracked(template: Mapping[str, Any], track: str) -> dict[str, Any]:
@@ -222,7 +248,8 @@ def _canary_pool(
         steps = rollout.canary.steps
         step_target = split_replicas(total, steps[min(current.step, len(steps) - 1)].weight)[1]
         canary_ready = canary_ready and _size(canary_live) >= step_target
-    target = CanaryTarget(pool.name, stable_rev, pool.revision, desired_k=pool.k)
+    target = CanaryTarget(pool.name, stable_rev, pool.revision, desired_k=pool.k,
+                          decision_id=_decision_id(last_decision, pool, current))
     progress = advance(
         current, target=target, rollout=rollout, verdict=verdicts.get(pool.revision), now=now, action=action,
         canary_ready=canary_ready,
@@ -240,12 +267,34 @@ def _canary_pool(
     else:
         _surge_sizes(result, pool, plan, stable_template, routed, canary_name, serving, canary_live is not None)
     result.route_weight = plan.weight
-    rolled_back = progress.status is not None and progress.status.phase in ("RolledBack", "Aborted")
-    if rolled_back and progress.status is not None and progress.status.canary_k is not None:
-        stable_k = _k_before(last_decision, pool.name, progress.status.canary_k)
+    finished = progress.status
+    rolled_back = finished is not None and finished.phase in ("RolledBack", "Aborted")
+    if rolled_back and finished is not None and finished.canary_k is not None:
+        stable_k = _k_before(last_decision, pool.name, finished.canary_k)
         if stable_k is not None and stable_k != pool.k:
             # A tuner K change failed its canary: the pool keeps the K its stable revision runs.
             result.k_reverts[pool.name] = stable_k
+    just_ended = progress.event is not None and finished is not None and finished.phase in ("RolledBack", "Promoted")
+    carried = (last_decision if finished is not None and last_decision is not None
+               and finished.decision_id == last_decision.id else None)
+    if just_ended and finished is not None and carried is not None:
+        if finished.phase == "Promoted":
+            result.events.append(_rolled_out_event(carried, pool.name))
+        else:
+            result.rejected = RejectedK(pool=pool.name, k=carried.to_k, stable_revision=finished.stable_revision,
+                                        time=_stamp(now), predicted_gain=carried.predicted_gain,
+                                        reason=_rollback_reason(verdicts.get(pool.revision), progress.event))
+
+
+def _rollback_reason(verdict: Verdict | None, event: CanaryEvent | None) -> str:
+    """The failed verdict's reason (TPOTExceeded, ...), or the event's when the step timed out."""
+    if verdict is not None and verdict.outcome == "Fail":
+        return verdict.reason
+    return event.reason if event is not None else ""
+
+
+def _stamp(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _surge_sizes(

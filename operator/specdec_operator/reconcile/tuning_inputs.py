@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from specdec_operator.api.status import PoolSpeculationStats, PoolStatus, SpeculationStatus, TuningDecision
+from specdec_operator.api.status import PoolSpeculationStats, PoolStatus, RejectedK, SpeculationStatus, TuningDecision
 from specdec_operator.tuner.engine import PoolContext
 from specdec_operator.tuner.samples import ScrapeTarget
 from specdec_runtime import contract
@@ -45,7 +45,10 @@ def scrape_targets(pods: Iterable[Mapping[str, Any]]) -> list[ScrapeTarget]:
     return targets
 
 
-def pool_contexts(pools: Sequence[PoolStatus], tensor_parallel_size: int, rolling: set[str]) -> list[PoolContext]:
+def pool_contexts(
+    pools: Sequence[PoolStatus], tensor_parallel_size: int, rolling: set[str], rejected: Sequence[RejectedK] = ()
+) -> list[PoolContext]:
+    """`rejected`: status.speculation.rejectedKs; each pool gets those recorded against its current revision."""
     return [
         PoolContext(
             name=pool.name,
@@ -57,6 +60,8 @@ def pool_contexts(pools: Sequence[PoolStatus], tensor_parallel_size: int, rollin
             replicas=max(pool.replicas, 1),
             gpus_per_replica=tensor_parallel_size,
             rolling=pool.name in rolling,
+            rejected={item.k: item.predicted_gain for item in rejected
+                      if item.pool == pool.name and item.stable_revision == pool.revision},
         )
         for pool in pools
     ]
@@ -83,6 +88,7 @@ def speculation_status(
         tokens_per_second=round(sum(rates), 2) if rates else None,
         pools=list(stats),
         last_decision=decision or previous.last_decision,
+        rejected_ks=previous.rejected_ks,
     )
 
 

@@ -45,6 +45,9 @@ class PoolContext:
     replicas: int = 1
     gpus_per_replica: int = 1
     rolling: bool = False  # the pool's pods are still being replaced (a K change in flight)
+    # Ks whose canary failed against this pool's current revision -> the gain predicted for them then
+    # (status.speculation.rejectedKs, tuner/policy.py).
+    rejected: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,7 @@ class TunerState:
             weight=float(pool.replicas * pool.gpus_per_replica),
             rolling=pool.rolling,
             legal_ks=legal_ks(pool.drafter_method, pool.drafter_mtp_layers, speculation.min_k, speculation.max_k),
+            rejected=dict(pool.rejected),
         )
 
     def _stats(self, pool: PoolContext, recommended_k: int | None, span: float) -> PoolSpeculationStats:

@@ -6,13 +6,18 @@ output token = step(B, K) / E(K). A restart costs minutes of serving, so it acts
 samples, a predicted gain above the threshold, a confidence that the gain is real, and the cooldown
 elapsed. When the doubt alone blocks a promising move it explores one K step towards it instead,
 which turns the doubt into a measurement. Going back to the K it just left needs twice the gain.
+
+A K whose canary was rolled back on the pool's current revision (status.speculation.rejectedKs) is not
+proposed again until the evidence says otherwise: the tuner, from acceptance and step times measured since,
+predicts for it a gain at least REJECTED_MARGIN above the gain it predicted when the canary failed, with
+confidence CONFIDENT. Until then it is neither a target nor an exploration step.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -26,6 +31,8 @@ from specdec_operator.tuner.estimator import AcceptanceEstimate, Interval
 CONFIDENT = 0.9
 # Going back to the K a pool just left needs this multiple of min_gain (hysteresis against flapping).
 RETURN_GAIN_FACTOR = 2.0
+# A K rolled back by its canary comes back only with a predicted gain this much above the failed prediction.
+REJECTED_MARGIN = 0.05
 
 Action = Literal["Hold", "Change", "Explore"]
 
@@ -45,6 +52,8 @@ class PoolEvidence:
     rolling: bool = False  # its pods are still being replaced
     # Ks in bounds that vLLM starts this pool's drafter with (decisions.legal_k); None: every K in bounds.
     legal_ks: tuple[int, ...] | None = None
+    # Ks rolled back by their canary on this pool's revision -> the gain the tuner predicted for them then.
+    rejected: Mapping[int, float] = field(default_factory=dict)
 
     def allowed_ks(self, speculation: Speculation) -> tuple[int, ...]:
         if self.legal_ks is not None:
@@ -148,6 +157,8 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
         return _Verdicts(pool, now, (), bounded).give("Change", reason, bounded, confidence=1.0)
     candidates = _candidates(pool, speculation)
     current = next((c for c in candidates if c.k == k), None)
+    blocked = _still_rejected(pool, candidates, current, autotune.objective, autotune.tpot_target_ms)
+    candidates = tuple(c for c in candidates if c.k not in blocked)
     best = _best(candidates, autotune.objective, autotune.tpot_target_ms)
     verdicts = _Verdicts(pool, now, candidates, best.k if best else None)
     cooldown_left = 0.0 if last_change_at is None else max(0.0, last_change_at + autotune.cooldown_seconds - now)
@@ -163,9 +174,13 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
         reason = f"no acceptance measured at any K; {_describe(current, pool)}"
         if cooldown_left > 0:
             return verdicts.give("Hold", f"cooldown {cooldown_left:.0f}s left: {reason}")
+        if 1 in blocked:
+            return verdicts.give("Hold", f"K=1 rolled back by canary on this revision: {reason}")
         return verdicts.give("Explore", f"exploring K=1: {reason}", 1)
     if best is None or best.k == k:
-        return verdicts.give("Hold", f"K={k} is best: {_describe(current, pool)}")
+        listed = ", ".join(map(str, sorted(blocked)))
+        rejected = f"; K={listed} rolled back by canary on this revision" if blocked else ""
+        return verdicts.give("Hold", f"K={k} is best: {_describe(current, pool)}{rejected}")
     gain = _gain(current, best, autotune.objective, autotune.tpot_target_ms)
     threshold = autotune.min_gain * (RETURN_GAIN_FACTOR if best.k == pool.previous_k else 1.0)
     confidence = _confidence(gain, current, best)
@@ -197,6 +212,28 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
         return verdicts.give("Hold", f"uncertain, and one step to K={step_k} is predicted {step_gain:+.1%}: {evidence}")
     reason = f"exploring K={step_k} (confidence {confidence:.2f} < {CONFIDENT}): {evidence}"
     return verdicts.give("Explore", reason, step_k, step_gain, _confidence(step_gain, current, step))
+
+
+def _still_rejected(
+    pool: PoolEvidence,
+    candidates: Sequence[Candidate],
+    current: Candidate | None,
+    objective: str,
+    tpot_target_ms: float | None,
+) -> set[int]:
+    """Rejected Ks the evidence has not overturned: without a prediction for a K now, or with one that is
+    not REJECTED_MARGIN above the failed one at confidence CONFIDENT, the K stays off the table."""
+    blocked = set()
+    by_k = {c.k: c for c in candidates}
+    for k, failed_gain in pool.rejected.items():
+        candidate = by_k.get(k)
+        if candidate is None or current is None or k == pool.current_k:
+            blocked.add(k)
+            continue
+        gain = _gain(current, candidate, objective, tpot_target_ms)
+        if gain < failed_gain + REJECTED_MARGIN or _confidence(gain, current, candidate) < CONFIDENT:
+            blocked.add(k)
+    return blocked - {pool.current_k}
 
 
 def _candidates(pool: PoolEvidence, speculation: Speculation) -> tuple[Candidate, ...]:

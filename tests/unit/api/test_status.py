@@ -26,7 +26,7 @@ def test_empty_status_defaults() -> None:
         "observedGeneration": 0,
         "conditions": [],
         "pools": [],
-        "speculation": {"pools": []},
+        "speculation": {"pools": [], "rejectedKs": []},
         "summary": {"drafter": "", "effectiveK": "", "acceptance": "", "pools": 0, "canary": ""},
         "replicas": 0,
         "selector": "",

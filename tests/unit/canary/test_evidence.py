@@ -46,18 +46,18 @@ def simulated_windows(stable_profile: str, canary_profile: str, seconds: float =
 
 def simulated_verdict(stable_profile: str, canary_profile: str, **limits: float) -> Verdict:
     windows = simulated_windows(stable_profile, canary_profile)
-    thresholds = CanaryAnalysis(**{"min_drafts": 200, **limits})
+    thresholds = CanaryAnalysis(**{"min_drafts": 200, "min_requests": 20, **limits})
     return analyse(windows.stats("canary", 3, 1), windows.stats("stable", 3, 1), thresholds)
 
 
 def test_a_canary_with_1_5x_the_step_time_fails_on_tpot_alone() -> None:
     # Loose on speed, so only the latency gate can catch it.
     verdict = simulated_verdict("e2e-tpot-stable", "e2e-tpot-slow", min_tokens_per_second_ratio=0.5)
-    assert (verdict.outcome, verdict.reason) == ("Fail", "ThresholdsMissed"), verdict.message
-    failed = [item for item in verdict.comparisons if not item.passed]
+    assert (verdict.outcome, verdict.reason) == ("Fail", "TPOTExceeded"), verdict.message
+    failed = [item for item in verdict.comparisons if item.failed]
     assert [item.metric for item in failed] == ["TPOT p90"]
     assert failed[0].ratio == pytest.approx(1.5, abs=0.1)
-    assert verdict.message.startswith("TPOT p90 72.5 ms vs stable 47.5 ms (ratio 1.53 > 1.15)")
+    assert verdict.message.startswith("TPOT p90 72.5 ms vs stable 47.5 ms (ratio 1.53 > 1.15, p=")
 
 
 def test_a_canary_failing_5_percent_of_requests_fails_on_the_error_rate() -> None:
@@ -73,7 +73,9 @@ def test_a_canary_failing_5_percent_of_requests_fails_on_the_error_rate() -> Non
 def test_healthy_simulated_canary_passes_every_gate() -> None:
     verdict = simulated_verdict("quick", "quick")
     assert verdict.outcome == "Pass", verdict.message
-    assert [item.metric for item in verdict.comparisons] == ["accepted length", "tokens/s per GPU", "TPOT p90"]
+    assert [item.metric for item in verdict.comparisons] == [
+        "acceptance at position 1", "acceptance at position 2", "acceptance at position 3", "goodput per sequence",
+        "TPOT p90"]
 
 
 def test_the_api_servers_5xx_count_when_they_show_more_errors_than_the_engine() -> None:

@@ -1,0 +1,156 @@
+"""Issue 21's analysis defects, each reproduced through the production path (counter deltas -> canary
+windows -> verdict): offered load must not decide a verdict, a handful of requests must not, and a K change
+is judged on what K changes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from specdec_operator.api.spec import CanaryAnalysis
+from specdec_operator.api.status import CanaryStatus, TuningDecision
+from specdec_operator.canary.analysis import Buckets, Verdict
+from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts
+from specdec_operator.tuner.samples import RequestCounters
+from specdec_operator.tuner.window import WindowDelta
+from tests.unit.canary.canaryfactories import buckets, canary_status
+
+SECONDS = 120.0
+OUTPUT_TOKENS = 128
+
+
+def spread(centre_s: float, requests: int) -> list[float]:
+    """Per-request TPOTs log-evenly spread over x0.7..x1.4 around `centre_s`, as mixed prompts give."""
+    if requests == 1:
+        return [centre_s]
+    return [centre_s * math.exp(math.log(0.7) + math.log(2.0) * i / (requests - 1)) for i in range(requests)]
+
+
+def delta(
+    *,
+    pods: int,
+    batch: float,
+    k: int = 4,
+    positions: Sequence[float] = (0.8, 0.6, 0.45, 0.3),
+    step_s: float = 0.040,
+    tpot: Buckets | None = None,
+    requests: float | None = None,
+) -> WindowDelta:
+    """What `pods` vLLM pods at a mean running batch of `batch` add to their counters in 120 s."""
+    drafts = SECONDS / step_s * batch * pods
+    accepted = tuple(drafts * rate for rate in positions[:k])
+    generated = drafts + sum(accepted)
+    finished = generated / OUTPUT_TOKENS if requests is None else requests
+    mean_tpot = step_s * drafts / generated
+    return WindowDelta(
+        drafts=drafts if k else 0.0,
+        draft_tokens=drafts * k,
+        accepted=sum(accepted),
+        accepted_per_position=accepted,
+        generation_tokens=generated,
+        pod_seconds=SECONDS * pods,
+        itl_sum=drafts * step_s,
+        itl_count=drafts,
+        tpot_buckets=tpot if tpot is not None else buckets(spread(mean_tpot, round(finished))),
+        requests=RequestCounters(finished=finished),
+    )
+
+
+def verdict_of(
+    canary: WindowDelta,
+    stable: WindowDelta,
+    status: CanaryStatus | None = None,
+    *,
+    canary_k: int = 4,
+    stable_k: int = 4,
+    decision: TuningDecision | None = None,
+) -> Verdict:
+    windows = CanaryWindows()
+    status = status or canary_status()
+    windows.follow(status, 0.0)
+    windows.deltas = {status.canary_revision: canary, status.stable_revision: stable}
+    windows.ks = {status.canary_revision: canary_k, status.stable_revision: stable_k}
+    extra = {"last_decision": decision} if decision is not None else {}
+    verdicts = canary_verdicts(windows, status, CanaryAnalysis(), 1, 4, **extra)
+    verdict = verdicts[status.canary_revision]
+    assert verdict is not None
+    return verdict
+
+
+def test_a_healthy_canary_given_a_fifth_of_a_stable_pods_load_is_not_failed_for_it() -> None:
+    # examples/canary-httproute.yaml's first step on 2 replicas: the canary pod gets ~0.22 of a stable pod's load.
+    stable = delta(pods=2, batch=8.0)
+    canary = delta(pods=1, batch=8.0 * 0.22)
+    verdict = verdict_of(canary, stable)
+    assert verdict.outcome == "Pass", verdict.message
+    assert "load 1.8 vs 8.0 running requests per pod" in verdict.message
+    assert "(follows load; not gated)" in verdict.message
+
+
+def test_a_tpot_p90_on_three_requests_is_no_verdict() -> None:
+    # One of three canary requests in the next bucket gave a p90 ratio of 1.35 and an immediate rollback.
+    stable = delta(pods=1, batch=8.0, tpot=buckets(spread(0.020, 200)), requests=200.0)
+    canary = delta(pods=1, batch=8.0, tpot=buckets([0.020, 0.020, 0.030]), requests=3.0)
+    verdict = verdict_of(canary, stable)
+    assert (verdict.outcome, verdict.reason) == ("Inconclusive", "InsufficientSamples"), verdict.message
+    assert "3 canary and 200 stable requests" in verdict.message
+    assert (verdict.canary_requests, verdict.stable_requests) == (3, 200)
+
+
+def test_a_k_change_that_loses_acceptance_per_position_fails_on_it() -> None:
+    # K 2 -> 4 with a drafter whose acceptance fell by 30% on the positions both sides draft; the step time
+    # is such that speed and TPOT alone look the same.
+    stable = delta(pods=1, batch=8.0, k=2, positions=(0.8, 0.6))
+    canary_positions = (0.56, 0.42, 0.6, 0.6)
+    canary_length = 1 + sum(canary_positions)
+    stable_length = 1 + 0.8 + 0.6
+    canary = delta(pods=1, batch=8.0, k=4, positions=canary_positions, step_s=0.040 * canary_length / stable_length)
+    verdict = verdict_of(canary, stable, canary_status(canary_k=4), canary_k=4, stable_k=2)
+    assert (verdict.outcome, verdict.reason) == ("Fail", "AcceptanceDropped"), verdict.message
+    assert verdict.message.startswith("acceptance at position 1 0.56 vs stable 0.80 (ratio 0.70 < 0.90, p=")
+    assert "acceptance at position 3" not in verdict.message  # the stable never drafts it
+    assert verdict.canary_requests > 0 and verdict.stable_requests > 0
+
+
+def test_a_k_change_must_deliver_the_goodput_the_tuner_predicted() -> None:
+    decision = TuningDecision(id="d1", time="2026-11-30T11:00:00Z", pool="llama-gfx942", from_k=2, to_k=4,
+                              action="Change", reason="r", predicted_gain=0.25, confidence=0.95)
+    stable = delta(pods=1, batch=8.0, k=2, positions=(0.8, 0.6))
+    # Same acceptance where both draft, longer drafts accepted less, and a step that ate the gain: +0%.
+    positions = (0.8, 0.6, 0.2, 0.1)
+    slower = 0.040 * (1 + sum(positions)) / 2.4
+    canary = delta(pods=1, batch=8.0, k=4, positions=positions, step_s=slower)
+    status = canary_status(canary_k=4)
+    verdict = verdict_of(canary, stable, status, canary_k=4, stable_k=2, decision=decision)
+    assert (verdict.outcome, verdict.reason) == ("Fail", "GoodputBelowExpected"), verdict.message
+    assert "goodput per sequence (tuner predicted 1.25x)" in verdict.message
+    # The same canary judged as a spec change (no decision) passes: +0% is what nobody predicted otherwise.
+    assert verdict_of(canary, stable, status, canary_k=4, stable_k=2).outcome == "Pass"
+
+
+def test_a_one_replica_pool_canaried_in_place_reaches_a_verdict() -> None:
+    # The canary took the pool's only replica: the stable revision serves nothing in the step.
+    status = canary_status()
+    windows = CanaryWindows()
+    windows.follow(status, 0.0)
+    windows.deltas = {status.canary_revision: delta(pods=1, batch=8.0)}
+    windows.ks = {status.canary_revision: 4}
+    verdict = canary_verdicts(windows, status, CanaryAnalysis(), 1, 4, stable_serving=False)[status.canary_revision]
+    assert verdict is not None
+    assert (verdict.outcome, verdict.reason) == ("Pass", "NoBaselineHealthy"), verdict.message
+    assert "one-replica pool replaced in place" in verdict.message
+    # With errors it still fails: what needs no baseline is still judged.
+    erroring = delta(pods=1, batch=8.0)
+    erroring = WindowDelta(**{**erroring.__dict__, "requests": RequestCounters(finished=190.0, errored=10.0)})
+    windows.deltas = {status.canary_revision: erroring}
+    failed = canary_verdicts(windows, status, CanaryAnalysis(), 1, 4, stable_serving=False)[status.canary_revision]
+    assert failed is not None and (failed.outcome, failed.reason) == ("Fail", "ErrorRateExceeded")
+
+
+def test_without_per_position_counters_a_k_change_is_judged_on_goodput_not_held_forever() -> None:
+    stable = delta(pods=1, batch=8.0, k=2, positions=(0.8, 0.6))
+    canary = delta(pods=1, batch=8.0, k=4)
+    bare = [WindowDelta(**{**side.__dict__, "accepted_per_position": ()}) for side in (canary, stable)]
+    verdict = verdict_of(bare[0], bare[1], canary_status(canary_k=4), canary_k=4, stable_k=2)
+    assert verdict.outcome == "Pass", verdict.message
+    assert "acceptance at position" not in verdict.message
