@@ -132,14 +132,14 @@ def test_an_empty_name_is_refused_naming_the_field(field: str, overrides: dict[s
     assert message.startswith(f"{field} ") and " must be " in message, message
 
 
-# huggingface_hub.utils.validate_repo_id's verdicts (checked against huggingface_hub 0.36 in vLLM's venv).
+# huggingface_hub.utils.validate_repo_id's verdicts (huggingface_hub 2.4.0, in vLLM 0.33's venv).
 HF_REPO_IDS_VALID = [
     "gpt2", "meta-llama/Llama-3.1-8B-Instruct", "deepseek-ai/DeepSeek-V3", "Qwen/Qwen3-0.6B", "a", "_a_/b_",
     "org/m.v1-2_b", "a-.b", "x/" + "n" * 96, "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3",
 ]
 HF_REPO_IDS_INVALID = [
     "", "a/b/c", "-a", "a-", ".a", "a.", "a--b", "a..b", "org/model.git", "x/" + "n" * 97, "org/", "/",
-    "org//m", "a b", "org/mod el", "org/m:1",
+    "org//m", "a b", "org/mod el", "org/m:1", "o" * 97 + "/m",
 ]
 ABSOLUTE_PATHS_VALID = [
     "/models/llama", "/models/.cache/m", "/a", "/root/.cache/huggingface/hub/models--org--m/snapshots/1",
