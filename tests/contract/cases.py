@@ -235,6 +235,7 @@ def startup_argvs(models: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("unknown-method", base, {"method": "medusa", "model": eagle3, "num_speculative_tokens": 3}),
         ("k-zero", base, {"method": "eagle3", "model": eagle3, "num_speculative_tokens": 0}),
         ("k-not-an-integer", base, {"method": "ngram", "num_speculative_tokens": "three"}),
+        ("k-as-a-string", base, {"method": "ngram", "num_speculative_tokens": "3"}),
         ("lookup-min-zero", base, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 0}),
         ("lookup-max-only", base, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}),
         ("ngram-without-k", base, {"method": "ngram"}),

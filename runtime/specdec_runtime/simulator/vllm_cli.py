@@ -145,20 +145,36 @@ def _literal_message(values: tuple[str, ...]) -> str:
     return f"Input should be {', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
+def _lax_int(value: Any) -> int | str:
+    """pydantic's lax int: the integer, or the message it refuses the value with."""
+    if isinstance(value, int):  # bool included, as in pydantic's lax mode
+        return int(value)
+    if isinstance(value, float):
+        fractional = "Input should be a valid integer, got a number with a fractional part"
+        return int(value) if value.is_integer() else fractional
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return "Input should be a valid integer, unable to parse string as an integer"
+    return "Input should be a valid integer"
+
+
 def _field_refusal(config: dict[str, Any]) -> StartupRefusal | None:
-    """pydantic's field validation of SpeculativeConfig, before its __post_init__: the first error's text."""
-    unknown = sorted(set(config) - VLLM_SPECULATIVE_CONFIG_KEYS)
-    if unknown:
-        return _config_error("Extra inputs are not permitted")
+    """pydantic's field validation of SpeculativeConfig, before its __post_init__: the first error's text.
+    Integer fields are coerced in place as pydantic's lax mode does ("3" and 3.0 read as 3)."""
+    if set(config) - VLLM_SPECULATIVE_CONFIG_KEYS:
+        return _config_error("Unexpected keyword argument")  # a pydantic dataclass takes no extra kwargs
     for key, values in _LITERALS.items():
         if key in config and config[key] is not None and config[key] not in values:
             return _config_error(_literal_message(values))
     for key in (*_GREATER_THAN_0, *_AT_LEAST_1):
-        value = config.get(key)
-        if value is None:
+        if config.get(key) is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            return _config_error("Input should be a valid integer")
+        value = _lax_int(config[key])
+        if isinstance(value, str):
+            return _config_error(value)
+        config[key] = value
         if key in _GREATER_THAN_0 and value <= 0:
             return _config_error("Input should be greater than 0")
         if key in _AT_LEAST_1 and value < 1:

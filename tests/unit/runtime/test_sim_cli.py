@@ -78,7 +78,9 @@ def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 # each against vLLM itself.
 START_UP_REFUSALS: list[tuple[dict[str, object], int, str]] = [
     ({"method": "eagle", "num_speculative_tokens": 3, "speculative_model": "x"}, 1,
-     "ValidationError: Extra inputs are not permitted"),
+     "ValidationError: Unexpected keyword argument"),
+    ({"method": "ngram", "num_speculative_tokens": "three"}, 1,
+     "ValidationError: Input should be a valid integer, unable to parse string as an integer"),
     ({"method": "medusa", "model": "org/m", "num_speculative_tokens": 3}, 1,
      "ValidationError: Input should be 'ngram', 'draft_model', 'suffix'"),
     ({"method": "eagle3", "model": "org/m", "num_speculative_tokens": 0}, 1,
@@ -129,6 +131,12 @@ def test_a_config_vllm_refuses_at_start_up_exits_1_with_vllms_message(
     config: dict[str, object], tp: int, line: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert refusal(["m", "-tp", str(tp), *spec_config(**config)], capsys).startswith(line)
+
+
+def test_integers_are_read_as_pydantic_reads_them() -> None:
+    argv = ["serve", "m", "--profile", "p.yaml", *spec_config(method="ngram", num_speculative_tokens="3")]
+    speculation = parse_serve_args(argv).speculation()
+    assert speculation is not None and speculation.num_speculative_tokens == 3
 
 
 def test_the_method_list_in_the_refusal_is_vllms(capsys: pytest.CaptureFixture[str]) -> None:
