@@ -266,7 +266,7 @@ def resolve_speculative_config(
             Speculation(k, tuple((int(s), int(e), int(n)) for s, e, n in table))
         except (TypeError, ValueError) as err:
             raise _config_error(f"num_speculative_tokens_per_batch_size: {err}") from err
-    return {**config, "num_speculative_tokens": k} if config.get("num_speculative_tokens") != k else config
+    return {**config, "num_speculative_tokens": k}
 
 
 def _checkpoint_refusal_or_k(
