@@ -220,6 +220,66 @@ def refusal_argvs(models: dict[str, str]) -> list[list[str]]:
     return out
 
 
+def startup_argvs(models: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """Speculative configs a user could hand vLLM (through the simulator, or a config the operator would
+    render with another rule): each rule of vLLM 0.33's SpeculativeConfig and of the speculator the ROCm
+    runner builds, broken once, beside neighbours that start. The simulator must start iff vLLM starts, and
+    refuse with vLLM's exception class and message."""
+    base = base_case(models)
+    eagle3 = models[DRAFTER_DIRS["eagle3"]]
+    mtp = base_case(models, "mtp", 2)
+    layer_ids = {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1]}}
+    configs: list[tuple[str, list[str], dict[str, Any]]] = [
+        ("unknown-key", base, {"method": "eagle3", "model": eagle3, "num_speculative_tokens": 3,
+                               "speculative_model": eagle3}),
+        ("unknown-method", base, {"method": "medusa", "model": eagle3, "num_speculative_tokens": 3}),
+        ("k-zero", base, {"method": "eagle3", "model": eagle3, "num_speculative_tokens": 0}),
+        ("k-not-an-integer", base, {"method": "ngram", "num_speculative_tokens": "three"}),
+        ("k-as-a-string", base, {"method": "ngram", "num_speculative_tokens": "3"}),
+        ("lookup-min-zero", base, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 0}),
+        ("lookup-max-only", base, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}),
+        ("ngram-without-k", base, {"method": "ngram"}),
+        ("k-without-method-or-model", base, {"num_speculative_tokens": 3}),
+        ("custom-class-without-model", base, {"method": "custom_class", "num_speculative_tokens": 3}),
+        ("custom-class-inferred", base, {"model": models["custom-proposer"], "num_speculative_tokens": 2}),
+        ("suffix", base, {"method": "suffix", "num_speculative_tokens": 3}),
+        ("draft-tp-not-1-or-target", base, {"method": "eagle3", "model": eagle3, "num_speculative_tokens": 3,
+                                            "draft_tensor_parallel_size": 2}),
+        ("tensor-parallel-size-key", base, {"method": "ngram", "num_speculative_tokens": 3,
+                                            "tensor_parallel_size": 1}),
+        ("lm-head-quantization-on-ngram", base, {"method": "ngram", "num_speculative_tokens": 3,
+                                                 "draft_lm_head_quantization": "fp8"}),
+        ("synthetic-length-without-synthetic", base, {"method": "ngram", "num_speculative_tokens": 3,
+                                                      "synthetic_acceptance_length": 2.0}),
+        ("synthetic-rates-increasing", base, {"method": "ngram", "num_speculative_tokens": 2,
+                                              "rejection_sample_method": "synthetic",
+                                              "synthetic_acceptance_rates": [0.5, 0.6]}),
+        ("synthetic-rates-wrong-length", base, {"method": "ngram", "num_speculative_tokens": 3,
+                                                "rejection_sample_method": "synthetic",
+                                                "synthetic_acceptance_rates": [0.5]}),
+        ("synthetic-ok", base, {"method": "ngram", "num_speculative_tokens": 3,
+                                "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}),
+        ("fly-k1", base, {"method": "ngram", "num_speculative_tokens": 1, "rejection_sample_method": "fly"}),
+        ("fly-window-too-wide", base, {"method": "ngram", "num_speculative_tokens": 3,
+                                       "rejection_sample_method": "fly", "fly_window_size": 3}),
+        ("fly-ok", base, {"method": "ngram", "num_speculative_tokens": 3, "rejection_sample_method": "fly"}),
+        ("heterogeneous-vocab-on-eagle3", base, {"method": "eagle3", "model": eagle3, "num_speculative_tokens": 3,
+                                                 "use_heterogeneous_vocab": True}),
+        ("index-share-on-ngram", base, {"method": "ngram", "num_speculative_tokens": 3,
+                                        "index_share_for_mtp_iteration": True}),
+        ("adaptive-verification-with-local-argmax", base, {"method": "ngram", "num_speculative_tokens": 3,
+                                                           "enable_adaptive_verification": True,
+                                                           "use_local_argmax_reduction": True}),
+        ("legacy-mtp-name", mtp, {"method": "deepseek_mtp", "num_speculative_tokens": 2}),
+        ("extract-without-k", base, {"method": "extract_hidden_states"}),
+        ("extract-probabilistic", base, {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                         "draft_sample_method": "probabilistic", "draft_model_config": layer_ids}),
+        ("extract-padded-batch-off", base, {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                            "disable_padded_drafter_batch": True, "draft_model_config": layer_ids}),
+    ]
+    return [(case_id, with_speculative(argv, **config)) for case_id, argv, config in configs]
+
+
 def mtp_k_argvs(models: dict[str, str]) -> list[tuple[int, int, list[str]]]:
     out = []
     for layers, k, args in mtp_k_cases():

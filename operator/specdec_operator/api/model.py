@@ -7,7 +7,14 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from specdec_operator.api.base import ApiModel, cel
-from specdec_operator.api.kubeformats import CONFIG_KEY, DNS1123_SUBDOMAIN, formatted
+from specdec_operator.api.kubeformats import (
+    CONFIG_KEY,
+    DNS1123_SUBDOMAIN,
+    MODEL_REFERENCE,
+    RELATIVE_PATH,
+    SERVED_MODEL_NAME,
+    formatted,
+)
 
 
 class SecretKeyRef(ApiModel):
@@ -39,7 +46,9 @@ class WeightsSource(ApiModel):
     pvc_name: Annotated[str, *formatted(DNS1123_SUBDOMAIN, "spec.model.source.pvcName")] | None = Field(
         default=None, description="PersistentVolumeClaim that holds the weights; mounted read-only at /models."
     )
-    path: str | None = Field(default=None, description="Path of the weights inside the PVC (defaults to model.name).")
+    path: Annotated[str, *formatted(RELATIVE_PATH, "spec.model.source.path")] | None = Field(
+        default=None, description="Path of the weights inside the PVC (defaults to model.name)."
+    )
     hub_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret with a Hugging Face token, exported to the runtime as HF_TOKEN."
     )
@@ -54,8 +63,12 @@ class WeightsSource(ApiModel):
 class TargetModel(ApiModel):
     """The model that verifies drafts and produces the output."""
 
-    name: str = Field(description="Hugging Face id or path of the target model, e.g. meta-llama/Llama-3.1-70B.")
-    served_name: str | None = Field(
+    name: Annotated[str, *formatted(MODEL_REFERENCE, "spec.model.name")] = Field(
+        description="Hugging Face repo id of the target model, e.g. meta-llama/Llama-3.1-70B, or the absolute "
+        "path of its directory in the image or a volume. With source.pvcName and no source.path it is also the "
+        "path inside the claim."
+    )
+    served_name: Annotated[str, *formatted(SERVED_MODEL_NAME, "spec.model.servedName")] | None = Field(
         default=None, description="Name clients use in requests (--served-model-name); defaults to the resource name."
     )
     tensor_parallel_size: Literal[1, 2, 4, 8] = Field(

@@ -120,9 +120,8 @@ class EnvVar(ApiModel):
         }
     )
 
-    name: Annotated[str, *formatted(ENV_VAR_NAME, "spec.runtime.env[].name")] = Field(
-        min_length=1, description="Variable name."
-    )
+    # No minLength: the format refuses an empty name with the message that names the field.
+    name: Annotated[str, *formatted(ENV_VAR_NAME, "spec.runtime.env[].name")] = Field(description="Variable name.")
     value: str = Field(default="", max_length=32768, description="Variable value.")
     value_from: EnvVarSource | None = Field(default=None, description="Take the value from a Secret or ConfigMap.")
 

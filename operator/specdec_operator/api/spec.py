@@ -13,6 +13,9 @@ from specdec_operator.api.kubeformats import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
     IMAGE_REFERENCE,
+    MODEL_REFERENCE,
+    SIMULATOR_PROFILE,
+    format_message,
     formatted,
 )
 from specdec_operator.api.model import SecretKeyRef as SecretKeyRef
@@ -57,6 +60,7 @@ _CUSTOM_CLASS_PATH = (
     "spec.drafters[].model must be the dotted import path of a proposer class (e.g. my_module.MyProposer) "
     "for method custom_class"
 )
+_DRAFTER_MODEL = format_message(MODEL_REFERENCE, "spec.drafters[].model")
 
 
 class Drafter(ApiModel):
@@ -91,6 +95,10 @@ class Drafter(ApiModel):
                     f"self.method != 'custom_class' || !has(self.model) || self.model.matches('{_IMPORT_PATH}')",
                     _CUSTOM_CLASS_PATH,
                 ),
+                cel(
+                    f"self.method == 'custom_class' || !has(self.model) || ({MODEL_REFERENCE.cel('self.model')})",
+                    _DRAFTER_MODEL,
+                ),
             ]
         }
     )
@@ -98,8 +106,9 @@ class Drafter(ApiModel):
     method: SpeculativeMethod = Field(description="vLLM 0.33 speculative method.")
     model: str | None = Field(
         default=None,
-        max_length=512,  # bounds the cost of the custom_class CEL rule
-        description="Drafter checkpoint (HF id or path), or for custom_class the proposer's import path.",
+        max_length=512,  # bounds the cost of the CEL rules on it
+        description="Drafter checkpoint (Hugging Face repo id or absolute path), or for custom_class the "
+        "proposer's import path.",
     )
     draft_tensor_parallel_size: Literal[1, 2, 4, 8] | None = Field(
         default=None, description="Drafter TP: 1, or the target's TP (vLLM's draft_tensor_parallel_size)."
@@ -127,12 +136,14 @@ class Drafter(ApiModel):
             raise ValueError(_MTP_NEEDS_LAYERS)
         if self.method != "mtp" and self.mtp_layers is not None:
             raise ValueError(_MTP_LAYERS_ONLY_MTP)
-        if self.method == "custom_class" and self.model and not re.match(_IMPORT_PATH, self.model):
+        if self.method == "custom_class" and self.model is not None and not re.fullmatch(_IMPORT_PATH, self.model):
             raise ValueError(_CUSTOM_CLASS_PATH)
-        if self.method in METHODS_REQUIRING_MODEL and not self.model:
+        if self.method in METHODS_REQUIRING_MODEL and self.model is None:
             raise ValueError(f"spec.drafters[].model is required for method {self.method}")
-        if self.method in METHODS_WITHOUT_MODEL and self.model:
+        if self.method in METHODS_WITHOUT_MODEL and self.model is not None:
             raise ValueError(f"spec.drafters[].model must not be set for method {self.method}")
+        if self.method != "custom_class" and self.model is not None and not MODEL_REFERENCE.valid(self.model):
+            raise ValueError(_DRAFTER_MODEL)
         if (
             self.prompt_lookup_min is not None
             and self.prompt_lookup_max is not None
@@ -274,9 +285,8 @@ class Runtime(ApiModel):
     simulate: bool = Field(
         default=False, description="Run the CPU-only vLLM simulator instead of vLLM (staging rehearsals)."
     )
-    simulator_profile: str | None = Field(
+    simulator_profile: Annotated[str, *formatted(SIMULATOR_PROFILE, "spec.runtime.simulatorProfile")] | None = Field(
         default=None,
-        max_length=253,
         description="Simulator profile name (simulate only): sets acceptance, step times and load.",
     )
     pod: PodOverlay = Field(

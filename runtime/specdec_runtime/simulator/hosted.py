@@ -15,7 +15,7 @@ from aiohttp import web
 
 from specdec_runtime.simulator.profile import Profile, load_profile
 from specdec_runtime.simulator.server import HTTP_KEEP_ALIVE_S, Simulator, build_app
-from specdec_runtime.simulator.vllm_cli import ServeOptions, parse_serve_args
+from specdec_runtime.simulator.vllm_cli import ServeOptions, StartupRefusal, check_serve_args
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,10 @@ class ProfileCache:
 def parse_options(argv: list[str]) -> ServeOptions:
     """`serve MODEL ... --profile FILE` as the simulator's own command line takes it."""
     try:
-        return parse_serve_args(argv)
+        return check_serve_args(argv)
+    except StartupRefusal as refusal:
+        # What the simulator's process prints last before it exits 1, as vLLM's would.
+        raise HostError(refusal.line()) from None
     except SystemExit as exit_:
         raise HostError(f"bad simulator arguments (argparse exit {exit_.code})") from None
 

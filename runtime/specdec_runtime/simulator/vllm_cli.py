@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +48,61 @@ SPEC_ALIASES: tuple[tuple[str, str], ...] = (
 )
 # config.json keys that declare a checkpoint's MTP layers, read the way vLLM reads them for method mtp.
 MTP_LAYER_KEYS: tuple[str, ...] = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
+# Legacy per-architecture MTP names vLLM 0.33 accepts and rewrites to "mtp" (MTPModelTypes).
+MTP_ALIASES: tuple[str, ...] = (
+    "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp", "glm_ocr_mtp",
+    "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp", "exaone4_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp",
+    "qwen3_5_mtp", "longcat_flash_mtp", "bailing_hybrid_v3_mtp", "minimax_m3_mtp", "bailing_hybrid_mtp", "mtp",
+    "kimi_k3_mtp", "pangu_ultra_moe_mtp", "step3p5_mtp", "step5_mtp", "hy_v3_mtp", "hy_v4_mtp", "gemma4_mtp",
+    "inkling_mtp", "glm5_next_mtp",
+)
+# SpeculativeConfig.method, in the order vLLM's Literal expands (pydantic lists them in this order).
+VLLM_METHODS: tuple[str, ...] = (
+    "ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3", "extract_hidden_states", *MTP_ALIASES,
+    "dflash", "ngram_gpu", "dspark",
+)
+# Methods that load a drafter checkpoint (`model`, or the target's own weights for mtp and dspark).
+METHODS_WITH_CHECKPOINT = frozenset({"draft_model", "eagle", "eagle3", "dflash", "dspark", "mtp"})
 # Methods whose drafter is a separate checkpoint: vLLM refuses them without `model`.
 METHODS_NEEDING_MODEL = frozenset({"draft_model", "eagle", "eagle3", "dflash", "custom_class"})
+# Fields with a lower bound (pydantic's Field(gt=..) / Field(ge=..)) and closed vocabularies.
+_GREATER_THAN_0 = ("num_speculative_tokens",)
+_AT_LEAST_1 = ("draft_tensor_parallel_size", "max_model_len", "prompt_lookup_max", "prompt_lookup_min")
+_LITERALS: dict[str, tuple[str, ...]] = {
+    "method": VLLM_METHODS,
+    "rejection_sample_method": ("standard", "synthetic", "block", "fly"),
+    "draft_sample_method": ("greedy", "probabilistic"),
+    "draft_lm_head_quantization": ("fp8", "nvfp4"),
+}
+
+EXIT_PARSE_ERROR = 2  # argparse's status, as `vllm serve` exits on a command line it cannot parse
+EXIT_STARTUP_REFUSED = 1  # Python's status for the uncaught exception vLLM dies of at start-up
 
 
 class SpeculativeConfigError(ValueError):
     pass
+
+
+class StartupRefusal(Exception):
+    """What vLLM 0.33 raises when it refuses a config at start-up: its exception class name and its message.
+
+    The simulator prints `line()` as the last line on stderr and exits EXIT_STARTUP_REFUSED, as vLLM's
+    traceback ends with that line; ValueErrors raised inside vLLM's pydantic configs surface as
+    `ValidationError` with the ValueError's message (pydantic's "Value error, " prefix left out).
+    """
+
+    def __init__(self, error: str, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+
+    def line(self) -> str:
+        return f"{self.error}: {self.message}"
+
+
+def _config_error(message: str) -> StartupRefusal:
+    """A ValueError raised inside SpeculativeConfig: pydantic wraps it in a ValidationError."""
+    return StartupRefusal("ValidationError", message)
 
 
 @dataclass(frozen=True)
@@ -80,74 +130,239 @@ class ServeOptions:
 
 
 def check_speculative_config(text: str) -> dict[str, Any]:
-    """Parse --speculative-config JSON as vLLM would: a JSON object with only SpeculativeConfig keys."""
+    """Parse --speculative-config JSON as vLLM's argument parser does: a JSON object, else a parse error."""
     try:
         config: Any = json.loads(text)
     except json.JSONDecodeError as err:
         raise SpeculativeConfigError(f"not valid JSON: {err}") from err
     if not isinstance(config, dict):
         raise SpeculativeConfigError("must be a JSON object")
-    unknown = sorted(set(config) - VLLM_SPECULATIVE_CONFIG_KEYS)
-    if unknown:
-        raise SpeculativeConfigError(f"extra inputs are not permitted: {', '.join(unknown)}")
-    k = config.get("num_speculative_tokens")
-    # vLLM can infer K from some MTP checkpoints; a simulator has no checkpoint, so K must be given.
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise SpeculativeConfigError("num_speculative_tokens must be an integer > 0")
+    return config
+
+
+def _literal_message(values: tuple[str, ...]) -> str:
+    quoted = [f"'{value}'" for value in values]
+    return f"Input should be {', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _lax_int(value: Any) -> int | str:
+    """pydantic's lax int: the integer, or the message it refuses the value with."""
+    if isinstance(value, int):  # bool included, as in pydantic's lax mode
+        return int(value)
+    if isinstance(value, float):
+        fractional = "Input should be a valid integer, got a number with a fractional part"
+        return int(value) if value.is_integer() else fractional
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return "Input should be a valid integer, unable to parse string as an integer"
+    return "Input should be a valid integer"
+
+
+def _field_refusal(config: dict[str, Any]) -> StartupRefusal | None:
+    """pydantic's field validation of SpeculativeConfig, before its __post_init__: the first error's text.
+    Integer fields are coerced in place as pydantic's lax mode does ("3" and 3.0 read as 3)."""
+    if set(config) - VLLM_SPECULATIVE_CONFIG_KEYS:
+        return _config_error("Unexpected keyword argument")  # a pydantic dataclass takes no extra kwargs
+    for key, values in _LITERALS.items():
+        if key in config and config[key] is not None and config[key] not in values:
+            return _config_error(_literal_message(values))
+    for key in (*_GREATER_THAN_0, *_AT_LEAST_1):
+        if config.get(key) is None:
+            continue
+        value = _lax_int(config[key])
+        if isinstance(value, str):
+            return _config_error(value)
+        config[key] = value
+        if key in _GREATER_THAN_0 and value <= 0:
+            return _config_error("Input should be greater than 0")
+        if key in _AT_LEAST_1 and value < 1:
+            return _config_error("Input should be greater than or equal to 1")
+    return None
+
+
+def _is_custom_proposer_path(model: object) -> bool:
+    """SpeculativeConfig._is_custom_proposer_path: a dotted import path such as pkg.MyProposer."""
+    if not isinstance(model, str) or model.startswith(("http://", "https://", "file://")) or "/" in model:
+        return False
+    parts = model.split(".")
+    return len(parts) >= 2 and all(part.isidentifier() for part in parts)
+
+
+def _synthetic_refusal(k: int, rates: Any, length: Any) -> StartupRefusal | None:
+    """SpeculativeConfig._resolve_synthetic_acceptance_rates."""
+    if (rates is None) == (length is None):
+        return _config_error(
+            "rejection_sample_method='synthetic' requires exactly one of "
+            "synthetic_acceptance_rates or synthetic_acceptance_length."
+        )
+    if rates is not None:
+        if len(rates) != k:
+            return _config_error(f"synthetic_acceptance_rates must have length {k}, got {rates}.")
+        if not all(0.0 <= r <= 1.0 for r in rates):
+            return _config_error(f"synthetic_acceptance_rates entries must be in [0, 1], got {rates}.")
+        if any(rates[i] > rates[i - 1] for i in range(1, k)):
+            return _config_error(f"synthetic_acceptance_rates must be non-increasing, got {rates}.")
+        return None
+    if not 1.0 <= length <= float(k + 1):
+        return _config_error(f"synthetic_acceptance_length must be in [1, {k + 1}], got {length}.")
+    return None
+
+
+def resolve_speculative_config(
+    config: dict[str, Any], model: str, tensor_parallel_size: int
+) -> dict[str, Any]:
+    """vLLM 0.33's SpeculativeConfig on the config, then the V2 model runner's proposer construction (what a
+    ROCm image, which ships Triton, starts): the config with method and K as vLLM resolves them, or the
+    StartupRefusal vLLM raises. Checks that need a checkpoint run only on a local target directory."""
+    # EngineArgs.create_speculative_config: '-' in keys reads as '_'.
+    config = {key.replace("-", "_"): value for key, value in config.items()}
+    refusal = _field_refusal(config)
+    if refusal is not None:
+        raise refusal
+    method, k, drafter = config.get("method"), config.get("num_speculative_tokens"), config.get("model")
+    if method is None:
+        method = "custom_class" if _is_custom_proposer_path(drafter) else (
+            "ngram" if drafter in ("ngram", "[ngram]") else "draft_model"
+        )
+    if method in MTP_ALIASES:
+        method = "mtp"
+    if drafter is None and k is not None:
+        if method == "custom_class":
+            raise _config_error(
+                "method='custom_class' requires 'model' to contain the custom proposer module path "
+                "(e.g., 'my_module.MyProposer')."
+            )
+        if method in METHODS_NEEDING_MODEL:
+            raise _config_error("num_speculative_tokens was provided but without speculative model.")
+    if method in ("ngram", "ngram_gpu"):
+        lookup_min, lookup_max = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+        lookup_min = lookup_max if lookup_min is None else lookup_min
+        lookup_max = lookup_min if lookup_max is None else lookup_max
+        if lookup_min is not None and lookup_max is not None and lookup_min > lookup_max:
+            raise _config_error(f"prompt_lookup_min={lookup_min} must be <= prompt_lookup_max={lookup_max}")
+    elif method == "suffix":
+        # Not wrapped by pydantic: an ImportError is no ValueError. vLLM's ROCm images lack the package.
+        raise StartupRefusal(
+            "ImportError",
+            "Arctic Inference is required for suffix decoding. Install via `pip install arctic-inference==0.1.1`.",
+        )
+    elif method in METHODS_WITH_CHECKPOINT:
+        k = _checkpoint_refusal_or_k(method, k, drafter, model, config, tensor_parallel_size)
+    if config.get("index_share_for_mtp_iteration") is not None and method != "mtp":
+        raise _config_error("index_share_for_mtp_iteration is only supported with method='mtp'")
+    if method != "dspark" and config.get("enable_adaptive_verification") and config.get("use_local_argmax_reduction"):
+        raise _config_error(
+            "Adaptive verification estimates per-position acceptance from the draft logits, which "
+            "use_local_argmax_reduction never materializes. Disable one of them."
+        )
+    k = _verify_args(config, method, k)
+    if method == "extract_hidden_states":
+        _extract_hidden_states_speculator(config, k)
     table = config.get("num_speculative_tokens_per_batch_size")
     if table is not None:
         try:
             Speculation(k, tuple((int(s), int(e), int(n)) for s, e, n in table))
         except (TypeError, ValueError) as err:
-            raise SpeculativeConfigError(f"num_speculative_tokens_per_batch_size: {err}") from err
-    return config
+            raise _config_error(f"num_speculative_tokens_per_batch_size: {err}") from err
+    return {**config, "num_speculative_tokens": k}
 
 
-def vllm_start_refusal(
-    model: str, speculative: dict[str, Any] | None, attention_backend: str | None, attention_config: dict[str, Any]
-) -> str | None:
-    """vLLM 0.33's start-up refusal for a config that parsed, or None. Only local target configs are read:
-    for a hub id the simulator cannot know the checkpoint's MTP layers and accepts mtp."""
-    if attention_backend is not None and attention_config.get("backend") is not None:
-        return "attention_backend and attention_config.backend are mutually exclusive"
-    if speculative is None:
-        return None
-    method, k = speculative.get("method"), speculative.get("num_speculative_tokens")
-    if method in METHODS_NEEDING_MODEL and speculative.get("model") is None:
-        if method == "custom_class":
-            return (
-                "method='custom_class' requires 'model' to contain the custom proposer module path "
-                "(e.g., 'my_module.MyProposer')."
-            )
-        return "num_speculative_tokens was provided but without speculative model."
-    lookup_min, lookup_max = speculative.get("prompt_lookup_min"), speculative.get("prompt_lookup_max")
-    if (
-        method in ("ngram", "ngram_gpu")
-        and isinstance(lookup_min, int)
-        and isinstance(lookup_max, int)
-        and lookup_min > lookup_max
-    ):
-        return f"prompt_lookup_min={lookup_min} must be <= prompt_lookup_max={lookup_max}"
+def _checkpoint_refusal_or_k(
+    method: str, k: int | None, drafter: Any, model: str, config: dict[str, Any], tensor_parallel_size: int
+) -> int | None:
+    """The part of __post_init__ that loads the drafter's (or for mtp the target's) config: K, or a refusal."""
     if method == "mtp":
-        target = _local_hf_config(speculative.get("model") or model)
+        target = _local_hf_config(drafter or model)
         if target is not None:
             layers = next((target[key] for key in MTP_LAYER_KEYS if target.get(key)), None)
             if layers is None:
-                return "Unsupported speculative method: 'mtp'"
-            if isinstance(k, int) and k > layers and k % layers != 0:
-                return f"num_speculative_tokens:{k} must be divisible by n_predict={layers}"
-    if method == "extract_hidden_states":
-        if k != 1:
-            # The speculator of vLLM's V2 model runner, which ROCm images (they have Triton) start.
-            return "extract_hidden_states requires num_speculative_tokens to be 1"
-        draft = speculative.get("draft_model_config")
-        hf_config = draft.get("hf_config", {}) if isinstance(draft, dict) else {}
-        if not hf_config.get("eagle_aux_hidden_state_layer_ids"):
-            return (
-                "eagle_aux_hidden_state_layer_ids must be set in the draft model config for "
-                "extract_hidden_states method"
+                raise StartupRefusal("NotImplementedError", "Unsupported speculative method: 'mtp'")
+            if k is None:
+                k = layers
+            elif k > layers and k % layers != 0:
+                raise _config_error(f"num_speculative_tokens:{k} must be divisible by n_predict={layers}")
+    if k is None and method != "dspark":
+        raise _config_error("A speculative model was provided, but `num_speculative_tokens` was not provided")
+    draft_tp = config.get("draft_tensor_parallel_size")
+    if draft_tp is not None and draft_tp not in (1, tensor_parallel_size):
+        raise _config_error(
+            f"speculative_draft_tensor_parallel_size={draft_tp} cannot be other value than 1 or target model "
+            "tensor_parallel_size"
+        )
+    return k
+
+
+def _verify_args(config: dict[str, Any], method: str, k: int | None) -> int:
+    """SpeculativeConfig._verify_args (a model validator after __post_init__); returns K, now known."""
+    if config.get("tensor_parallel_size") is not None:
+        raise _config_error(
+            "'tensor_parallel_size' is not a valid argument in the speculative_config. "
+            "Please pass 'draft_tensor_parallel_size' instead."
+        )
+    if k is None:
+        raise _config_error(
+            "num_speculative_tokens must be provided with speculative model unless the draft model config "
+            "contains an n_predict parameter."
+        )
+    if config.get("draft_lm_head_quantization") is not None and method not in ("eagle", "eagle3", "mtp"):
+        raise _config_error(f"draft_lm_head_quantization is not supported for method {method!r}.")
+    rates, length = config.get("synthetic_acceptance_rates"), config.get("synthetic_acceptance_length")
+    if config.get("rejection_sample_method") == "synthetic":
+        refusal = _synthetic_refusal(k, rates, length)
+        if refusal is not None:
+            raise refusal
+    elif rates is not None or length is not None:
+        raise _config_error(
+            "synthetic_acceptance_rates / synthetic_acceptance_length are only valid with "
+            "rejection_sample_method='synthetic'."
+        )
+    if config.get("use_heterogeneous_vocab"):
+        if method != "draft_model":
+            raise _config_error("use_heterogeneous_vocab only works with method='draft_model'")
+        if config.get("draft_sample_method", "greedy") != "greedy":
+            raise _config_error(
+                "use_heterogeneous_vocab currently only supports greedy draft sampling. Set "
+                "draft_sample_method='greedy' (the default) or omit it."
             )
-    return None
+        if config.get("use_local_argmax_reduction"):
+            raise _config_error(
+                "use_heterogeneous_vocab is not compatible with use_local_argmax_reduction because token-level "
+                "intersection requires the full draft logits."
+            )
+    if config.get("rejection_sample_method") == "fly":
+        if method == "extract_hidden_states":
+            raise _config_error(
+                "FLy is not compatible with method='extract_hidden_states', which does not perform speculative "
+                "decoding."
+            )
+        if k < 2:
+            raise _config_error("FLy requires num_speculative_tokens to be at least 2.")
+        window = config.get("fly_window_size")
+        if window is not None and window >= k:
+            raise _config_error("FLy requires fly_window_size to be smaller than num_speculative_tokens.")
+    return k
+
+
+def _extract_hidden_states_speculator(config: dict[str, Any], k: int) -> None:
+    """ExtractHiddenStatesSpeculator.__init__ (vllm/v1/worker/gpu/spec_decode): plain ValueErrors in the
+    engine core's process when the model runner builds its speculator."""
+    if config.get("draft_sample_method", "greedy") != "greedy":
+        raise StartupRefusal("ValueError", "extract_hidden_states only supports draft_sample_method='greedy'")
+    if k != 1:
+        raise StartupRefusal("ValueError", "extract_hidden_states requires num_speculative_tokens to be 1")
+    if config.get("disable_padded_drafter_batch"):
+        raise StartupRefusal(
+            "ValueError", "disable_padded_drafter_batch is not supported with extract_hidden_states method"
+        )
+    draft = config.get("draft_model_config")
+    hf_config = draft.get("hf_config", {}) if isinstance(draft, dict) else {}
+    if not isinstance(hf_config, dict) or not hf_config.get("eagle_aux_hidden_state_layer_ids"):
+        raise StartupRefusal(
+            "ValueError",
+            "eagle_aux_hidden_state_layer_ids must be set in the draft model config for extract_hidden_states method",
+        )
 
 
 def _local_hf_config(model: str) -> dict[str, Any] | None:
@@ -230,24 +445,39 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_serve_args(argv: list[str]) -> ServeOptions:
-    """Parse `serve MODEL ...`; vLLM flags the simulator has no use for are tolerated and reported.
+    """Parse `serve MODEL ...` as the simulator's process does; vLLM flags it has no use for are tolerated.
 
-    A bad speculative config exits with status 2 and one error line, like an argparse error.
+    A command line vLLM's parser refuses exits EXIT_PARSE_ERROR (2) with one `specdec-simulator: error: ...`
+    line. A config vLLM refuses at start-up exits EXIT_STARTUP_REFUSED (1), the last line on stderr being
+    `<vLLM's exception class>: <vLLM's message>` (StartupRefusal.line), as vLLM's own traceback ends.
     """
+    try:
+        return check_serve_args(argv)
+    except StartupRefusal as refusal:
+        sys.stderr.write(f"{refusal.line()}\n")
+        sys.stderr.flush()
+        raise SystemExit(EXIT_STARTUP_REFUSED) from None
+
+
+def check_serve_args(argv: list[str]) -> ServeOptions:
+    """The options vLLM 0.33 would start with; raises StartupRefusal for what it refuses at start-up (parse
+    errors still exit, as argparse does)."""
     parser = _parser()
     namespace, ignored = parser.parse_known_args(flexible_args(argv))
-    speculative = _speculative(namespace, parser)
+    raw = _speculative(namespace, parser)
     attention_config: Any = {}
     if namespace.attention_config is not None:
         try:
             attention_config = json.loads(namespace.attention_config)
         except json.JSONDecodeError as err:
-            parser.exit(2, f"{PROG}: error: --attention-config: not valid JSON: {err}\n")
+            parser.exit(EXIT_PARSE_ERROR, f"{PROG}: error: --attention-config: not valid JSON: {err}\n")
         if not isinstance(attention_config, dict):
-            parser.exit(2, f"{PROG}: error: --attention-config: must be a JSON object\n")
-    refusal = vllm_start_refusal(namespace.model, speculative, namespace.attention_backend, attention_config)
-    if refusal is not None:
-        parser.exit(2, f"{PROG}: error: {refusal}\n")
+            parser.exit(EXIT_PARSE_ERROR, f"{PROG}: error: --attention-config: must be a JSON object\n")
+    if namespace.attention_backend is not None and attention_config.get("backend") is not None:
+        raise StartupRefusal("ValueError", "attention_backend and attention_config.backend are mutually exclusive")
+    speculative = None
+    if raw is not None:
+        speculative = resolve_speculative_config(raw, namespace.model, namespace.tensor_parallel_size)
     names: list[str] | None = namespace.served_model_name
     return ServeOptions(
         model=namespace.model,
@@ -273,17 +503,13 @@ def _speculative(namespace: argparse.Namespace, parser: argparse.ArgumentParser)
     if text is None and not given:
         return None
     try:
-        raw: Any = json.loads(text) if text is not None else {}
-    except json.JSONDecodeError as err:
-        parser.exit(2, f"{PROG}: error: --speculative-config: not valid JSON: {err}\n")
-    if isinstance(raw, dict):
-        for flag, key in SPEC_ALIASES:
-            if key in given and key in raw:
-                parser.exit(2, f"{PROG}: error: {flag} and --speculative-config['{key}'] are mutually exclusive\n")
-        if "num_speculative_tokens" in given:
-            given["num_speculative_tokens"] = int(given["num_speculative_tokens"])
-        raw = {**raw, **given}
-    try:
-        return check_speculative_config(json.dumps(raw))
+        raw = check_speculative_config(text) if text is not None else {}
     except SpeculativeConfigError as err:
-        parser.exit(2, f"{PROG}: error: --speculative-config: {err}\n")
+        parser.exit(EXIT_PARSE_ERROR, f"{PROG}: error: --speculative-config: {err}\n")
+    for flag, key in SPEC_ALIASES:
+        if key in given and key in raw:
+            # Raised by EngineArgs.create_speculative_config at start-up, outside any pydantic model.
+            raise StartupRefusal("ValueError", f"{flag} and --speculative-config['{key}'] are mutually exclusive")
+    if "num_speculative_tokens" in given:
+        given["num_speculative_tokens"] = int(given["num_speculative_tokens"])
+    return {**raw, **given}

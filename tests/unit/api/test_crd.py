@@ -124,6 +124,12 @@ EXPECTED_RULES = [
     # api/resources.py): admission refuses what the API server would refuse in the Deployment.
     ("spec", "spec.runtime.env may not set HF_TOKEN"),
     ("spec.model.source.pvcName", "must be a DNS-1123 subdomain"),
+    # Names of what vLLM loads and serves: refused at admission rather than when vLLM starts.
+    ("spec.model.name", "must be a Hugging Face repo id"),
+    ("spec.model.servedName", "must be a name of printable ASCII characters without spaces"),
+    ("spec.model.source.path", "must be a relative path"),
+    ("spec.drafters.items", "spec.drafters[].model must be a Hugging Face repo id"),
+    ("spec.runtime.simulatorProfile", "must be a profile name or file path"),
     ("spec.model.source.hubSecretRef.name", "must be a DNS-1123 subdomain"),
     ("spec.model.source.hubSecretRef.key", "must be a key"),
     ("spec.placement.nodeSelector", "keys must be a qualified name"),
@@ -227,7 +233,7 @@ def test_cel_rule_refers_only_to_fields_of_its_node(path: str, entry: dict[str, 
     # A rule on a string (a format) refers to the value itself.
     assert chains or (node["type"] == "string" and re.search(r"\bself\b", entry["rule"]))
     methods = ("all", "exists", "exists_one", "map", "filter", "isSorted", "startsWith", "size", "contains", "split",
-               "matches", "substring")
+               "matches", "substring", "endsWith")
     for chain in chains:
         current = node
         for name in chain.strip(".").split("."):

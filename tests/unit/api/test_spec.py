@@ -148,7 +148,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("replicas-negative", {"placement": {"replicasPerPool": -1}}, "spec.placement.replicasPerPool"),
     ("unknown-partition", {"placement": {"partition": "xpx_nps9"}}, "spec.placement.partition"),
     ("toleration-bad-effect", {"placement": {"tolerations": [{"effect": "Never"}]}}, "spec.placement.tolerations.0"),
-    ("env-without-name", {"runtime": {"env": [{"name": ""}]}}, "spec.runtime.env.0.name"),
+    ("env-without-name", {"runtime": {"env": [{"name": ""}]}}, "spec.runtime.env[].name"),
     ("missing-model-name", {"model": {"name": None}}, "spec.model.name"),
     # vLLM 0.33 cannot serve these (tests/contract shows its refusal for each).
     (
