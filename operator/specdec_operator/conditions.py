@@ -1,4 +1,18 @@
-"""Conditions keyed by type. One helper keeps lastTransitionTime unless the status flips."""
+"""The model's conditions: one policy computes them, one helper keeps lastTransitionTime unless status flips.
+
+`summarize` is the only place Ready, Progressing, Degraded and Reduced are decided. Each reconcile hands it
+the facts it gathered (`ConditionFacts`); every fact that speaks to a condition is a candidate, and the
+candidate of highest priority (the `*_PRIORITY` tuples below, first wins) names the reason, while the
+others ride along in its message ("; also <Reason>: ..."), as cluster-api's summary does. So no writer
+overwrites another, and the order is written down rather than being the order of the code.
+
+- Degraded: the model does not serve what it should (bad spec or status, refused writes, no pool, pods
+  failing, nodes missing, a rolled-back canary, GPUs held by others, pods unschedulable).
+- Reduced: it serves, with less than the spec's first choice by design (a drafter fallback, a gfx target
+  skipped for want of nodes or memory). Health checks show it as Healthy with the message.
+- Ready: every pool's stable Deployment serves its revision on every replica.
+- Progressing: a revision or a canary is rolling out.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +22,21 @@ from typing import Literal
 
 from specdec_operator.api.status import Condition, ConditionType
 
-CONDITION_ORDER: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded", "Tuning")
+CONDITION_ORDER: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded", "Reduced")
+
+# Pod failures by the waiting/terminated reason the kubelet reports, most actionable first.
+POD_FAILURE_REASONS = (
+    "CreateContainerConfigError", "CreateContainerError", "InvalidImageName", "ErrImagePull", "ImagePullBackOff",
+    "OOMKilled", "CrashLoopBackOff", "StartupProbeFailed", "Unschedulable",
+)
+# Degraded reasons, first wins. A broken spec or status hides everything else; a failing pod outranks the
+# nodes it waits for; capacity taken by other workloads comes last, as it heals without us.
+DEGRADED_PRIORITY = (
+    "StatusUnreadable", "InvalidSpec", "WriteRefused", "UnknownModelSize", "NoCompatibleNodes",
+    "InsufficientMemory", "NoReplicas", *POD_FAILURE_REASONS, "NodesMissing", "CanaryRolledBack",
+    "CanaryAborted", "InsufficientGpus", "PodsUnschedulable",
+)
+REDUCED_PRIORITY = ("DrafterFallback", "NoCompatibleNodes", "InsufficientMemory", "InsufficientGpus", "NoReplicas")
 
 
 @dataclass(frozen=True)
@@ -52,3 +80,114 @@ def apply_updates(
     for update in last.values():
         conditions = set_condition(conditions, update, generation, now)
     return conditions
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One fact that speaks to a condition: its reason and the words, with numbers, that explain it."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ConditionFacts:
+    """What a reconcile knows that the conditions summarise; every field defaults to "nothing to say"."""
+
+    status_unreadable: str | None = None
+    invalid_spec: str | None = None
+    inventory_empty: str | None = None  # no node at all: hold, and say so
+    no_pools: Finding | None = None  # nothing placed: why
+    pending: str | None = None  # pools whose stable Deployment does not serve its revision yet
+    ready: str = ""  # every pool ready: the summary
+    pod_failures: tuple[Finding, ...] = ()  # failing runtime pods, per cause (kubelet's reason and message)
+    nodes_missing: tuple[str, ...] = ()  # pools held through missing nodes
+    canary_progress: Finding | None = None
+    canary_failed: Finding | None = None
+    capacity: tuple[Finding, ...] = ()  # InsufficientGpus / PodsUnschedulable
+    reduced: tuple[Finding, ...] = ()  # DrafterFallback, skipped targets
+    refusals: tuple[str, ...] = ()  # the API server's words for owned objects it refused
+
+
+def _ranked(findings: Sequence[Finding], priority: Sequence[str]) -> list[Finding]:
+    def rank(finding: Finding) -> int:
+        return priority.index(finding.reason) if finding.reason in priority else len(priority)
+
+    return sorted(findings, key=rank)  # stable: equal reasons keep their order
+
+
+def _merge(findings: Sequence[Finding]) -> tuple[str, str]:
+    """The first finding's reason, and every message: same-reason ones joined, others as `also <Reason>`."""
+    reason = findings[0].reason
+    same = [f.message for f in findings if f.reason == reason]
+    others = [f"also {f.reason}: {f.message}" for f in findings if f.reason != reason]
+    return reason, "; ".join([*same, *others])
+
+
+def degraded_findings(facts: ConditionFacts) -> list[Finding]:
+    found: list[Finding] = []
+    if facts.status_unreadable:
+        found.append(Finding("StatusUnreadable", facts.status_unreadable))
+    if facts.invalid_spec:
+        found.append(Finding("InvalidSpec", facts.invalid_spec))
+    if facts.refusals:
+        found.append(Finding("WriteRefused", "; ".join(facts.refusals)))
+    if facts.no_pools is not None:
+        found.append(facts.no_pools)
+    found += facts.pod_failures
+    if facts.nodes_missing:
+        found.append(Finding("NodesMissing", "; ".join(facts.nodes_missing)))
+    if facts.canary_failed is not None:
+        found.append(facts.canary_failed)
+    found += facts.capacity
+    return _ranked(found, DEGRADED_PRIORITY)
+
+
+def summarize(facts: ConditionFacts) -> list[ConditionUpdate]:
+    """Ready, Progressing, Degraded and Reduced from the facts, by the priorities above.
+
+    With an unreadable status only Degraded is decided (nothing else can be trusted); with no node at all,
+    Ready is Unknown and the rest is left as it was.
+    """
+    degraded = degraded_findings(facts)
+    if facts.status_unreadable:
+        return [ConditionUpdate("Degraded", True, *_merge(degraded))]
+    if facts.inventory_empty:
+        return [ConditionUpdate("Ready", None, "NodeInventoryEmpty", facts.inventory_empty)]
+    updates: list[ConditionUpdate] = []
+    blocking = facts.invalid_spec is not None or facts.no_pools is not None
+    if facts.invalid_spec is not None:
+        updates.append(ConditionUpdate("Ready", False, "InvalidSpec", facts.invalid_spec))
+    elif facts.no_pools is not None:
+        updates += [ConditionUpdate("Ready", False, facts.no_pools.reason, facts.no_pools.message),
+                    ConditionUpdate("Progressing", False, facts.no_pools.reason, "nothing to roll out")]
+    elif facts.pending is not None:
+        failures = _ranked(facts.pod_failures, DEGRADED_PRIORITY)
+        if failures:
+            reason, message = _merge(failures)
+            updates.append(ConditionUpdate("Ready", False, reason, f"{message}; waiting for {facts.pending}"))
+        else:
+            updates.append(ConditionUpdate("Ready", False, "RolloutInProgress", f"waiting for {facts.pending}"))
+    else:
+        updates.append(ConditionUpdate("Ready", True, "PoolsReady", facts.ready))
+    if not blocking:
+        if facts.canary_progress is not None:
+            updates.append(ConditionUpdate("Progressing", True, facts.canary_progress.reason,
+                                           facts.canary_progress.message))
+        elif facts.pending is not None:
+            updates.append(ConditionUpdate("Progressing", True, "NewRevision", f"rolling out {facts.pending}"))
+        else:
+            updates.append(ConditionUpdate("Progressing", False, "RolloutComplete",
+                                           "every pool runs its desired revision"))
+    if degraded:
+        updates.append(ConditionUpdate("Degraded", True, *_merge(degraded)))
+    else:
+        updates.append(ConditionUpdate("Degraded", False, "AsExpected", "every pool serves what the spec asks"))
+    if facts.invalid_spec is None:
+        reduced = _ranked(facts.reduced, REDUCED_PRIORITY)
+        if reduced:
+            updates.append(ConditionUpdate("Reduced", True, *_merge(reduced)))
+        else:
+            updates.append(ConditionUpdate("Reduced", False, "AsExpected",
+                                           "every allowed gfx target has a pool with its preferred drafter"))
+    return updates

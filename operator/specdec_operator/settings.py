@@ -82,6 +82,12 @@ class OperatorSettings(BaseSettings):
         default=False,
         description="Scrape only 127.0.0.0/8 pod IPs (set in local clusters and tests, where pods are fake).",
     )
+    node_missing_grace_seconds: float = Field(
+        default=300.0, ge=0,
+        description="A pool whose nodes stop matching (deleted, allocatable amd.com/gpu 0, labels gone, cordoned) "
+        "keeps its Deployment, PDB, ConfigMap, Service, replicas and K this long, counted from when status first "
+        "recorded them missing, before it is scaled down or removed; like the node NotReady toleration (300 s).",
+    )
     kv_headroom_fraction: float = Field(
         default=0.2, ge=0, lt=1, description="Share of GPU memory kept for KV cache when fitting weights."
     )

@@ -25,13 +25,13 @@ def _rfc3339(value: str) -> str:
 # an unreadable stamp as a Degraded condition naming the field instead of acting on it.
 Timestamp = Annotated[str, AfterValidator(_rfc3339)]
 
-ConditionType = Literal["Ready", "Progressing", "Degraded", "Tuning"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Reduced"]
 
 
 class Condition(ApiModel):
     """A Kubernetes-style condition, keyed by type."""
 
-    type: ConditionType = Field(description="Ready, Progressing, Degraded or Tuning.")
+    type: ConditionType = Field(description="Ready, Progressing, Degraded or Reduced (see docs/troubleshooting.md).")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason, e.g. NoCompatibleNodes.")
     message: str = Field(default="", description="Human-readable detail, with numbers.")
@@ -64,6 +64,16 @@ class PoolRollout(ApiModel):
     reason: str = Field(default="", description="Why, with the pool's free GPUs.")
 
 
+class NodesMissing(ApiModel):
+    """Nodes a pool was placed on that no longer match, and since when: the pool is held until the grace ends."""
+
+    since: Timestamp = Field(
+        description="When the nodes were first seen missing (RFC 3339); the grace (operator setting "
+        "nodeMissingGraceSeconds) counts from here, across operator restarts."
+    )
+    nodes: list[str] = Field(default_factory=list, description="The pool's nodes that are missing or no longer match.")
+
+
 class PoolStatus(ApiModel):
     """One pool: the replicas of this model on one gfx target."""
 
@@ -79,6 +89,15 @@ class PoolStatus(ApiModel):
     revision: str = Field(default="", description="Hash of the pool's stable pod template.")
     image: str = Field(default="", description="Runtime image.")
     nodes: int = Field(default=0, description="Schedulable nodes with this gfx target.")
+    node_names: list[str] = Field(
+        default_factory=list,
+        description="The nodes the pool is placed on; while nodes are missing, the set it waits for.",
+    )
+    missing: NodesMissing | None = Field(
+        default=None,
+        description="Set while some of the pool's nodes are missing: the pool keeps its objects, replicas and K "
+        "until the grace period from `since` has passed.",
+    )
     rollout: PoolRollout | None = Field(default=None, description="Rollout mode of the pool's latest revision.")
 
 
@@ -184,7 +203,7 @@ class SpeculativeModelStatus(ApiModel):
     model_config = ConfigDict(frozen=False)
 
     observed_generation: int = Field(default=0, description="metadata.generation last reconciled.")
-    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded, Tuning.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded, Reduced.")
     pools: list[PoolStatus] = Field(default_factory=list, description="One entry per pool.")
     speculation: SpeculationStatus = Field(default_factory=SpeculationStatus, description="Measured statistics.")
     canary: CanaryStatus | None = Field(default=None, description="Canary in flight, if any.")

@@ -74,4 +74,5 @@ class OperatorContext:
             simulator_image=self.settings.simulator_image,
             kv_headroom_fraction=self.settings.kv_headroom_fraction,
             pod=self.settings.pod_settings,
+            node_missing_grace_s=self.settings.node_missing_grace_seconds,
         )

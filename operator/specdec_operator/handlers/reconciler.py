@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 from specdec_operator import KIND
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.canary.plan import canary_summary
-from specdec_operator.conditions import ConditionUpdate, apply_updates
+from specdec_operator.conditions import apply_updates, summarize
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
@@ -106,10 +107,11 @@ async def write(
     await sync_route(ctx, body, observed, plan, logger)
     if await apply_owned(ctx, body, key, plan.apply, logger) and plan.status is not None:
         refused = refusals_of(ctx, key).summary()
-        if refused:
-            # A refusal appeared or changed: the condition carries the server's words within this reconcile.
-            update = ConditionUpdate("Degraded", True, "WriteRefused", "; ".join(refused))
-            conditions = apply_updates(plan.status.conditions, [update], observed.generation, utc_now())
+        if refused and plan.conditions is not None:
+            # A refusal appeared or changed: the condition carries the server's words within this reconcile,
+            # decided by the same policy as every other condition.
+            facts = dataclasses.replace(plan.conditions, refusals=tuple(refused))
+            conditions = apply_updates(plan.status.conditions, summarize(facts), observed.generation, utc_now())
             status = plan.status.model_copy(update={"conditions": conditions})
             changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
         else:

@@ -11,7 +11,7 @@ from datetime import datetime
 from specdec_operator.api.spec import Canary, SpeculativeModelSpec
 from specdec_operator.api.status import PoolRollout, SpeculativeModelStatus
 from specdec_operator.canary.plan import split_replicas
-from specdec_operator.conditions import ConditionUpdate
+from specdec_operator.conditions import Finding
 from specdec_operator.decisions.capacity import GpuUsage, RolloutMode, choose_mode, pool_room
 from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.gpu.inventory import PodGpus
@@ -123,11 +123,9 @@ def _unschedulable_for(pod: PodGpus, now: datetime) -> float | None:
     return max(0.0, (now - since).total_seconds())
 
 
-def capacity_conditions(
-    placement: PlacementPlan, usage: GpuUsage, updates: Sequence[ConditionUpdate], now: datetime
-) -> list[ConditionUpdate]:
-    """Degraded when other workloads' GPUs cap a pool (InsufficientGpus) or a pod of the model stays Pending
-    (PodsUnschedulable, with the scheduler's message); any other Degraded reason is kept in the message."""
+def capacity_findings(placement: PlacementPlan, usage: GpuUsage, now: datetime) -> tuple[Finding, ...]:
+    """Other workloads' GPUs cap a pool (InsufficientGpus), or a pod of the model stays Pending
+    (PodsUnschedulable, with the scheduler's message)."""
     shortfalls = [p.shortfall for p in placement.pools if p.shortfall]
     shortfalls += [s.message for s in placement.skipped if s.reason == "InsufficientGpus"]
     pending = []
@@ -135,11 +133,7 @@ def capacity_conditions(
         waited = _unschedulable_for(pod, now)
         if waited is not None and waited >= UNSCHEDULABLE_GRACE_S:
             pending.append(f"pod {pod.name} Pending for {waited:.0f} s: {pod.unschedulable}")
-    if not shortfalls and not pending:
-        return []
-    reason = "InsufficientGpus" if shortfalls else "PodsUnschedulable"
-    message = "; ".join([*shortfalls, *pending])
-    other = next((u for u in reversed(updates) if u.type == "Degraded"), None)
-    if other is not None and other.status and other.reason != reason:
-        message = f"{message}; also {other.reason}: {other.message}"
-    return [ConditionUpdate("Degraded", True, reason, message)]
+    found = [Finding("InsufficientGpus", message) for message in shortfalls]
+    if pending:
+        found.append(Finding("PodsUnschedulable", "; ".join(pending)))
+    return tuple(found)

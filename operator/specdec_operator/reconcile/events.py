@@ -36,8 +36,9 @@ def pool_events(
             ))
     for name in before.keys() - after.keys():
         events.append(EventRecord("Normal", "PoolRemoved", f"{name}: no longer placed"))
-    old_degraded = next((c for c in previous.conditions if c.type == "Degraded"), None)
+    # A skipped target is reported in Reduced (or Degraded, with no pool at all): warn when it first appears.
+    said = " ".join(c.message for c in previous.conditions if c.type in ("Degraded", "Reduced"))
     for skipped in placement.skipped:
-        if old_degraded is None or skipped.message not in old_degraded.message:
+        if skipped.message not in said:
             events.append(EventRecord("Warning", skipped.reason, skipped.message))
     return events

@@ -46,3 +46,5 @@ class Settings:
     simulator_image: str
     kv_headroom_fraction: float
     pod: PodSettings = DEFAULT_POD_SETTINGS
+    # How long a pool whose nodes stop matching keeps its objects, replicas and K (see decisions/absence.py).
+    node_missing_grace_s: float = 300.0

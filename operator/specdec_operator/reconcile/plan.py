@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -10,14 +10,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from specdec_operator.api.spec import ObjectRef, SpeculativeModelSpec
-from specdec_operator.api.status import CanaryStatus, PoolRollout, SpeculationStatus, SpeculativeModelStatus
+from specdec_operator.api.status import (
+    CanaryStatus,
+    PoolRollout,
+    PoolStatus,
+    SpeculationStatus,
+    SpeculativeModelStatus,
+)
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
-from specdec_operator.conditions import ConditionUpdate, apply_updates
+from specdec_operator.conditions import ConditionFacts, apply_updates, summarize
+from specdec_operator.decisions.absence import AbsenceDecision, HeldPool, held_message, hold_missing_pools
 from specdec_operator.decisions.placement import plan_placement
 from specdec_operator.decisions.runtime_env import RuntimeEnvError
 from specdec_operator.reconcile.capacity import (
-    capacity_conditions,
+    capacity_findings,
     model_usage,
     modes_for_rollout,
     rollout_mode_events,
@@ -27,7 +34,7 @@ from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model
 from specdec_operator.reconcile.events import pool_events
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
 from specdec_operator.reconcile.rollout import RolloutResult, plan_rollout
-from specdec_operator.reconcile.status_build import build_status, canary_conditions, placement_conditions, pool_status
+from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
 from specdec_operator.render.drift import covers
 from specdec_operator.render.service import TRACKS, service
 from specdec_runtime import contract
@@ -49,6 +56,8 @@ class ReconcilePlan:
     clear_action: bool = False  # remove the one-shot specdec.io/canary-action annotation
     # Fields of the stored status that did not parse: only conditions may be written while this is set.
     status_unreadable: tuple[str, ...] = ()
+    # What the conditions were computed from, so a later fact (a refused write) re-runs the one policy.
+    conditions: ConditionFacts | None = None
 
 
 def validation_message(error: ValidationError) -> str:
@@ -100,7 +109,7 @@ def _unreadable(observed: ObservedModel, read: StatusRead, now: str) -> Reconcil
     """
     message = "status cannot be read, holding every pool and Deployment until it is repaired: " + "; ".join(
         read.problems)
-    updates = [ConditionUpdate("Degraded", True, "StatusUnreadable", message)]
+    updates = summarize(ConditionFacts(status_unreadable=message))
     conditions = apply_updates(read.status.conditions, updates, observed.generation, now)
     held = read.status.model_copy(update={"conditions": conditions})
     return ReconcilePlan(
@@ -109,25 +118,27 @@ def _unreadable(observed: ObservedModel, read: StatusRead, now: str) -> Reconcil
 
 
 def _invalid(observed: ObservedModel, previous: SpeculativeModelStatus, message: str, now: str) -> ReconcilePlan:
-    updates = [
-        ConditionUpdate("Ready", False, "InvalidSpec", message),
-        ConditionUpdate("Degraded", True, "InvalidSpec", message),
-    ]
+    updates = summarize(ConditionFacts(invalid_spec=message))
     status = build_status(observed, previous, previous.pools, updates, now)
     return ReconcilePlan(status=status, events=[EventRecord("Warning", "InvalidSpec", message)], invalid_spec=message)
 
 
-def _stale_children(observed: ObservedModel, wanted: set[tuple[str, str]], pools: list[DesiredPool]) -> list[
-    tuple[str, str]
-]:
+def _pool_of(body: Mapping[str, Any]) -> str:
+    return str(body["metadata"].get("labels", {}).get(contract.LABEL_POOL, ""))
+
+
+def _stale_children(
+    observed: ObservedModel, wanted: set[tuple[str, str]], pools: list[DesiredPool], held: Collection[str] = ()
+) -> list[tuple[str, str]]:
+    """Owned objects no pool wants; a pool held through missing nodes (`held`) keeps every object it has."""
     stale: list[tuple[str, str]] = []
     pool_names = {p.name for p in pools}
     for kind in ("Deployment", "PodDisruptionBudget", "Service"):
         stale += [(kind, body["metadata"]["name"]) for body in observed.children_of_kind(kind)
-                  if (kind, body["metadata"]["name"]) not in wanted]
+                  if (kind, body["metadata"]["name"]) not in wanted and _pool_of(body) not in held]
     by_pool: dict[str, list[Mapping[str, Any]]] = {}
     for body in observed.children_of_kind("ConfigMap"):
-        if ("ConfigMap", body["metadata"]["name"]) in wanted:
+        if ("ConfigMap", body["metadata"]["name"]) in wanted or _pool_of(body) in held:
             continue
         by_pool.setdefault(body["metadata"].get("labels", {}).get(contract.LABEL_POOL, ""), []).append(body)
     for pool, bodies in by_pool.items():
@@ -156,16 +167,24 @@ def evaluate(
     except ValidationError as error:
         return _invalid(observed, previous, validation_message(error), now)
     if not observed.nodes and previous.pools:
-        # No node at all is far likelier a watch that has not synced than a fleet that vanished: hold.
+        # No node at all, not even a CPU node, is a watch that has not synced, not a fleet that vanished: hold.
+        # (GPU nodes that go while others stay are the grace's to handle: decisions/absence.py.)
         message = "node inventory is empty; keeping existing pools until nodes are observed again"
-        held = build_status(observed, previous, previous.pools,
-                            [ConditionUpdate("Ready", None, "NodeInventoryEmpty", message)], now)
-        return ReconcilePlan(status=held)
+        held_all = build_status(observed, previous, previous.pools,
+                                summarize(ConditionFacts(inventory_empty=message)), now)
+        return ReconcilePlan(status=held_all)
+    moment = datetime.fromisoformat(now.replace("Z", "+00:00"))
     usage = model_usage(observed)
     placement = plan_placement(
         spec, observed.nodes, settings.kv_headroom_fraction, existing_pools={p.gfx_target for p in previous.pools},
         usage=usage,
     )
+    absence = hold_missing_pools(previous.pools, placement, spec, observed.nodes, moment,
+                                 settings.node_missing_grace_s)
+    placement = absence.placement
+    # Pools with no placement left, kept whole (status entry and every live object) until their grace ends.
+    held_whole = [p.model_copy(update={"missing": held.missing}) for p in previous.pools
+                  if (held := absence.held_for(p.gfx_target)) is not None and held.whole]
     previous_k = {p.name: p.effective_k for p in previous.pools}
     try:
         pools = desired_pools(observed, spec, placement, previous_k, settings)
@@ -173,7 +192,6 @@ def evaluate(
         return _invalid(observed, previous, str(error), now)
     route = spec.rollout.canary.traffic.http_route_ref if spec.rollout.canary else None
     action, action_events = _manual_action(observed)
-    moment = datetime.fromisoformat(now.replace("Z", "+00:00"))
 
     decisions: dict[str, PoolRollout] = {}
 
@@ -202,7 +220,7 @@ def evaluate(
             rollout = roll(pools, first.canary)
             rollout.events[:0] = first.events
     desired: list[dict[str, Any]] = []
-    if pools:
+    if pools or held_whole:
         desired.append(model_service(observed))
         if route is not None:
             desired += [service(observed.namespace, observed.name, observed.uid, track) for track in TRACKS]
@@ -219,21 +237,29 @@ def evaluate(
             contract.LABEL_REVISION]
         for obj in rollout.deployments if obj["metadata"]["labels"].get(contract.LABEL_TRACK) == "stable"
     }
-    pool_statuses = [pool_status(pool, live_deployments.get(pool.name)).model_copy(
-        update={"rollout": decisions.get(pool.name)}) for pool in pools]
-    updates = placement_conditions(placement, pools, live_deployments, stable_revisions)
-    updates += canary_conditions(rollout.canary, pools)
-    updates += capacity_conditions(placement, usage, updates, moment)
-    if refusals:
-        # Last, so it wins over the placement's Degraded=False: the server's own words, per object.
-        updates.append(ConditionUpdate("Degraded", True, "WriteRefused", "; ".join(refusals)))
-    status = build_status(observed, previous, pool_statuses, updates, now, speculation, rollout.canary)
+    earlier = {p.name: p for p in previous.pools}
+    pool_statuses = [_with_absence(pool_status(pool, live_deployments.get(pool.name)).model_copy(
+        update={"rollout": decisions.get(pool.name)}), absence.held_for(pool.plan.gfx), earlier.get(pool.name))
+        for pool in pools]
+    pool_statuses += held_whole
+    facts = placement_facts(placement, pools, live_deployments, stable_revisions, held_whole)
+    canary_progress, canary_failed = canary_facts(rollout.canary, pools)
+    condition_facts = ConditionFacts(
+        no_pools=facts.no_pools, pending=facts.pending, ready=facts.ready, reduced=facts.reduced,
+        nodes_missing=tuple(held_message(p.name, held, p.replicas, p.effective_k) for p in pool_statuses
+                            if (held := absence.held_for(p.gfx_target)) is not None),
+        canary_progress=canary_progress, canary_failed=canary_failed,
+        capacity=capacity_findings(placement, usage, moment), refusals=tuple(refusals),
+    )
+    status = build_status(observed, previous, pool_statuses, summarize(condition_facts), now, speculation,
+                          rollout.canary)
     referenced = _referenced_config_maps(rollout.deployments)
     return ReconcilePlan(
         apply=to_apply,
-        delete=_stale_children(observed, wanted | referenced, pools),
+        delete=_stale_children(observed, wanted | referenced, pools, {p.name for p in held_whole}),
         status=status,
-        events=[*pool_events(previous, status, placement), *rollout_mode_events(
+        conditions=condition_facts,
+        events=[*pool_events(previous, status, placement), *_absence_events(absence, status), *rollout_mode_events(
             decisions, previous, {p.name: _live_revision(live_deployments.get(p.name)) for p in pools}),
             *rollout.events, *action_events],
         pools=pools,
@@ -241,6 +267,28 @@ def evaluate(
         route_weight=rollout.route_weight if route is not None else None,
         clear_action=rollout.clear_action or bool(action_events),
     )
+
+
+def _with_absence(status: PoolStatus, held: HeldPool | None, before: PoolStatus | None) -> PoolStatus:
+    """A pool held at its replicas keeps the node set it waits for, and the record of what is missing."""
+    if held is None:
+        return status
+    nodes = before.node_names if before is not None and before.node_names else status.node_names
+    return status.model_copy(update={"missing": held.missing, "node_names": nodes})
+
+
+def _absence_events(absence: AbsenceDecision, status: SpeculativeModelStatus) -> list[EventRecord]:
+    """A Warning when a pool's nodes first go missing, and a note when its grace ran out."""
+    events = []
+    for pool in status.pools:
+        held = absence.held_for(pool.gfx_target)
+        if held is not None and pool.gfx_target in absence.first_seen:
+            events.append(EventRecord("Warning", "NodesMissing",
+                                      held_message(pool.name, held, pool.replicas, pool.effective_k)))
+    events += [EventRecord("Warning", "NodesMissingGraceExpired",
+                           f"{gfx}: the pool's nodes stayed missing past the grace period; placement now decides")
+               for gfx in absence.expired]
+    return events
 
 
 def _live_revision(deployment: Mapping[str, Any] | None) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from specdec_operator.api.status import (
@@ -14,7 +15,7 @@ from specdec_operator.api.status import (
     Summary,
 )
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES, canary_summary
-from specdec_operator.conditions import ConditionUpdate, apply_updates
+from specdec_operator.conditions import ConditionUpdate, Finding, apply_updates
 from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import ObservedModel
@@ -41,6 +42,7 @@ def pool_status(pool: DesiredPool, live: Mapping[str, Any] | None) -> PoolStatus
         revision=pool.revision,
         image=pool.runtime.image,
         nodes=len(pool.plan.nodes),
+        node_names=list(pool.plan.nodes),
     )
 
 
@@ -70,14 +72,27 @@ def summarise(pools: Sequence[PoolStatus], acceptance: float | None, canary: str
     )
 
 
-def placement_conditions(
+@dataclass(frozen=True)
+class PlacementFacts:
+    no_pools: Finding | None = None
+    pending: str | None = None
+    ready: str = ""
+    reduced: tuple[Finding, ...] = ()
+
+
+def placement_facts(
     placement: PlacementPlan,
     pools: Sequence[DesiredPool],
     live: Mapping[str, Mapping[str, Any]],
     stable_revisions: Mapping[str, str],
-) -> list[ConditionUpdate]:
-    """Ready means every pool's stable Deployment serves the revision we hold it at (a canary may be in flight)."""
-    if not pools:
+    held_pools: Sequence[PoolStatus] = (),
+) -> PlacementFacts:
+    """What placement and the live Deployments say: no pool (and why), pools still rolling, or all ready;
+    and what the model serves with less than the spec's first choice (drafter fallbacks, skipped targets).
+
+    Pools held through missing nodes (`held_pools`) count as placed; their live Deployment says if they serve.
+    """
+    if not pools and not held_pools:
         reasons = {skipped.reason for skipped in placement.skipped}
         if placement.problems:
             reason = "UnknownModelSize"
@@ -86,38 +101,20 @@ def placement_conditions(
         else:
             reason = "NoCompatibleNodes"
         message = "; ".join([*placement.problems, *(s.message for s in placement.skipped)]) or "no pools"
-        return [
-            ConditionUpdate("Ready", False, reason, message),
-            ConditionUpdate("Progressing", False, reason, "nothing to roll out"),
-            ConditionUpdate("Degraded", True, reason, message),
-        ]
-    pending = [p for p in pools if not rollout_done(p, live.get(p.name), stable_revisions.get(p.name, p.revision))]
-    updates = []
-    if pending:
-        detail = ", ".join(f"{p.name} -> {stable_revisions.get(p.name, p.revision)}" for p in pending)
-        updates += [
-            ConditionUpdate("Ready", False, "RolloutInProgress", f"waiting for {detail}"),
-            ConditionUpdate("Progressing", True, "NewRevision", f"rolling out {detail}"),
-        ]
-    else:
-        summary = ", ".join(f"{p.name}: {p.plan.replicas} ready at K={p.k}" for p in pools)
-        updates += [
-            ConditionUpdate("Ready", True, "PoolsReady", summary),
-            ConditionUpdate("Progressing", False, "RolloutComplete", "every pool runs its desired revision"),
-        ]
-    fallbacks = [p for p in pools if p.plan.drafter.fallback]
-    problems = [s.message for s in placement.skipped]
-    if fallbacks:
-        updates.append(ConditionUpdate(
-            "Degraded", True, "DrafterFallback",
-            "; ".join([*(f"{p.name}: {p.plan.drafter.reason}" for p in fallbacks), *problems]),
-        ))
-    elif problems:
-        reason = placement.skipped[0].reason
-        updates.append(ConditionUpdate("Degraded", True, reason, "; ".join(problems)))
-    else:
-        updates.append(ConditionUpdate("Degraded", False, "AsExpected", "every allowed gfx target has a pool"))
-    return updates
+        return PlacementFacts(no_pools=Finding(reason, message))
+    pending = [f"{p.name} -> {stable_revisions.get(p.name, p.revision)}" for p in pools
+               if not rollout_done(p, live.get(p.name), stable_revisions.get(p.name, p.revision))]
+    for held in held_pools:
+        ready = int((live.get(held.name) or {}).get("status", {}).get("readyReplicas", 0) or 0)
+        if ready < held.replicas:
+            pending.append(f"{held.name} ({ready} of {held.replicas} ready, held through missing nodes)")
+    summary = ", ".join([*(f"{p.name}: {p.plan.replicas} ready at K={p.k}" for p in pools),
+                         *(f"{h.name}: {h.replicas} ready at K={h.effective_k}" for h in held_pools)])
+    reduced = [Finding("DrafterFallback", f"{p.name}: {p.plan.drafter.reason}")
+               for p in pools if p.plan.drafter.fallback]
+    # A target skipped because other workloads hold the GPUs is Degraded (capacity_findings), not by design.
+    reduced += [Finding(s.reason, s.message) for s in placement.skipped if s.reason != "InsufficientGpus"]
+    return PlacementFacts(pending=", ".join(pending) if pending else None, ready=summary, reduced=tuple(reduced))
 
 
 def build_status(
@@ -142,18 +139,19 @@ def build_status(
     return status
 
 
-def canary_conditions(canary: CanaryStatus | None, pools: Sequence[DesiredPool]) -> list[ConditionUpdate]:
-    """A canary in flight is progress; a rolled-back revision the spec still asks for is degradation."""
+def canary_facts(canary: CanaryStatus | None, pools: Sequence[DesiredPool]) -> tuple[Finding | None, Finding | None]:
+    """(progress, failure): a canary in flight is progress; a rolled-back revision the spec still asks for
+    is degradation."""
     if canary is None:
-        return []
+        return None, None
     where = f"{canary.pool}: revision {canary.canary_revision} vs stable {canary.stable_revision}"
     if canary.phase in IN_FLIGHT_PHASES:
         reason = "CanaryPaused" if canary.phase == "Paused" else "CanaryInProgress"
         detail = f"{where}, step {canary.step + 1} at {canary.weight}%"
         message = f"{detail}; {canary.message}" if canary.message else detail
-        return [ConditionUpdate("Progressing", True, reason, message)]
+        return Finding(reason, message), None
     desired = {pool.name: pool.revision for pool in pools}
     if canary.phase in ("RolledBack", "Aborted") and desired.get(canary.pool) == canary.canary_revision:
         reason = "CanaryRolledBack" if canary.phase == "RolledBack" else "CanaryAborted"
-        return [ConditionUpdate("Degraded", True, reason, f"{where}: {canary.message}")]
-    return []
+        return None, Finding(reason, f"{where}: {canary.message}")
+    return None, None

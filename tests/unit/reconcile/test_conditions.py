@@ -39,7 +39,7 @@ def test_conditions_stay_keyed_by_type_in_a_fixed_order() -> None:
     conditions = apply_updates(
         [READY_FALSE],
         [
-            ConditionUpdate("Tuning", True, "Exploring", ""),
+            ConditionUpdate("Reduced", True, "DrafterFallback", ""),
             ConditionUpdate("Degraded", False, "AsExpected", ""),
             ConditionUpdate("Ready", False, "RolloutInProgress", "still waiting"),
             ConditionUpdate("Progressing", True, "NewRevision", ""),
@@ -47,7 +47,7 @@ def test_conditions_stay_keyed_by_type_in_a_fixed_order() -> None:
         generation=3,
         now="t1",
     )
-    assert [c.type for c in conditions] == ["Ready", "Progressing", "Degraded", "Tuning"]
+    assert [c.type for c in conditions] == ["Ready", "Progressing", "Degraded", "Reduced"]
     assert {c.observed_generation for c in conditions} == {3}
     assert conditions[0].last_transition_time == "t0"
 

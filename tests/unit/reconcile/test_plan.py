@@ -99,7 +99,7 @@ def test_last_transition_time_is_kept_while_a_condition_holds() -> None:
     _, second = settle(THREE_POOLS)
     assert second.status is not None
     times = {c.type: c.last_transition_time for c in second.status.conditions}
-    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0}
+    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0, "Reduced": T0}
 
 
 def test_a_manual_edit_of_an_owned_deployment_is_reapplied() -> None:
@@ -157,7 +157,8 @@ def test_target_too_big_everywhere_is_insufficient_memory_with_numbers() -> None
     assert "754.4 GiB" in message and "38.4 GiB for weights" in message
 
 
-def test_drafter_fallback_is_degraded_with_numbers_and_a_warning_event() -> None:
+def test_drafter_fallback_is_reduced_not_degraded_with_numbers_and_a_warning_event() -> None:
+    """A fallback drafter serves: Reduced says so with the numbers, Degraded stays False (issue 22)."""
     model = spec_wire(
         drafters=[drafter_wire("draft_model", "Qwen/Qwen2.5-14B-Instruct")],
         placement={"gfxTargets": ["gfx942", "gfx1100"]},
@@ -165,9 +166,10 @@ def test_drafter_fallback_is_degraded_with_numbers_and_a_warning_event() -> None
     plan = evaluate(observed(model), SETTINGS, T0)
     drafters = {p["gfxTarget"]: (p["drafter"]["method"], p["drafter"]["fallback"]) for p in status_wire(plan)["pools"]}
     assert drafters == {"gfx942": ("draft_model", False), "gfx1100": ("ngram", True)}
-    status, reason, message = condition(plan, "Degraded")
+    status, reason, message = condition(plan, "Reduced")
     assert (status, reason) == ("True", "DrafterFallback")
     assert "llama8b-gfx1100" in message and "= 41.0 GiB > 38.4 GiB" in message
+    assert condition(plan, "Degraded")[:2] == ("False", "AsExpected")
     assert ("Warning", "DrafterFallback") in reasons(plan)
 
 
