@@ -77,6 +77,14 @@ if ready ~= nil then
     }
   end
   if ready.status == "True" then
+    -- Reduced (a drafter fallback, a gfx target skipped for want of nodes) serves: Healthy, and say what.
+    local reduced = find_condition(conditions, "Reduced")
+    if reduced ~= nil and reduced.status == "True" then
+      return {
+        status = "Healthy",
+        message = explain(ready, "Ready") .. "; reduced (" .. tostring(reduced.reason) .. "): " .. explain(reduced, ""),
+      }
+    end
     return { status = "Healthy", message = explain(ready, "Ready") }
   end
   return { status = "Progressing", message = explain(ready, "Not ready") }

@@ -11,9 +11,13 @@ from typing import Any
 
 import lupa.lua51 as lua51
 import pytest
+import yaml
 
 from specdec_operator.api.status import CanaryStatus, Condition, SpeculativeModelStatus
+from specdec_operator.reconcile.plan import evaluate
 from tests.unit.canary.canaryfactories import canary_status
+from tests.unit.gpu.gpufactories import demo_fleet
+from tests.unit.reconcile.reconcilefactories import SETTINGS, live_children, observed
 
 SCRIPT = Path(__file__).parents[3] / "charts" / "specdec-operator" / "files" / "argocd-health.lua"
 NOW = "2026-11-30T12:00:00Z"
@@ -169,3 +173,33 @@ def test_health(obj: dict[str, Any], status: str, message: str) -> None:
 
 def test_every_argo_cd_status_is_covered() -> None:
     assert {case[2] for case in CASES} == {"Healthy", "Progressing", "Degraded", "Suspended"}
+
+
+REDUCED = condition("Reduced", "True", "DrafterFallback", "llama-gfx1100: ngram, the draft model does not fit")
+
+
+def test_reduced_is_healthy_with_its_message() -> None:
+    result = run_health_check(speculative_model(READY, REDUCED))
+    assert result == {
+        "status": "Healthy",
+        "message": "2 pools, 8/8 replicas ready; reduced (DrafterFallback): llama-gfx1100: ngram, the draft model "
+        "does not fit",
+    }
+
+
+def test_the_70b_example_on_a_fleet_without_mi250x_is_healthy_with_the_skipped_target() -> None:
+    """The status the operator really produces for examples/draft-70b-mi300x-mi250x.yaml, once its pods are ready,
+    on a fleet whose gfx90a (MI250X) nodes are absent: Healthy, and the message names gfx90a."""
+    example = yaml.safe_load((SCRIPT.parents[3] / "examples" / "draft-70b-mi300x-mi250x.yaml").read_text())
+    fleet = [node for node in demo_fleet() if "gfx90a" not in node.gfx_targets]
+    first = evaluate(observed(example["spec"], nodes=fleet), SETTINGS, "2026-11-29T10:00:00Z")
+    assert first.status is not None
+    settled = evaluate(observed(example["spec"], nodes=fleet, status=first.status.to_wire(),
+                                children=live_children(first)), SETTINGS, "2026-11-29T10:01:00Z")
+    assert settled.status is not None
+    obj = {"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel",
+           "metadata": {"name": "llama70b-draft", "namespace": "serving", "generation": 1},
+           "spec": example["spec"], "status": settled.status.to_wire()}
+    result = run_health_check(obj)
+    assert result["status"] == "Healthy"
+    assert "reduced (NoCompatibleNodes)" in result["message"] and "gfx90a" in result["message"]
