@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -74,13 +75,30 @@ ACTIVE = Gauge(
     "1 on the replica that acts (kopf peering did not pause it), 0 on a standby.",
     registry=REGISTRY,
 )
+MODEL_CONDITION = Gauge(
+    "specdec_model_condition",
+    "1 for each condition the model's status holds now, by type, status and reason (alert on Ready not True).",
+    ("namespace", "model", "type", "status", "reason"), registry=REGISTRY,
+)
 
 # Every metric labelled by one SpeculativeModel. A model's series leave /metrics when it is deleted or
 # when this replica stops acting for it (standby), so dashboards and alerts never read a stale number.
 MODEL_METRICS: tuple[Gauge | Counter, ...] = (
     EFFECTIVE_K, RECOMMENDED_K, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH, POSITION_ACCEPTANCE, TOKENS_PER_SECOND,
-    K_CHANGES, TUNER_DECISIONS, CANARY_WEIGHT, ROLLOUTS,
+    K_CHANGES, TUNER_DECISIONS, CANARY_WEIGHT, ROLLOUTS, MODEL_CONDITION,
 )
+# The condition series each model has, so a changed reason replaces its old series instead of adding one.
+_CONDITION_SERIES: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+
+
+def set_model_conditions(namespace: str, model: str, conditions: Iterable[tuple[str, str, str]]) -> None:
+    """Export the model's conditions as (type, status, reason) series of value 1; drop the ones it no longer has."""
+    current = set(conditions)
+    for type_, status, reason in _CONDITION_SERIES.get((namespace, model), set()) - current:
+        MODEL_CONDITION.remove(namespace, model, type_, status, reason)
+    for type_, status, reason in current:
+        MODEL_CONDITION.labels(namespace, model, type_, status, reason).set(1)
+    _CONDITION_SERIES[(namespace, model)] = current
 
 
 # The pools each model has series for, so pruning a model's gone pools looks at that model alone. Reading
@@ -101,6 +119,7 @@ def forget_model(namespace: str, model: str) -> None:
     # Not limited to the tracked pools: a deletion is rare, and this also catches a series made without
     # pool_series().
     _POOLS_WITH_SERIES.pop((namespace, model), None)
+    _CONDITION_SERIES.pop((namespace, model), None)
     for metric in MODEL_METRICS:
         metric.remove_by_labels({"namespace": namespace, "model": model})
 
@@ -112,6 +131,8 @@ def forget_pools_except(namespace: str, model: str, pools: set[str]) -> None:
         return
     for pool in known - pools:
         for metric in MODEL_METRICS:
+            if "pool" not in metric._labelnames:
+                continue
             metric.remove_by_labels({"namespace": namespace, "model": model, "pool": pool})
     known &= pools
 
@@ -119,5 +140,6 @@ def forget_pools_except(namespace: str, model: str, pools: set[str]) -> None:
 def forget_all_models() -> None:
     """A replica that stops acting exports no model series: the active one speaks for every model."""
     _POOLS_WITH_SERIES.clear()
+    _CONDITION_SERIES.clear()
     for metric in MODEL_METRICS:
         metric.clear()

@@ -22,11 +22,19 @@ from specdec_operator.handlers.traffic import clear_manual_action, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
 from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, write_status
 from specdec_operator.kube.api import KubeApiError
-from specdec_operator.metrics import K_CHANGES, RECONCILE_SECONDS, RECONCILES, ROLLOUTS, pool_series
+from specdec_operator.metrics import (
+    K_CHANGES,
+    RECONCILE_SECONDS,
+    RECONCILES,
+    ROLLOUTS,
+    pool_series,
+    set_model_conditions,
+)
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status, read_status
 from specdec_operator.reconcile.status_build import summarise
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
+from specdec_operator.render.names import label_value
 
 OWNED_KINDS = ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget")
 # Canary events that end a rollout, and the result label they count under.
@@ -63,6 +71,7 @@ async def gather(
         children=children,
         nodes=nodes,
         gpu_claims=gpu_claims or FleetClaims(),
+        pods=ctx.cache.pods(namespace, label_value(name)),
     )
 
 
@@ -216,6 +225,9 @@ async def reconcile(
         if plan.status is not None and ctx.settings.shard:
             plan.status.shard = ctx.settings.shard  # which install owns the model, for sharded fleets
         changed = await write(ctx, body, baseline, observed, plan, logger)
+        if plan.status is not None:
+            set_model_conditions(observed.namespace, observed.name,
+                                 [(c.type, c.status, c.reason) for c in plan.status.conditions])
         if not plan.status_unreadable:
             await clear_manual_action(ctx, observed, plan)
     except Exception:

@@ -96,11 +96,35 @@ def runtime_pod_view(body: Mapping[str, Any]) -> dict[str, Any]:
         "status": {
             "phase": status.get("phase"),
             "podIP": status.get("podIP"),
-            "conditions": [{"type": c.get("type"), "status": c.get("status")} for c in status.get("conditions") or []],
-            "containerStatuses": [{"name": c.get("name"), "restartCount": c.get("restartCount", 0)}
-                                  for c in status.get("containerStatuses") or []],
+            "conditions": [_condition_view(c) for c in status.get("conditions") or []],
+            "containerStatuses": [_container_view(c) for c in status.get("containerStatuses") or []],
         },
     }
+
+
+def _condition_view(condition: Mapping[str, Any]) -> dict[str, Any]:
+    view = {"type": condition.get("type"), "status": condition.get("status")}
+    if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+        # The scheduler's reason and words, for an Unschedulable pool (decisions/pod_failures.py).
+        view.update(reason=condition.get("reason"), message=condition.get("message"))
+    return view
+
+
+def _container_view(container: Mapping[str, Any]) -> dict[str, Any]:
+    """Restarts, and only when something is wrong, the waiting and last-terminated reasons and messages:
+    a healthy pod's view stays as small as before (decisions/pod_failures.py reads these)."""
+    view: dict[str, Any] = {"name": container.get("name"), "restartCount": container.get("restartCount", 0)}
+    state = container.get("state") or {}
+    waiting = state.get("waiting")
+    if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+        view["state"] = {"waiting": {"reason": waiting.get("reason"), "message": waiting.get("message")}}
+    elif state.get("running") is not None and container.get("started") is False:
+        view["state"] = {"running": {}}
+        view["started"] = False
+    terminated = (container.get("lastState") or {}).get("terminated")
+    if terminated and "state" in view:
+        view["lastState"] = {"terminated": {key: terminated.get(key) for key in ("reason", "message", "exitCode")}}
+    return view
 
 
 def index_runtime_pod(body: Mapping[str, Any]) -> dict[PodKey, dict[str, Any]] | None:

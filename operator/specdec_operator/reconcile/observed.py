@@ -25,6 +25,8 @@ class ObservedModel:
     nodes: Sequence[NodeGpus] = ()
     # GPU claims of every pod the operator watches (all models, other workloads), for free-GPU counts.
     gpu_claims: FleetClaims = field(default_factory=FleetClaims)
+    # The model's runtime pods as the watch cache keeps them (handlers/watches.py runtime_pod_view).
+    pods: Sequence[Mapping[str, Any]] = ()
 
     def children_of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         return [body for (child_kind, _), body in sorted(self.children.items()) if child_kind == kind]

@@ -19,9 +19,10 @@ from specdec_operator.api.status import (
 )
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
-from specdec_operator.conditions import ConditionFacts, apply_updates, summarize
+from specdec_operator.conditions import ConditionFacts, Finding, apply_updates, summarize
 from specdec_operator.decisions.absence import AbsenceDecision, HeldPool, held_message, hold_missing_pools
 from specdec_operator.decisions.placement import plan_placement
+from specdec_operator.decisions.pod_failures import failure_summaries, pod_failures
 from specdec_operator.decisions.runtime_env import RuntimeEnvError
 from specdec_operator.reconcile.capacity import (
     capacity_findings,
@@ -244,7 +245,12 @@ def evaluate(
     pool_statuses += held_whole
     facts = placement_facts(placement, pools, live_deployments, stable_revisions, held_whole)
     canary_progress, canary_failed = canary_facts(rollout.canary, pools)
+    failures = pod_failures(observed.pods, contract.LABEL_POOL)
+    # Unschedulable pods are reported as PodsUnschedulable once they waited past a replacement's grace.
+    failure_findings = tuple(Finding(reason, message)
+                             for reason, message in failure_summaries(failures, skip=("Unschedulable",)))
     condition_facts = ConditionFacts(
+        pod_failures=failure_findings,
         no_pools=facts.no_pools, pending=facts.pending, ready=facts.ready, reduced=facts.reduced,
         nodes_missing=tuple(held_message(p.name, held, p.replicas, p.effective_k) for p in pool_statuses
                             if (held := absence.held_for(p.gfx_target)) is not None),
@@ -259,7 +265,8 @@ def evaluate(
         delete=_stale_children(observed, wanted | referenced, pools, {p.name for p in held_whole}),
         status=status,
         conditions=condition_facts,
-        events=[*pool_events(previous, status, placement), *_absence_events(absence, status), *rollout_mode_events(
+        events=[*pool_events(previous, status, placement), *_absence_events(absence, status),
+            *_failure_events(previous, failure_findings, condition_facts.capacity), *rollout_mode_events(
             decisions, previous, {p.name: _live_revision(live_deployments.get(p.name)) for p in pools}),
             *rollout.events, *action_events],
         pools=pools,
@@ -289,6 +296,16 @@ def _absence_events(absence: AbsenceDecision, status: SpeculativeModelStatus) ->
                            f"{gfx}: the pool's nodes stayed missing past the grace period; placement now decides")
                for gfx in absence.expired]
     return events
+
+
+def _failure_events(
+    previous: SpeculativeModelStatus, failures: Sequence[Finding], capacity: Sequence[Finding]
+) -> list[EventRecord]:
+    """A Warning per failing pod cause (the kubelet's message) or unschedulable pods, when it is new: the
+    conditions of the last status did not say it yet."""
+    said = " ".join(c.message for c in previous.conditions if c.type in ("Ready", "Degraded"))
+    found = [*failures, *(f for f in capacity if f.reason == "PodsUnschedulable")]
+    return [EventRecord("Warning", f.reason, f.message) for f in found if f.message not in said]
 
 
 def _live_revision(deployment: Mapping[str, Any] | None) -> str | None:

@@ -106,6 +106,7 @@ def test_rules_pass_promtool_check(rule_manifests: list[Manifest], tmp_path: Pat
 def test_every_rule_carries_the_configured_thresholds_and_a_runbook(rule_manifests: list[Manifest]) -> None:
     rules = _rules(rule_manifests)
     assert set(rules) == {"SpecdecAcceptanceRateLow", "SpecdecKThrash", "SpecdecCanaryRolledBack",
+                          "SpecdecModelNotReady",
                           "SpecdecScrapeFailures", "SpecdecReconcileErrors", "SpecdecNoActiveOperator",
                           "SpecdecSeveralActiveOperators"}
     runbooks = (CHART_DIR.parents[1] / "docs" / "runbooks.md").read_text().lower()
@@ -127,7 +128,26 @@ def test_every_alert_fires_when_it_should_and_not_otherwise(rule_manifests: list
     rules = _rules(rule_manifests)
     groups = one(rule_manifests, "PrometheusRule")["spec"]["groups"]
     healthy = _pool(job, pool="llama-gfx90a")
+    model = f'job="{job}", instance="op-a", namespace="{NS}", model="{MODEL}"'
+    other = f'job="{job}", instance="op-a", namespace="{NS}", model="qwen"'
     tests: list[dict[str, Any]] = [
+        {   # One model not Ready for 20 minutes (its reason changing from RolloutInProgress to ImagePullBackOff
+            # after 5), another Ready: fires after 15 minutes, counted from the first reason.
+            "interval": "1m",
+            "input_series": [
+                {"series": f'specdec_model_condition{{{model}, type="Ready", status="False", '
+                           f'reason="RolloutInProgress"}}', "values": "1x5"},
+                {"series": f'specdec_model_condition{{{model}, type="Ready", status="False", '
+                           f'reason="ImagePullBackOff"}}', "values": "_x5 1x15"},
+                {"series": f'specdec_model_condition{{{other}, type="Ready", status="True", reason="PoolsReady"}}',
+                 "values": "1x20"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "14m", "alertname": "SpecdecModelNotReady", "exp_alerts": []},
+                {"eval_time": "16m", "alertname": "SpecdecModelNotReady",
+                 "exp_alerts": [_alert(rules["SpecdecModelNotReady"], {"namespace": NS, "model": MODEL})]},
+            ],
+        },
         {   # Acceptance 50% for half an hour on one pool, 80% on another: fires after 15 minutes, one alert.
             "interval": "1m",
             "input_series": [
