@@ -106,6 +106,10 @@ class Demo:
         step(f"applying {len(models)} examples into namespace {DEMO_NAMESPACE} with simulator profiles ({profiles}), "
              f"autotune every {DEMO_AUTOTUNE['intervalSeconds']} s")
         self.cluster.kubectl("create", "namespace", DEMO_NAMESPACE, check=False)
+        # The examples read their Hugging Face token from this Secret; the fleet driver, like a kubelet, holds a
+        # pod whose Secret is missing in CreateContainerConfigError. The simulators download nothing.
+        self.cluster.kubectl("create", "secret", "generic", "hf-token", "-n", DEMO_NAMESPACE,
+                             "--from-literal=token=demo-placeholder", check=False)
         self.cluster.kubectl("apply", "-n", DEMO_NAMESPACE, "-f", "-", input_text=yaml.safe_dump_all(models))
         self.applied_at = time.monotonic()
         step("starting the operator (standalone, reconcile every 5 s, scrape every 3 s)")

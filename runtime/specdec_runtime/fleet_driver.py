@@ -5,6 +5,10 @@ and makes the set of hosted simulators match. A pod that disappears loses its si
 replaced under the same name has a new UID, so its old simulator stops and a new one starts with the
 new pod's config, which resets its counters as a real restart would.
 
+A simulator that "exits" (it refuses its arguments as vLLM would, or the pod asks for a simulated OOM kill) is
+restarted with the kubelet's back-off (10 s doubling to 5 min), and each exit is reported on the pod as the
+kubelet would: CrashLoopBackOff with lastState.terminated and a restart count (podstates.py).
+
 All simulators live in this one process, each on its own pod IP and port (see simulator/hosted.py):
 a process per pod cost ~40 MiB each and kept a 2,000-pod fleet off a small machine.
 """
@@ -15,12 +19,15 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from specdec_runtime.config import serve_args
 from specdec_runtime.fleet_kube import RuntimePod, kube_pod_source
-from specdec_runtime.simulator.hosted import HostedSimulator, HostError, ProfileCache
+from specdec_runtime.podstates import Terminated, backoff_s
+from specdec_runtime.simulator.hosted import HostedSimulator, HostError, HostExit, ProfileCache
 from specdec_runtime.simulator.profile import DEFAULT_PROFILE, ProfileError, resolve_profile
 
 logger = logging.getLogger(__name__)
@@ -32,12 +39,32 @@ class PodSource(Protocol):
     async def runtime_pods(self) -> list[RuntimePod]: ...
 
 
+class ContainerReporter(Protocol):
+    """Writes what a kubelet would to the pod's status when its container exits or runs again."""
+
+    async def report_crash(self, pod: RuntimePod, restarts: int, last: Terminated) -> None: ...
+
+    async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated) -> None: ...
+
+
+@dataclass
+class CrashLoop:
+    """A pod whose simulator exited: how often, how last, and when the back-off lets it start again."""
+
+    restarts: int
+    last: Terminated
+    retry_at: float  # monotonic
+
+
 class FleetSupervisor:
     """Owns the hosted simulators, keyed by pod UID."""
 
-    def __init__(self, profiles_dir: Path, default_profile: str = DEFAULT_PROFILE) -> None:
+    def __init__(self, profiles_dir: Path, default_profile: str = DEFAULT_PROFILE,
+                 reporter: ContainerReporter | None = None) -> None:
         self.profiles_dir = profiles_dir
         self.default_profile = default_profile
+        self.reporter = reporter
+        self._crashes: dict[str, CrashLoop] = {}
         self._profiles = ProfileCache()
         self._running: dict[str, HostedSimulator] = {}
         self._names: dict[str, str] = {}  # uid -> namespace/name, for log lines
@@ -53,9 +80,25 @@ class FleetSupervisor:
         for uid in [uid for uid in self._running if uid not in wanted]:
             await self._stop(uid, "pod is gone or replaced")
         self._refused &= wanted.keys()
+        for uid in [uid for uid in self._crashes if uid not in wanted]:
+            del self._crashes[uid]
+        now = time.monotonic()
         for uid, pod in wanted.items():
+            crash = self._crashes.get(uid)
+            if crash is not None and now < crash.retry_at:
+                continue  # backing off, as the kubelet does between restarts
             if uid not in self._running and uid not in self._refused:
                 await self._start(pod)
+
+    async def _exited(self, pod: RuntimePod, last: Terminated) -> None:
+        crash = self._crashes.get(pod.uid)
+        restarts = (crash.restarts if crash is not None else 0) + 1
+        self._crashes[pod.uid] = CrashLoop(restarts, last, time.monotonic() + backoff_s(restarts))
+        logger.warning("simulator of %s/%s exited (%s, exit code %d%s); restart %d in %.0fs", pod.namespace,
+                       pod.name, last.reason, last.exit_code, f": {last.message}" if last.message else "", restarts,
+                       backoff_s(restarts))
+        if self.reporter is not None:
+            await self.reporter.report_crash(pod, restarts, last)
 
     async def stop_all(self) -> None:
         for uid in list(self._running):
@@ -87,14 +130,24 @@ class FleetSupervisor:
         if argv is None:
             self._refused.add(pod.uid)
             return
+        if pod.simulate_oom:
+            # Told to stand for a load that outgrows its memory limit: the kernel kills it, no stderr line.
+            await self._exited(pod, Terminated("OOMKilled", 137))
+            return
         try:
             hosted = await HostedSimulator.start(argv, self._profiles)
+        except HostExit as exit_:
+            await self._exited(pod, Terminated("Error", exit_.exit_code, exit_.last_line))
+            return
         except HostError as err:
             # An address still held (the old pod's socket closing) heals on the next resync.
             logger.error("not simulating pod %s yet: %s", where, err)
             return
         self._running[pod.uid] = hosted
         self._names[pod.uid] = where
+        crash = self._crashes.get(pod.uid)  # kept: the restart count, like the kubelet's, only grows
+        if crash is not None and self.reporter is not None:
+            await self.reporter.report_running(pod, crash.restarts, crash.last)
         options = hosted.simulator.options
         logger.info("serving %s on %s:%d (K=%d)", where, options.host, options.port, hosted.simulator.replica.k)
 
@@ -131,4 +184,4 @@ async def run_fleet_driver(
 ) -> None:
     """Profile per pod: its annotation, else its config's simulator_profile, else default_profile."""
     async with kube_pod_source(kubeconfig) as source:
-        await drive(source, FleetSupervisor(profiles_dir, default_profile=default_profile), stop)
+        await drive(source, FleetSupervisor(profiles_dir, default_profile=default_profile, reporter=source), stop)

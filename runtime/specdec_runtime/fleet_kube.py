@@ -10,9 +10,11 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,8 +22,9 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from specdec_runtime import contract
+from specdec_runtime import contract, podstates
 from specdec_runtime.config import RuntimeConfig
+from specdec_runtime.podstates import Terminated, Waiting
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +43,12 @@ class RuntimePod:
     pod_ip: str
     config: RuntimeConfig
     profile: str | None  # the pod's simulator-profile annotation, if any
+    simulate_oom: bool = False  # the pod env asks for a simulated OOM kill (podstates.SIMULATE_OOM_ENV)
 
 
 LIST_PAGE = 500
+# How often a pod held by a missing Secret or an unpullable image is looked at again (the kubelet retries too).
+START_RETRY_S = 10.0
 WATCH_TIMEOUT_S = 300
 WATCH_RETRY_S = 1.0
 
@@ -63,6 +69,11 @@ class KubePodSource:
         self._kwok_nodes: dict[str, bool] = {}
         self._synced = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
+        self._api = api
+        # Start-up checks (Secrets, ConfigMaps, image) of each pod: passed once, or failing and retried later.
+        self._started: set[str] = set()
+        self._blocked: dict[str, tuple[float, int]] = {}  # uid -> (monotonic retry time, attempts)
+        self._pullable = podstates.pullable_images()
 
     async def close(self) -> None:
         if self._watcher is not None:
@@ -81,10 +92,13 @@ class KubePodSource:
         for uid, pod in list(self._pods.items()):
             if uid in self._bad_configs:
                 continue
-            # A terminating pod is gone as far as its simulator is concerned.
-            if pod.metadata.deletion_timestamp is not None or pod.status.phase != "Running":
+            # A terminating pod is gone as far as its simulator is concerned. Pending: one we hold (a missing
+            # Secret, an image it cannot pull), looked at again by _may_start.
+            if pod.metadata.deletion_timestamp is not None or pod.status.phase not in ("Running", "Pending"):
                 continue
             if not pod.status.pod_ip or not await self._on_kwok_node(pod.spec.node_name):
+                continue
+            if not await self._may_start(pod):
                 continue
             runtime_config = self._configs.get(uid) or await self._config_of(pod)
             if runtime_config is None:
@@ -94,8 +108,87 @@ class KubePodSource:
             found.append(RuntimePod(
                 uid=uid, namespace=pod.metadata.namespace, name=pod.metadata.name, pod_ip=pod.status.pod_ip,
                 config=runtime_config, profile=annotations.get(contract.ANNOTATION_SIMULATOR_PROFILE),
+                simulate_oom=podstates.simulates_oom(podstates.runtime_container(self._plain(pod))),
             ))
         return found
+
+    def _plain(self, pod: Any) -> dict[str, Any]:
+        """The pod as the API server's JSON (camelCase dicts), for the pure podstates functions."""
+        return dict(self._api.sanitize_for_serialization(pod))
+
+    async def _may_start(self, pod: Any) -> bool:
+        """Whether the runtime container could start, as a kubelet would find: every Secret and ConfigMap key
+        its env reads exists, and its image can be pulled. If not, the pod shows the kubelet's waiting state."""
+        uid = pod.metadata.uid
+        if uid in self._started:
+            return True
+        retry_at, attempts = self._blocked.get(uid, (0.0, 0))
+        if time.monotonic() < retry_at:
+            return False
+        plain = self._plain(pod)
+        container = podstates.runtime_container(plain)
+        waiting = podstates.pull_failure(str(container.get("image", "")), self._pullable, attempts)
+        if waiting is None:
+            waiting = await self._config_problem(plain, container)
+        if waiting is None:
+            self._started.add(uid)
+            self._blocked.pop(uid, None)
+            if podstates.current_waiting(plain) is not None:
+                await self._patch_status(pod, podstates.running_status(plain, 0, None, _now()))
+            return True
+        self._blocked[uid] = (time.monotonic() + START_RETRY_S, attempts + 1)
+        if podstates.current_waiting(plain) != waiting.reason or attempts == 0:
+            await self._patch_status(pod, podstates.waiting_status(plain, waiting, 0, None, _now()))
+            logger.info("pod %s/%s cannot start: %s: %s", pod.metadata.namespace, pod.metadata.name,
+                        waiting.reason, waiting.message)
+        return False
+
+    async def _config_problem(self, plain: dict[str, Any], container: Any) -> Waiting | None:
+        namespace = plain["metadata"]["namespace"]
+        secret_names, config_map_names = podstates.referenced_objects(container)
+        secrets: dict[str, dict[str, Any]] = {}
+        for name in sorted(secret_names):
+            try:
+                found = await self._core.read_namespaced_secret(name, namespace)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                continue
+            secrets[name] = dict(found.data or {})
+        config_maps: dict[str, dict[str, Any]] = {}
+        for name in sorted(config_map_names):
+            try:
+                config_map = await self._core.read_namespaced_config_map(name, namespace)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                continue
+            config_maps[name] = {**(config_map.data or {}), **(config_map.binary_data or {})}
+        return podstates.config_failure(container, namespace, secrets, config_maps)
+
+    async def _patch_status(self, pod: Any, status: dict[str, Any]) -> None:
+        try:
+            await self._core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace,
+                                                         {"status": status})
+        except ApiException as err:
+            if err.status != 404:  # a pod deleted meanwhile has no status to report
+                raise
+
+    async def report_crash(self, pod: RuntimePod, restarts: int, last: Terminated) -> None:
+        """CrashLoopBackOff with the exit as lastState.terminated, as the kubelet writes it."""
+        body = self._pods.get(pod.uid)
+        if body is None:
+            return
+        plain = self._plain(body)
+        waiting = podstates.crash_waiting(plain, restarts)
+        await self._patch_status(body, podstates.waiting_status(plain, waiting, restarts, last, _now(),
+                                                                phase="Running"))
+
+    async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated) -> None:
+        body = self._pods.get(pod.uid)
+        if body is None:
+            return
+        await self._patch_status(body, podstates.running_status(self._plain(body), restarts, last, _now()))
 
     async def _list_pods(self) -> str:
         pods: dict[str, Any] = {}
@@ -143,6 +236,8 @@ class KubePodSource:
                         if event["type"] == "DELETED":
                             self._pods.pop(pod.metadata.uid, None)
                             self._configs.pop(pod.metadata.uid, None)
+                            self._started.discard(pod.metadata.uid)
+                            self._blocked.pop(pod.metadata.uid, None)
                         elif event["type"] in ("ADDED", "MODIFIED"):
                             self._pods[pod.metadata.uid] = pod
             except asyncio.CancelledError:
@@ -199,6 +294,10 @@ class KubePodSource:
         if uid not in self._bad_configs:
             self._bad_configs.add(uid)
             logger.error("not simulating %s", reason)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def require_loopback_server(host_url: str | None) -> None:

@@ -14,6 +14,7 @@ from specdec_operator.handlers.memory import MemoryRelease
 from specdec_operator.handlers.supervisor import Supervisor
 from specdec_operator.kube.api import KubeApi
 from specdec_operator.reconcile.observed import Settings
+from specdec_operator.render.names import label_value
 from specdec_operator.settings import OperatorSettings
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class OperatorContext:
     memory: MemoryRelease = field(default_factory=MemoryRelease)  # gives pages back after models go
     fleet: FleetSnapshot = field(default_factory=FleetSnapshot)  # nodes and pod GPU claims, shared briefly
     supervisor: Supervisor = field(default_factory=Supervisor)  # runs the operator-wide background loops
+    # Runtime pods failing now (uid -> cause), so a pod that starts or stops failing wakes its model at once.
+    failing_pods: dict[str, str] = field(default_factory=dict)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop every per-model memory when the model's loop ends."""
@@ -59,6 +62,11 @@ class OperatorContext:
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
+
+    def nudge_by_label(self, namespace: str, model_label: str) -> None:
+        """Nudge the model whose (possibly shortened) label value is `model_label`: pods carry only that."""
+        for key in [key for key in self.wakeups if key[0] == namespace and label_value(key[1]) == model_label]:
+            self.nudge(*key)
 
     def nudge(self, namespace: str, name: str) -> None:
         """Ask the model's reconcile loop to run now instead of at its next interval."""

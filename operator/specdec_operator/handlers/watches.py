@@ -21,6 +21,7 @@ from typing import Any
 import kopf
 
 from specdec_operator import GROUP, KIND, PLURAL
+from specdec_operator.decisions.pod_failures import pod_failure
 from specdec_runtime import contract
 
 OWNED_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
@@ -161,6 +162,27 @@ async def owned_pdbs(body: kopf.Body, **_: Any) -> dict[ChildKey, dict[str, Any]
 @kopf.index("", "v1", "pods", labels=OWNED)
 async def runtime_pods(body: kopf.Body, **_: Any) -> dict[PodKey, dict[str, Any]] | None:
     return index_runtime_pod(body)
+
+
+@kopf.on.event("", "v1", "pods", labels=OWNED)
+async def runtime_pod_failing(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Wake a model when one of its pods starts or stops failing (an image pull, a missing Secret key, a crash
+    loop): the condition then names it within a reconcile. Other pod changes wake nothing."""
+    meta = body["metadata"]
+    model = (meta.get("labels") or {}).get(contract.LABEL_MODEL)
+    if not model:
+        return
+    failing: dict[str, str] = memo.context.failing_pods
+    uid = str(meta.get("uid", ""))
+    failure = None if type == "DELETED" else pod_failure(runtime_pod_view(body), contract.LABEL_POOL)
+    cause = failure.reason if failure is not None else None
+    if failing.get(uid) == cause:
+        return
+    if cause is None:
+        failing.pop(uid, None)
+    else:
+        failing[uid] = cause
+    memo.context.nudge_by_label(str(meta.get("namespace", "")), str(model))
 
 
 # Index name (as handlers receive it) -> the kind it indexes and its pure function; for tests that index a

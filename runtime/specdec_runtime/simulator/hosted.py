@@ -8,6 +8,8 @@ random stream, and counters that start at zero when it starts.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from pathlib import Path
 
@@ -15,13 +17,28 @@ from aiohttp import web
 
 from specdec_runtime.simulator.profile import Profile, load_profile
 from specdec_runtime.simulator.server import HTTP_KEEP_ALIVE_S, Simulator, build_app
-from specdec_runtime.simulator.vllm_cli import ServeOptions, StartupRefusal, check_serve_args
+from specdec_runtime.simulator.vllm_cli import EXIT_STARTUP_REFUSED, ServeOptions, StartupRefusal, check_serve_args
 
 logger = logging.getLogger(__name__)
 
 
 class HostError(Exception):
     """This pod's simulator cannot start: bad arguments, a bad profile, or its address is taken."""
+
+
+class HostExit(HostError):
+    """The simulator "process" exited at start-up, as vLLM does when it refuses its configuration: the exit
+    code and the last line it wrote to stderr, which a kubelet reports as the termination message."""
+
+    def __init__(self, exit_code: int, last_line: str) -> None:
+        super().__init__(f"exited with code {exit_code}: {last_line}")
+        self.exit_code = exit_code
+        self.last_line = last_line
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 class ProfileCache:
@@ -39,14 +56,23 @@ class ProfileCache:
 
 
 def parse_options(argv: list[str]) -> ServeOptions:
-    """`serve MODEL ... --profile FILE` as the simulator's own command line takes it."""
+    """`serve MODEL ... --profile FILE` as the simulator's own command line takes it.
+
+    A refusal (argparse's, or vLLM's own start-up checks) is the process exiting: HostExit carries the exit code
+    and the last stderr line, as a kubelet's lastState.terminated would. An exception is an uncaught error:
+    exit code 1 and the traceback's last line (`Type: message`)."""
+    stderr = io.StringIO()
     try:
-        return check_serve_args(argv)
+        with contextlib.redirect_stderr(stderr):
+            return check_serve_args(argv)
     except StartupRefusal as refusal:
-        # What the simulator's process prints last before it exits 1, as vLLM's would.
-        raise HostError(refusal.line()) from None
+        # What the simulator's process prints last before it exits, as vLLM's would.
+        raise HostExit(EXIT_STARTUP_REFUSED, refusal.line()) from None
     except SystemExit as exit_:
-        raise HostError(f"bad simulator arguments (argparse exit {exit_.code})") from None
+        code = exit_.code if isinstance(exit_.code, int) else 1
+        raise HostExit(code, _last_line(stderr.getvalue()) or f"exit status {code}") from None
+    except Exception as err:  # any other start-up failure is the process dying with its last line
+        raise HostExit(1, f"{type(err).__name__}: {err}") from None
 
 
 class HostedSimulator:
