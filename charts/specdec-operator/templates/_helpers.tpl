@@ -158,6 +158,8 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ .Values.runtime.pod.weightsCacheClaim | quote }}
 - name: SPECDEC_RECONCILE_INTERVAL_SECONDS
   value: {{ .Values.reconcileIntervalSeconds | quote }}
+- name: SPECDEC_NODE_MISSING_GRACE_SECONDS
+  value: {{ .Values.nodeMissingGraceSeconds | quote }}
 - name: SPECDEC_SCRAPE_INTERVAL_SECONDS
   value: {{ .Values.scrape.intervalSeconds | quote }}
 - name: SPECDEC_SCRAPE_TIMEOUT_SECONDS
