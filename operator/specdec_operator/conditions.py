@@ -99,6 +99,7 @@ class ConditionFacts:
     inventory_empty: str | None = None  # no node at all: hold, and say so
     no_pools: Finding | None = None  # nothing placed: why
     pending: str | None = None  # pools whose stable Deployment does not serve its revision yet
+    held_waiting: str | None = None  # pools held through missing nodes whose replicas are not all ready
     ready: str = ""  # every pool ready: the summary
     pod_failures: tuple[Finding, ...] = ()  # failing runtime pods, per cause (kubelet's reason and message)
     nodes_missing: tuple[str, ...] = ()  # pools held through missing nodes
@@ -161,13 +162,16 @@ def summarize(facts: ConditionFacts) -> list[ConditionUpdate]:
     elif facts.no_pools is not None:
         updates += [ConditionUpdate("Ready", False, facts.no_pools.reason, facts.no_pools.message),
                     ConditionUpdate("Progressing", False, facts.no_pools.reason, "nothing to roll out")]
-    elif facts.pending is not None:
+    elif facts.pending is not None or facts.held_waiting is not None:
+        waiting = ", ".join(w for w in (facts.pending, facts.held_waiting) if w)
         failures = _ranked(facts.pod_failures, DEGRADED_PRIORITY)
         if failures:
             reason, message = _merge(failures)
-            updates.append(ConditionUpdate("Ready", False, reason, f"{message}; waiting for {facts.pending}"))
+            updates.append(ConditionUpdate("Ready", False, reason, f"{message}; waiting for {waiting}"))
+        elif facts.pending is None:
+            updates.append(ConditionUpdate("Ready", False, "NodesMissing", f"waiting for {waiting}"))
         else:
-            updates.append(ConditionUpdate("Ready", False, "RolloutInProgress", f"waiting for {facts.pending}"))
+            updates.append(ConditionUpdate("Ready", False, "RolloutInProgress", f"waiting for {waiting}"))
     else:
         updates.append(ConditionUpdate("Ready", True, "PoolsReady", facts.ready))
     if not blocking:

@@ -251,7 +251,8 @@ def evaluate(
                              for reason, message in failure_summaries(failures, skip=("Unschedulable",)))
     condition_facts = ConditionFacts(
         pod_failures=failure_findings,
-        no_pools=facts.no_pools, pending=facts.pending, ready=facts.ready, reduced=facts.reduced,
+        no_pools=facts.no_pools, pending=facts.pending, held_waiting=facts.held_waiting, ready=facts.ready,
+        reduced=facts.reduced,
         nodes_missing=tuple(held_message(p.name, held, p.replicas, p.effective_k) for p in pool_statuses
                             if (held := absence.held_for(p.gfx_target)) is not None),
         canary_progress=canary_progress, canary_failed=canary_failed,

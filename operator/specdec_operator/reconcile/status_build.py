@@ -76,6 +76,7 @@ def summarise(pools: Sequence[PoolStatus], acceptance: float | None, canary: str
 class PlacementFacts:
     no_pools: Finding | None = None
     pending: str | None = None
+    held_waiting: str | None = None
     ready: str = ""
     reduced: tuple[Finding, ...] = ()
 
@@ -104,17 +105,20 @@ def placement_facts(
         return PlacementFacts(no_pools=Finding(reason, message))
     pending = [f"{p.name} -> {stable_revisions.get(p.name, p.revision)}" for p in pools
                if not rollout_done(p, live.get(p.name), stable_revisions.get(p.name, p.revision))]
+    held_waiting = []
     for held in held_pools:
         ready = int((live.get(held.name) or {}).get("status", {}).get("readyReplicas", 0) or 0)
         if ready < held.replicas:
-            pending.append(f"{held.name} ({ready} of {held.replicas} ready, held through missing nodes)")
+            held_waiting.append(f"{held.name} ({ready} of {held.replicas} ready, held through missing nodes)")
     summary = ", ".join([*(f"{p.name}: {p.plan.replicas} ready at K={p.k}" for p in pools),
                          *(f"{h.name}: {h.replicas} ready at K={h.effective_k}" for h in held_pools)])
     reduced = [Finding("DrafterFallback", f"{p.name}: {p.plan.drafter.reason}")
                for p in pools if p.plan.drafter.fallback]
     # A target skipped because other workloads hold the GPUs is Degraded (capacity_findings), not by design.
     reduced += [Finding(s.reason, s.message) for s in placement.skipped if s.reason != "InsufficientGpus"]
-    return PlacementFacts(pending=", ".join(pending) if pending else None, ready=summary, reduced=tuple(reduced))
+    return PlacementFacts(pending=", ".join(pending) if pending else None,
+                          held_waiting=", ".join(held_waiting) if held_waiting else None, ready=summary,
+                          reduced=tuple(reduced))
 
 
 def build_status(

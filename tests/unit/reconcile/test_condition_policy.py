@@ -52,7 +52,13 @@ PULL = Finding("ImagePullBackOff", "llama-gfx942: pod a: Back-off pulling image"
     (ConditionFacts(invalid_spec="spec.model.name: empty"),
      {"Ready": (False, "InvalidSpec"), "Degraded": (True, "InvalidSpec")}),
     (ConditionFacts(status_unreadable="status.pools: bad"), {"Degraded": (True, "StatusUnreadable")}),
-], ids=["ready", "reduced-is-not-degraded", "pod-failure-names-ready", "priority", "invalid", "unreadable"])
+    (ConditionFacts(held_waiting="llama-gfx942 (0 of 2 ready, held through missing nodes)",
+                    nodes_missing=("llama-gfx942: nodes n1 missing",)),
+     {"Ready": (False, "NodesMissing"), "Progressing": (False, "RolloutComplete"),
+      "Degraded": (True, "NodesMissing"),
+      "Reduced": (False, "AsExpected")}),
+], ids=["ready", "reduced-is-not-degraded", "pod-failure-names-ready", "priority", "invalid", "unreadable",
+        "held-pool-not-ready"])
 def test_summary(facts: ConditionFacts, expected: dict[str, tuple[bool | None, str]]) -> None:
     assert by_type(summarize(facts)) == expected
 
