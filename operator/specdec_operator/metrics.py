@@ -85,7 +85,7 @@ MODEL_CONDITION = Gauge(
 # when this replica stops acting for it (standby), so dashboards and alerts never read a stale number.
 MODEL_METRICS: tuple[Gauge | Counter, ...] = (
     EFFECTIVE_K, RECOMMENDED_K, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH, POSITION_ACCEPTANCE, TOKENS_PER_SECOND,
-    K_CHANGES, TUNER_DECISIONS, CANARY_WEIGHT, ROLLOUTS, MODEL_CONDITION,
+    K_CHANGES, TUNER_DECISIONS, CANARY_WEIGHT, ROLLOUTS,
 )
 # The condition series each model has, so a changed reason replaces its old series instead of adding one.
 _CONDITION_SERIES: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
@@ -120,6 +120,7 @@ def forget_model(namespace: str, model: str) -> None:
     # pool_series().
     _POOLS_WITH_SERIES.pop((namespace, model), None)
     _CONDITION_SERIES.pop((namespace, model), None)
+    MODEL_CONDITION.remove_by_labels({"namespace": namespace, "model": model})
     for metric in MODEL_METRICS:
         metric.remove_by_labels({"namespace": namespace, "model": model})
 
@@ -131,8 +132,6 @@ def forget_pools_except(namespace: str, model: str, pools: set[str]) -> None:
         return
     for pool in known - pools:
         for metric in MODEL_METRICS:
-            if "pool" not in metric._labelnames:
-                continue
             metric.remove_by_labels({"namespace": namespace, "model": model, "pool": pool})
     known &= pools
 
@@ -141,5 +140,6 @@ def forget_all_models() -> None:
     """A replica that stops acting exports no model series: the active one speaks for every model."""
     _POOLS_WITH_SERIES.clear()
     _CONDITION_SERIES.clear()
+    MODEL_CONDITION.clear()
     for metric in MODEL_METRICS:
         metric.clear()

@@ -5,7 +5,16 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from specdec_operator.api.status import PoolSpeculationStats
-from specdec_operator.metrics import CANARY_WEIGHT, MODEL_METRICS, REGISTRY, ROLLOUTS, forget_model, pool_series
+from specdec_operator.metrics import (
+    CANARY_WEIGHT,
+    MODEL_CONDITION,
+    MODEL_METRICS,
+    REGISTRY,
+    ROLLOUTS,
+    forget_model,
+    pool_series,
+    set_model_conditions,
+)
 from specdec_operator.tuner.engine import TunerReport
 from specdec_operator.tuner.exporter import publish
 
@@ -65,3 +74,18 @@ def test_every_model_metric_is_labelled_by_namespace_model_and_pool() -> None:
     for metric in MODEL_METRICS:
         names = metric._labelnames
         assert names[:3] == ("namespace", "model", "pool"), metric
+
+
+def test_model_conditions_are_one_series_each_replaced_when_the_reason_changes() -> None:
+    def series() -> dict[tuple[str, ...], float]:
+        return {tuple(s.labels[k] for k in ("type", "status", "reason")): s.value
+                for metric in MODEL_CONDITION.collect() for s in metric.samples
+                if s.labels["namespace"] == "ns-cond" and s.labels["model"] == "llama"}
+
+    starting = [("Ready", "False", "RolloutInProgress"), ("Degraded", "False", "AsExpected")]
+    set_model_conditions("ns-cond", "llama", starting)
+    failing = [("Ready", "False", "ImagePullBackOff"), ("Degraded", "True", "ImagePullBackOff")]
+    set_model_conditions("ns-cond", "llama", failing)
+    assert series() == {("Ready", "False", "ImagePullBackOff"): 1.0, ("Degraded", "True", "ImagePullBackOff"): 1.0}
+    forget_model("ns-cond", "llama")
+    assert series() == {}
