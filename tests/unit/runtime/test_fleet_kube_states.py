@@ -1,0 +1,109 @@
+"""KubePodSource as the kubelet stand-in, against a fake CoreV1Api: the status patches it sends, and when."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from specdec_runtime import contract
+from specdec_runtime.fleet_kube import KubePodSource
+from specdec_runtime.podstates import Terminated
+
+CONFIG = '{"model": "org/target", "served_model_name": "target", "port": 8000}'
+
+
+class FakeCore:
+    def __init__(self) -> None:
+        self.secrets: dict[str, dict[str, str]] = {}
+        self.patches: list[dict[str, Any]] = []
+
+    async def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+        if name not in self.secrets:
+            raise ApiException(status=404)
+        return client.V1Secret(data=self.secrets[name])
+
+    async def read_namespaced_config_map(self, name: str, namespace: str) -> Any:
+        if name != "cfg":
+            raise ApiException(status=404)
+        return client.V1ConfigMap(data={contract.CONFIG_KEY: CONFIG})
+
+    async def read_node(self, name: str) -> Any:
+        return client.V1Node(metadata=client.V1ObjectMeta(name=name, annotations={"kwok.x-k8s.io/node": "fake"}))
+
+    async def patch_namespaced_pod_status(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self.patches.append(body["status"])
+
+
+def pod(image: str = "ghcr.io/specdec/specdec-runtime:0.1.0-simulator", env: list[Any] | None = None) -> Any:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name="p", namespace="ns", uid="u1", labels={}),
+        spec=client.V1PodSpec(node_name="n1", containers=[client.V1Container(name="vllm", image=image, env=env)],
+                              volumes=[client.V1Volume(name=contract.CONFIG_VOLUME,
+                                                       config_map=client.V1ConfigMapVolumeSource(name="cfg"))]),
+        status=client.V1PodStatus(phase="Running", pod_ip="127.0.0.9"),
+    )
+
+
+@pytest.fixture
+async def source() -> Any:
+    async with client.ApiClient(client.Configuration()) as api:
+        made = KubePodSource(api)
+        made._core = FakeCore()  # the one seam: everything else is the real source
+        made._synced.set()
+        made._watcher = _Forever()
+        yield made
+
+
+class _Forever:
+    def done(self) -> bool:
+        return False
+
+    def cancel(self) -> None:
+        return None
+
+
+HF = client.V1EnvVar(name="HF_TOKEN", value_from=client.V1EnvVarSource(
+    secret_key_ref=client.V1SecretKeySelector(name="hf-token", key="token")))
+
+
+async def test_a_missing_secret_holds_the_pod_until_it_exists(source: Any) -> None:
+    source._pods = {"u1": pod(env=[HF])}
+    assert await source.runtime_pods() == []
+    [patch] = source._core.patches
+    waiting = patch["containerStatuses"][0]["state"]["waiting"]
+    assert waiting == {"reason": "CreateContainerConfigError", "message": 'secret "hf-token" not found'}
+    assert patch["phase"] == "Pending"
+    # The Secret appears; past the retry time the pod starts and is marked running and ready again.
+    source._core.secrets["hf-token"] = {"token": "dA=="}
+    source._blocked["u1"] = (0.0, 1)
+    source._pods["u1"].status.phase = "Pending"
+    source._pods["u1"].status.container_statuses = [client.V1ContainerStatus(
+        name="vllm", image="x", image_id="", ready=False, restart_count=0,
+        state=client.V1ContainerState(waiting=client.V1ContainerStateWaiting(reason="CreateContainerConfigError")))]
+    pods = await source.runtime_pods()
+    assert [p.name for p in pods] == ["p"]
+    assert source._core.patches[-1]["phase"] == "Running"
+    assert source._core.patches[-1]["containerStatuses"][0]["ready"] is True
+
+
+async def test_an_image_outside_the_local_registry_is_err_image_pull(source: Any) -> None:
+    source._pods = {"u1": pod(image="ghcr.io/specdec/specdec-runtime:0.1.0-typo")}
+    assert await source.runtime_pods() == []
+    assert source._core.patches[0]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ErrImagePull"
+    assert await source.runtime_pods() == []  # within the retry interval: nothing more is sent
+    assert len(source._core.patches) == 1
+
+
+async def test_a_healthy_pod_is_served_without_a_status_write(source: Any) -> None:
+    source._pods = {"u1": pod(env=[client.V1EnvVar(name="SPECDEC_SIMULATE_OOM", value="true")])}
+    [served] = await source.runtime_pods()
+    assert served.simulate_oom and source._core.patches == []
+    await source.report_crash(served, 1, Terminated("OOMKilled", 137))
+    [patch] = source._core.patches
+    status = patch["containerStatuses"][0]
+    assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert status["lastState"]["terminated"]["reason"] == "OOMKilled" and status["restartCount"] == 1
+    assert patch["phase"] == "Running"
