@@ -91,17 +91,21 @@ def hold_missing_pools(
         if gfx not in spec.placement.gfx_targets:
             continue  # the spec dropped the target: a decision in Git, not a missing node
         plan = placed.get(gfx)
+        known = set(before.node_names)
+        now_hosts = set(plan.nodes) if plan is not None else set()
+        missing_names = sorted(known - now_hosts)
         if plan is None:
             skip = skipped.get(gfx)
             if skip is None or skip.reason not in NODE_SKIP_REASONS:
                 continue
-            lost = True
+            # Nodes the pool was on are gone; a status from before nodeNames can only go by the skip's reason.
+            lost = bool(missing_names) if known else skip.reason == "NoCompatibleNodes"
         else:
-            # Fewer replicas only count when the nodes, not the spec, shrank the pool.
-            lost = plan.replicas < before.replicas and plan.slots < before.replicas
-        known = set(before.node_names)
-        now_hosts = set(plan.nodes) if plan is not None else set()
-        missing_names = sorted(known - now_hosts) if known else []
+            # Fewer replicas count only when nodes the pool was on went, not when the spec or other workloads'
+            # GPUs shrank it (InsufficientGpus is capacity taken, reported as such, not nodes missing).
+            # A status from before nodeNames goes by the slots the nodes offer.
+            lost = plan.replicas < before.replicas and (
+                bool(missing_names) if known else plan.slots < before.replicas)
         if not lost:
             continue
         if before.missing is not None:
@@ -130,7 +134,7 @@ def hold_missing_pools(
 
 def held_message(pool: str, held: HeldPool, replicas: int, k: int) -> str:
     """One pool's part of the NodesMissing condition: which nodes, why, and until when."""
-    nodes = ", ".join(held.missing.nodes) if held.missing.nodes else f"its {held.gfx} nodes"
-    return (f"{pool}: nodes {nodes} missing since {held.missing.since} ({'; '.join(held.why)}); keeping "
+    nodes = f"nodes {', '.join(held.missing.nodes)}" if held.missing.nodes else f"its {held.gfx} nodes"
+    return (f"{pool}: {nodes} missing since {held.missing.since} ({'; '.join(held.why)}); keeping "
             f"{replicas} replica(s) at K={k} until {_format(held.until)}, then the pool is "
             f"{'removed' if held.whole else 'resized'}")

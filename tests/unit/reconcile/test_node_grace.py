@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from specdec_operator.gpu.inventory import NodeGpus
+from specdec_operator.decisions.capacity import FleetClaims
+from specdec_operator.gpu.inventory import NodeGpus, PodGpus
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate
 from tests.unit.api.specfactories import drafter_wire, spec_wire
 from tests.unit.gpu.gpufactories import demo_fleet
@@ -167,3 +168,14 @@ def test_a_status_without_node_names_still_holds() -> None:
                     SETTINGS_WITH_GRACE, T_OUTAGE)
     assert plan.delete == []
     assert "gfx942" in condition(plan, "Degraded")[2]
+
+
+def test_gpus_taken_by_other_workloads_are_not_missing_nodes() -> None:
+    """Capacity other models hold shrinks a pool through InsufficientGpus at once: its nodes are all there."""
+    first, status = settled()
+    others = FleetClaims.of(PodGpus("other", f"o{i}", 8, name, "other/model") for i, name in enumerate(GFX942[:3]))
+    taken = dataclasses.replace(observed(SPEC, status=status, children=live_children(first)), gpu_claims=others)
+    plan = evaluate(taken, SETTINGS_WITH_GRACE, T_OUTAGE)
+    assert "missing" not in pool(status_wire(plan), "gfx942")
+    assert pool(status_wire(plan), "gfx942")["replicas"] == 2
+    assert condition(plan, "Degraded")[1] == "InsufficientGpus"
