@@ -70,6 +70,13 @@ def why_missing(name: str, gfx: str, nodes: Mapping[str, NodeGpus], spec: Specul
     return label_mismatch(node, gfx, spec) or scheduling_block(node, spec) or f"{name} has no room for the pool"
 
 
+def _no_longer_matches(name: str, gfx: str, nodes: Mapping[str, NodeGpus], spec: SpeculativeModelSpec) -> bool:
+    node = nodes.get(name)
+    if node is None or node.gfx != gfx:
+        return True
+    return label_mismatch(node, gfx, spec) is not None or scheduling_block(node, spec) is not None
+
+
 def hold_missing_pools(
     previous: Sequence[PoolStatus],
     placement: PlacementPlan,
@@ -92,8 +99,9 @@ def hold_missing_pools(
             continue  # the spec dropped the target: a decision in Git, not a missing node
         plan = placed.get(gfx)
         known = set(before.node_names)
-        now_hosts = set(plan.nodes) if plan is not None else set()
-        missing_names = sorted(known - now_hosts)
+        # Gone or no longer matching (deleted, labels, allocatable, cordon, taint); a node whose GPUs other
+        # workloads took is still there, and that shortfall is InsufficientGpus, at once.
+        missing_names = sorted(name for name in known if _no_longer_matches(name, gfx, inventory, spec))
         if plan is None:
             skip = skipped.get(gfx)
             if skip is None or skip.reason not in NODE_SKIP_REASONS:

@@ -179,3 +179,12 @@ def test_gpus_taken_by_other_workloads_are_not_missing_nodes() -> None:
     assert "missing" not in pool(status_wire(plan), "gfx942")
     assert pool(status_wire(plan), "gfx942")["replicas"] == 2
     assert condition(plan, "Degraded")[1] == "InsufficientGpus"
+
+
+def test_a_pool_whose_gpus_other_workloads_took_entirely_is_not_held() -> None:
+    first, status = settled()
+    others = FleetClaims.of(PodGpus("other", f"o{i}", 8, name, "other/model") for i, name in enumerate(GFX942))
+    taken = dataclasses.replace(observed(SPEC, status=status, children=live_children(first)), gpu_claims=others)
+    plan = evaluate(taken, SETTINGS_WITH_GRACE, T_OUTAGE)
+    assert "gfx942" not in [p["gfxTarget"] for p in status_wire(plan)["pools"] if p.get("missing")]
+    assert condition(plan, "Degraded")[1] == "InsufficientGpus"
