@@ -105,11 +105,7 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
         "peering.name=fleet-peering",
         "shard.name=blue",
         "shard.modelSelector=specdec.io/shard in (blue)",
-<<<<<<< HEAD
-=======
-        "restartWhenStrandedMib=0",
         "nodeMissingGraceSeconds=90",
->>>>>>> 1b5ed21 (Chart: nodeMissingGraceSeconds (SPECDEC_NODE_MISSING_GRACE_SECONDS), modelNotReady.for; README regenerated)
     )
     settings = _settings_from_env(_settings_env(manifests), monkeypatch)
     assert settings.namespaces == ["team-a"]
@@ -118,11 +114,7 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
     assert settings.scrape_loopback_only is True
     assert settings.peering_name == "fleet-peering"
     assert settings.shard == "blue" and settings.model_selector == "specdec.io/shard in (blue)"
-<<<<<<< HEAD
-=======
-    assert settings.restart_when_stranded_mib == 0
     assert settings.node_missing_grace_seconds == 90
->>>>>>> 1b5ed21 (Chart: nodeMissingGraceSeconds (SPECDEC_NODE_MISSING_GRACE_SECONDS), modelNotReady.for; README regenerated)
 
 
 # Settings the chart already sets that the operator has yet to read. Strict: once the field exists in
