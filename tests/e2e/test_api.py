@@ -53,6 +53,6 @@ def test_kubectl_explain_shows_field_descriptions(kube: Kube) -> None:
 def test_kubectl_get_shows_the_columns(kube: Kube) -> None:
     kube.apply(yaml.safe_load((REPO / "examples" / "eagle3-mi300x.yaml").read_text()))
     header = kube.run("get", "sm").splitlines()[0].split()
-    assert header == ["NAME", "READY", "MODEL", "DRAFTER", "K", "ACCEPTANCE", "POOLS", "AGE"]
+    assert header == ["NAME", "READY", "MODEL", "DRAFTER", "K", "ACCEPTANCE", "POOLS", "REPLICAS", "AGE"]
     wide = kube.run("get", "specmodel", "-o", "wide").splitlines()[0].split()
     assert "CANARY" in wide
