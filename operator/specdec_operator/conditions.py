@@ -19,6 +19,11 @@ class ConditionUpdate:
     message: str
 
 
+def route_condition(reason: str, message: str) -> ConditionUpdate:
+    """A Gateway that refuses our HTTPRoute (reconcile/route_status.py): the model is degraded, in its words."""
+    return ConditionUpdate("Degraded", True, reason, message)
+
+
 def _status_text(status: bool | None) -> Literal["True", "False", "Unknown"]:
     return "Unknown" if status is None else ("True" if status else "False")
 

@@ -13,7 +13,7 @@ from specdec_operator.api.spec import ObjectRef, SpeculativeModelSpec
 from specdec_operator.api.status import CanaryStatus, PoolRollout, SpeculationStatus, SpeculativeModelStatus
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
-from specdec_operator.conditions import ConditionUpdate, apply_updates
+from specdec_operator.conditions import ConditionUpdate, apply_updates, route_condition
 from specdec_operator.decisions.placement import plan_placement
 from specdec_operator.decisions.runtime_env import RuntimeEnvError
 from specdec_operator.reconcile.capacity import (
@@ -27,6 +27,7 @@ from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model
 from specdec_operator.reconcile.events import pool_events
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
 from specdec_operator.reconcile.rollout import RolloutResult, plan_rollout
+from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_conditions, placement_conditions, pool_status
 from specdec_operator.render.drift import covers
 from specdec_operator.render.service import TRACKS, service
@@ -224,6 +225,10 @@ def evaluate(
     updates = placement_conditions(placement, pools, live_deployments, stable_revisions)
     updates += canary_conditions(rollout.canary, pools)
     updates += capacity_conditions(placement, usage, updates, moment)
+    if route is not None and observed.route_read:
+        verdict = route_verdict(route.namespace or observed.namespace, route.name, observed.route)
+        if verdict is not None:
+            updates.append(route_condition(*verdict))
     if refusals:
         # Last, so it wins over the placement's Degraded=False: the server's own words, per object.
         updates.append(ConditionUpdate("Degraded", True, "WriteRefused", "; ".join(refusals)))
