@@ -3,8 +3,9 @@
 Dev tooling like the fleet driver. It watches Services, Pods, HTTPRoutes and ReferenceGrants and forwards each
 request it receives on a loopback address to a fake pod's loopback IP, as routing.py decides: a request for a
 Service DNS name spreads over the Service's ready pods; any other request goes through the HTTPRoutes attached
-to the Gateway it stands in for, by their weights. Why this exists instead of a real data plane, and what a
-real Gateway (Traefik) still does here, is in docs/local-traffic.md.
+to the Gateway it stands in for, by their weights. Like a Gateway controller it writes each attached route's
+status.parents entry (Accepted, ResolvedRefs with the Gateway API's reasons). Why this exists instead of a real
+data plane, and how far a real Gateway (Traefik) got here, is in docs/local-traffic.md.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
@@ -20,7 +22,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from specdec_runtime.fleet_kube import require_loopback_server
-from specdec_runtime.routing import ClusterView, Router
+from specdec_runtime.routing import GATEWAY_GROUP, STANDIN_CONTROLLER, ClusterView, Router, route_parent_status
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ RETRY_S = 1.0
 # Hop-by-hop headers a proxy must not forward (RFC 9110 7.6.1), plus what aiohttp sets itself.
 HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                          "upgrade", "host", "content-length"})
+# The client would send a dict as a JSON patch (the first type the endpoint lists); ours is a merge patch.
+MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 ROUTED_BY = "x-specdec-standin-backend"  # which Service a request went to, for logs and debugging
 
 
@@ -120,14 +124,54 @@ class GatewayStandIn:
                                                  "code": 502}}, status=502)
 
 
-async def _keep_router_current(router: Router, caches: dict[str, KindCache], changed: asyncio.Event) -> None:
+def _status_differs(route: Mapping[str, Any], conditions: list[dict[str, Any]]) -> bool:
+    ours = next((p for p in (route.get("status") or {}).get("parents") or []
+                 if p.get("controllerName") == STANDIN_CONTROLLER), None)
+    if ours is None:
+        return True
+    keys = ("type", "status", "reason", "message", "observedGeneration")
+    have = {c.get("type"): tuple(c.get(k) for k in keys) for c in ours.get("conditions") or []}
+    return any(have.get(c["type"]) != tuple(c.get(k) for k in keys) for c in conditions)
+
+
+async def _write_route_status(custom: client.CustomObjectsApi, view: ClusterView, router: Router) -> None:
+    """As a Gateway controller does: our entry in status.parents of every route attached to our Gateway."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for route in view.routes:
+        parent = next((ref for ref in (route.get("spec") or {}).get("parentRefs") or []
+                       if ref.get("name") == router.gateway and (ref.get("kind") or "Gateway") == "Gateway"), None)
+        if parent is None:
+            continue
+        conditions = route_parent_status(view, route, router.gateway)
+        if not _status_differs(route, conditions):
+            continue
+        for condition in conditions:
+            condition["lastTransitionTime"] = stamp
+        others = [p for p in (route.get("status") or {}).get("parents") or []
+                  if p.get("controllerName") != STANDIN_CONTROLLER]
+        body = {"status": {"parents": [*others, {"parentRef": parent, "controllerName": STANDIN_CONTROLLER,
+                                                  "conditions": conditions}]}}
+        meta = route["metadata"]
+        try:
+            await custom.patch_namespaced_custom_object_status(
+                GATEWAY_GROUP, "v1", meta["namespace"], "httproutes", meta["name"], body, **MERGE_PATCH)
+        except ApiException as err:
+            # Deleted meanwhile, or a conflict: the watch brings the route back and we write again.
+            logger.info("HTTPRoute %s/%s status not written: %s %s", meta["namespace"], meta["name"], err.status,
+                        err.reason)
+
+
+async def _keep_router_current(router: Router, caches: dict[str, KindCache], changed: asyncio.Event,
+                               custom: client.CustomObjectsApi) -> None:
     while True:
         await changed.wait()
         changed.clear()
-        router.update(ClusterView(
+        view = ClusterView(
             services=caches["services"].objects.values(), pods=caches["pods"].objects.values(),
             routes=caches["httproutes"].objects.values(), grants=caches["referencegrants"].objects.values(),
-        ))
+        )
+        router.update(view)
+        await _write_route_status(custom, view, router)
 
 
 async def run_gateway_standin(kubeconfig: str | None, host: str, port: int, gateway: str,
@@ -155,7 +199,7 @@ async def run_gateway_standin(kubeconfig: str | None, host: str, port: int, gate
         }
         router = Router(gateway)
         tasks = [asyncio.create_task(cache.run()) for cache in caches.values()]
-        tasks.append(asyncio.create_task(_keep_router_current(router, caches, changed)))
+        tasks.append(asyncio.create_task(_keep_router_current(router, caches, changed, custom)))
         for cache in caches.values():
             await cache.synced.wait()
         async with ClientSession(timeout=ClientTimeout(total=None, sock_connect=5)) as session:

@@ -276,3 +276,37 @@ class Router:
         turn = self._pod_turns.get(key, 0)
         self._pod_turns[key] = turn + 1
         return Decision(backend.endpoints[turn % len(backend.endpoints)], backend=backend)
+
+
+STANDIN_CONTROLLER = "specdec.io/gateway-standin"
+
+
+def route_parent_status(view: ClusterView, route: Mapping[str, Any], gateway: str) -> list[dict[str, Any]]:
+    """The Gateway API conditions a Gateway controller writes for one attached route: Accepted (the stand-in
+    takes every HTTPRoute attached to its Gateway) and ResolvedRefs with the spec's reasons (RefNotPermitted,
+    BackendNotFound, InvalidKind) and a message naming the backendRef. lastTransitionTime is the caller's."""
+    meta = _meta(route)
+    namespace, generation = str(meta.get("namespace")), meta.get("generation")
+    problems: list[tuple[str, str]] = []
+    for rule in (route.get("spec") or {}).get("rules") or []:
+        for ref in rule.get("backendRefs") or []:
+            target_ns, name = ref.get("namespace") or namespace, ref.get("name")
+            if (ref.get("group") or "") != "" or (ref.get("kind") or "Service") != "Service":
+                problems.append(("InvalidKind", f"backendRef {name}: kind {ref.get('kind')} is not supported"))
+            elif not view.reference_allowed(namespace, target_ns, str(name)):
+                problems.append(("RefNotPermitted", f"backendRef to Service {target_ns}/{name} is not permitted: "
+                                                    f"no ReferenceGrant in {target_ns} allows HTTPRoutes from "
+                                                    f"{namespace}"))
+            elif (target_ns, name) not in view.services:
+                problems.append(("BackendNotFound", f"backendRef to Service {target_ns}/{name}: not found"))
+    resolved: dict[str, Any] = {"type": "ResolvedRefs", "status": "True", "reason": "ResolvedRefs",
+                                "message": "every backendRef resolves"}
+    if problems:
+        resolved = {"type": "ResolvedRefs", "status": "False", "reason": problems[0][0],
+                    "message": "; ".join(message for _, message in problems)}
+    accepted = {"type": "Accepted", "status": "True", "reason": "Accepted",
+                "message": f"attached to Gateway {gateway}"}
+    for condition in (accepted, resolved):
+        if generation is not None:
+            condition["observedGeneration"] = generation
+    return [accepted, resolved]

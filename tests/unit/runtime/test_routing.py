@@ -90,3 +90,22 @@ def test_service_host_names() -> None:
     assert service_host("llama-stable.team-a.svc.cluster.local:8000") == ("team-a", "llama-stable")
     assert service_host("llama-stable.team-a.svc") == ("team-a", "llama-stable")
     assert service_host("gateway.example.com") is None
+
+
+def test_the_standin_reports_route_status_as_a_gateway_controller_would() -> None:
+    from specdec_runtime.routing import route_parent_status
+
+    refs = [{"name": "m-stable", "port": 8000, "weight": 90},
+            {"name": "away", "namespace": "other", "port": 8000, "weight": 10}]
+    route = http_route(refs)
+    route["metadata"]["generation"] = 3
+    view = ClusterView(services=[service("m-stable", {"a": "b"}), service("away", {"a": "b"}, "other"),
+                                 service("other", {"a": "b"})], routes=[route])
+    accepted, resolved = route_parent_status(view, route, "gw")
+    assert (accepted["type"], accepted["status"], accepted["observedGeneration"]) == ("Accepted", "True", 3)
+    assert (resolved["status"], resolved["reason"]) == ("False", "RefNotPermitted")
+    assert "Service other/away" in resolved["message"] and "ReferenceGrant" in resolved["message"]
+    route["spec"]["rules"][0]["backendRefs"] = refs[:1]
+    assert route_parent_status(view, route, "gw")[1]["status"] == "True"
+    route["spec"]["rules"][0]["backendRefs"] = [{"name": "missing", "port": 8000}]
+    assert route_parent_status(view, route, "gw")[1]["reason"] == "BackendNotFound"
