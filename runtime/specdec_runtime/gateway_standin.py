@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -107,6 +107,7 @@ class GatewayStandIn:
         url = f"http://{endpoint.ip}:{endpoint.port}{request.path_qs}"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read()
+        response: web.StreamResponse | None = None
         try:
             async with self.session.request(request.method, url, headers=headers, data=body) as upstream:
                 response = web.StreamResponse(status=upstream.status, headers={
@@ -118,7 +119,9 @@ class GatewayStandIn:
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-        except OSError as err:
+        except (ClientError, OSError) as err:
+            if response is not None and response.prepared:
+                return response  # the backend dropped a stream we had begun to relay: the client sees it cut
             # A Gateway answers 502 when the backend refuses or drops the connection.
             return web.json_response({"error": {"message": f"upstream {endpoint.ip}:{endpoint.port}: {err}",
                                                  "code": 502}}, status=502)
