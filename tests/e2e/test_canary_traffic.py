@@ -144,8 +144,8 @@ def hostname(name: str) -> str:
     return f"{name}.models.test"
 
 
-def canary_weight(kube: Kube, name: str) -> int:
-    refs = kube.get("httproute", name)["spec"]["rules"][0]["backendRefs"]
+def canary_weight(kube: Kube, name: str, route: dict[str, Any] | None = None) -> int:
+    refs = (route or kube.get("httproute", name))["spec"]["rules"][0]["backendRefs"]
     by_name = {ref["name"]: int(ref.get("weight", 1)) for ref in refs}
     stable, canary = by_name.get(f"{name}-stable", 0), by_name.get(f"{name}-canary", 0)
     return round(100 * canary / (stable + canary)) if stable + canary else 0
@@ -193,9 +193,9 @@ class StepShares:
     shares: dict[int, tuple[float, float]] = field(default_factory=dict)  # weight -> (canary, total)
     pair: tuple[str, str] | None = None
 
-    def observe(self, kube: Kube) -> None:
+    def observe(self, kube: Kube, route: dict[str, Any]) -> None:
         """Called while waiting: when the route's weight has moved, close the previous step's window."""
-        weight = canary_weight(kube, self.name)
+        weight = canary_weight(kube, self.name, route)
         if weight == self.weight:
             return
         self.pair = self.pair or revisions(kube, self.name)
@@ -231,24 +231,27 @@ def test_each_revision_receives_the_route_weight_and_healthy_canaries_promote_on
     pools = {f"pool{replicas}": replicas for replicas in (1, 2, 4)}
     bodies = {name: model(name, replicas) for name, replicas in pools.items()}
     kube.apply([http_route(name) for name in pools] + list(bodies.values()))
-    for name in pools:
-        wait_for(f"{name} Ready", lambda n=name: ready(kube, n), 120)
+    wait_for("every model Ready", lambda: all(ready(kube, n) for n in pools), 120)
     steps = {name: StepShares(name) for name in pools}
     loads = [BackgroundLoad(gateway.url, hostname(name), seed) for seed, name in enumerate(pools)]
     for load in loads:
         load.__enter__()
     try:
         # Every stable pod serves before the canary starts: the route's whole weight goes to the stable Service.
-        wait_for("traffic on every stable pod",
+        wait_for("traffic on each model's stable revision",
                  lambda: all(len(served_by_revision(kube, n)) == 1 and sum(served_by_revision(kube, n).values()) > 0
                              for n in pools), 60)
         for name in pools:
             change_drafter(kube, bodies[name])
 
         def all_done() -> bool:
-            for share in steps.values():
-                share.observe(kube)
-            return all(phase(kube, n) in ("Promoted", "RolledBack", "Aborted") for n in pools)
+            # One LIST per kind and round, so a weight change is seen within about a second.
+            routes = {r["metadata"]["name"]: r for r in kube.items("httproutes")}
+            for name, share in steps.items():
+                share.observe(kube, routes[name])
+            phases = {m["metadata"]["name"]: (m.get("status", {}).get("canary") or {}).get("phase")
+                      for m in kube.items("sm")}
+            return all(phases.get(n) in ("Promoted", "RolledBack", "Aborted") for n in pools)
 
         wait_for("every canary decided", all_done, 8 * PAUSE_S + 240, 0.5,
                  describe=lambda: {n: (phase(kube, n), steps[n].weight) for n in pools})
