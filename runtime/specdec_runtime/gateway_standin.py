@@ -79,18 +79,14 @@ class KindCache:
                 if err.status == 410:
                     version = None
                     continue
-                if err.status == 404:  # the Gateway API CRDs are not installed (yet)
-                    self.objects, self.synced = {}, _set(self.synced)
+                if err.status == 404:  # the Gateway API CRDs are not installed (yet): nothing to route by
+                    self.objects = {}
+                    self.synced.set()
                 logger.warning("%s watch failed (%s %s); retrying", self.name, err.status, err.reason)
                 await asyncio.sleep(RETRY_S)
             except Exception as err:  # a dropped stream, a restarting API server
                 logger.warning("%s watch interrupted: %s; retrying", self.name, err)
                 await asyncio.sleep(RETRY_S)
-
-
-def _set(event: asyncio.Event) -> asyncio.Event:
-    event.set()
-    return event
 
 
 class GatewayStandIn:
