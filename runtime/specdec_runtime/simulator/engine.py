@@ -28,6 +28,17 @@ INTER_TOKEN_LATENCY_BUCKETS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )
 
+# vllm/v1/metrics/buckets.py TIME_TO_FIRST_TOKEN_BUCKETS (vllm:time_to_first_token_seconds) and
+# REQUEST_LATENCY_BUCKETS (vllm:e2e_request_latency_seconds); tests/contract compares the exposed buckets.
+TIME_TO_FIRST_TOKEN_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+)
+REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+)
+
 BatchSchedule = tuple[tuple[int, int, int], ...]
 
 
@@ -98,6 +109,8 @@ class Counters:
     errored_requests: int = 0  # finished with finished_reason="error"; not in finished_requests
     inter_token_latency: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_LATENCY_BUCKETS))
     time_per_output_token: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_LATENCY_BUCKETS))
+    time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TIME_TO_FIRST_TOKEN_BUCKETS))
+    e2e_request_latency: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
 
     def __post_init__(self) -> None:
         self.accepted_per_position = [0] * self.num_positions
@@ -114,6 +127,8 @@ class LiveOutcome:
     accepted_per_position: tuple[int, ...]
     inter_token_gaps: tuple[float, ...]  # seconds between consecutive steps that emitted its tokens
     decode_seconds: float  # from its first token to its last
+    first_token_seconds: float  # from its arrival (queueing included) to its first token
+    latency_seconds: float  # from its arrival to its last token
     errored: bool
 
 
@@ -215,6 +230,8 @@ class Engine:
             counters.finished_requests += 1
         if request.generated_tokens > 1:
             counters.time_per_output_token.observe(request.decode_seconds / (request.generated_tokens - 1))
+        counters.time_to_first_token.observe(request.first_token_seconds)
+        counters.e2e_request_latency.observe(request.latency_seconds)
 
     def run_until(self, t: float) -> None:
         """Take every step that finishes by t; the counters are complete when this returns."""
@@ -320,4 +337,9 @@ class Engine:
         counters.errored_requests += errored
         counters.finished_requests += finished - errored
         counters.prompt_tokens += finished * shape.prompt_tokens
-        counters.time_per_output_token.observe(run.elapsed * run.batch / generated, finished)
+        tpot = run.elapsed * run.batch / generated
+        counters.time_per_output_token.observe(tpot, finished)
+        # Symmetric requests: the first token comes from one (prefill) step, the whole request from
+        # output_tokens tokens at the run's time per token.
+        counters.time_to_first_token.observe(run.elapsed / run.steps, finished)
+        counters.e2e_request_latency.observe(tpot * shape.output_tokens, finished)

@@ -73,6 +73,7 @@ async def generate(
     pause = sleep or asyncio.sleep
     replica = batch.replica
     held = prompt_tokens + max_tokens // 2
+    arrived = clock()
     await batch.admit(held)
     emitted = drafts = draft_tokens = 0
     per_position: list[int] = []
@@ -113,5 +114,6 @@ async def generate(
             replica.engine.record_live(LiveOutcome(
                 prompt_tokens=prompt_tokens, generated_tokens=emitted, drafts=drafts, draft_tokens=draft_tokens,
                 accepted_per_position=tuple(per_position), inter_token_gaps=tuple(gaps),
-                decode_seconds=last_token_at - first_token_at, errored=errored,
+                decode_seconds=last_token_at - first_token_at, first_token_seconds=first_token_at - arrived,
+                latency_seconds=last_token_at - arrived, errored=errored,
             ))

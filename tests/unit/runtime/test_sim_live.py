@@ -58,6 +58,10 @@ async def test_running_batch_follows_requests_in_flight_and_counters_count_them(
         assert after["vllm:generation_tokens_total"] == 3 * 40
         assert after["vllm:prompt_tokens_total"] == 3 * 4
         assert after["vllm:request_time_per_output_token_seconds_count"] == 3
+        assert after["vllm:time_to_first_token_seconds_count"] == 3
+        assert after["vllm:e2e_request_latency_seconds_count"] == 3
+        # Each request's latency covers its first token and every later step.
+        assert after["vllm:e2e_request_latency_seconds_sum"] > after["vllm:time_to_first_token_seconds_sum"]
         assert after["vllm:spec_decode_num_drafts_total"] > 0
         accepted = after["vllm:spec_decode_num_accepted_tokens_total"]
         # Every decode step emits its accepted prefix plus one token; the prefill step emits the first.
