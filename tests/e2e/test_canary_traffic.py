@@ -271,11 +271,14 @@ def test_each_revision_receives_the_route_weight_at_every_step_on_1_2_4_replicas
 ) -> None:
     pools = {f"share{replicas}": replicas for replicas in (1, 2, 4)}
     steps, loads = run_canaries(kube, gateway, pools, PERMISSIVE)
+    outcomes = {n: ((kube.get("sm", n).get("status", {}).get("canary") or {}).get("message"), rollback_event(kube, n))
+                for n in pools}
     failures = []
     for name, share in steps.items():
         for weight in STEP_WEIGHTS[:-1]:  # the 100% step has no pause to measure
             canary, total = share.shares.get(weight, (0.0, 0.0))
-            assert total >= 50, f"{name}: only {total:.0f} requests measured at {weight}% ({share.shares})"
+            assert total >= 50, (f"{name}: only {total:.0f} requests measured at {weight}% ({share.shares}); "
+                                 f"canaries: {outcomes}")
             if abs(canary / total - weight / 100) > SHARE_TOLERANCE:
                 failures.append(f"{name} at {weight}%: canary pods answered {canary:.0f} of {total:.0f} "
                                 f"({canary / total:.1%})")
