@@ -90,10 +90,11 @@ def gateway(cluster: LocalCluster) -> Iterator[GatewayStandIn]:
 class BackgroundLoad:
     """Open-loop load for one model's hostname until stopped, on its own event loop thread."""
 
-    def __init__(self, url: str, host: str, seed: int) -> None:
+    def __init__(self, url: str, host: str, seed: int, model: str) -> None:
         self.shape = LoadShape(rate=RATE, prompt=Lengths(64, 0.5, high=512), output=Lengths(24, 0.4, high=96),
                                stream=False, seed=seed)
-        self.url, self.host = url, host
+        # The operator serves a model under its SpeculativeModel name (spec.model.servedName unset).
+        self.url, self.host, self.model = url, host, model
         self.report: LoadReport | None = None
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
@@ -101,7 +102,7 @@ class BackgroundLoad:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self.report = self._loop.run_until_complete(run_load(self.url, SERVED, self.shape, host=self.host,
+        self.report = self._loop.run_until_complete(run_load(self.url, self.model, self.shape, host=self.host,
                                                              stop=self._stop))
 
     def __enter__(self) -> BackgroundLoad:
@@ -239,7 +240,7 @@ def run_canaries(kube: Kube, gateway: GatewayStandIn, pools: dict[str, int],
     kube.apply([http_route(name) for name in pools] + list(bodies.values()))
     wait_for("every model Ready", lambda: all(ready(kube, n) for n in pools), 120)
     steps = {name: StepShares(name) for name in pools}
-    loads = [BackgroundLoad(gateway.url, hostname(name), seed) for seed, name in enumerate(pools)]
+    loads = [BackgroundLoad(gateway.url, hostname(name), seed, name) for seed, name in enumerate(pools)]
     for load in loads:
         load.__enter__()
     try:
@@ -311,7 +312,7 @@ def test_a_bad_canary_under_real_traffic_is_rolled_back_citing_its_metric(
     body = model(name, 2)
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), 120)
-    with BackgroundLoad(gateway.url, hostname(name), seed=7):
+    with BackgroundLoad(gateway.url, hostname(name), seed=7, model=name):
         change_drafter(kube, body, profile)
         wait_for("canary decided", lambda: phase(kube, name) in ("Promoted", "RolledBack", "Aborted"),
                  4 * PAUSE_S + 240, describe=lambda: (phase(kube, name), canary_weight(kube, name)))
