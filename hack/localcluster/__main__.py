@@ -23,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     restart.add_argument("--down-seconds", type=float, default=0.0, help="stay down this long before starting")
     sub.add_parser("status", help="show what is running")
     sub.add_parser("build", help="only build (or find cached) binaries and print their paths")
-    sub.add_parser("tools", help="build (or find cached) the test tools (promtool) and print their paths")
+    tools = sub.add_parser("tools", help="build (or find cached) the test tools (promtool) and print their paths")
+    tools.add_argument("--gateway", action="store_true",
+                       help="also Traefik, a Gateway API implementation (docs/local-traffic.md)")
     args = parser.parse_args(argv)
     cluster = LocalCluster()
     try:
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "tools":
             from localcluster.build import ensure_tools
 
-            for name, path in ensure_tools(cluster.log).items():
+            for name, path in ensure_tools(cluster.log, gateway=args.gateway).items():
                 print(f"{name}\t{path}")
         else:
             print(json.dumps(cluster.status(), indent=2))

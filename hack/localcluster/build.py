@@ -22,7 +22,9 @@ from localcluster.errors import ClusterError
 from localcluster.versions import (
     BUILDS,
     GATEWAY_API_VERSION,
+    GATEWAY_TOOLS,
     KWOK_VERSION,
+    LEGO_VERSION,
     PROMETHEUS_OPERATOR_VERSION,
     TOOLS,
     GoBuild,
@@ -49,10 +51,21 @@ def go_binary() -> str:
     return go
 
 
+def _build_inputs(build: GoBuild) -> list[Path]:
+    """The wrapper module's own files: go.mod, go.sum and any local Go source it builds (see hack/gomod/traefik).
+
+    tools.go only pins the module and is left out, so the keys (and caches) of the other builds stay as they were.
+    """
+    staged = build.module_dir / STAGED_LEGO_DIR
+    local_go = sorted(path for path in build.module_dir.rglob("*.go")
+                      if staged not in path.parents and path.name != "tools.go")
+    return [build.module_dir / "go.mod", build.module_dir / "go.sum", *local_go]
+
+
 def _build_key(build: GoBuild) -> str:
     digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        digest.update((build.module_dir / name).read_bytes())
+    for path in _build_inputs(build):
+        digest.update(path.read_bytes())
     digest.update(" ".join((build.tags, *build.ldflags, *build.packages.values())).encode())
     return f"{build.name}-{build.version}-{digest.hexdigest()[:12]}"
 
@@ -108,11 +121,39 @@ def _run_go_build(build: GoBuild, out_dir: Path, log_path: Path, log: Log) -> No
     log(f"  built {build.name} {build.version} in {time.monotonic() - started:.0f}s")
 
 
+# hack/gomod/traefik replaces lego with a copy staged here (git-ignored); see hack/gomod/traefik/README.md.
+STAGED_LEGO_DIR = "lego"
+LEGO_MODULE = "github.com/go-acme/lego/v5"
+
+
+def _stage_lego(build: GoBuild) -> None:
+    """lego from the module cache with providers/dns reduced to a factory that refuses every provider.
+
+    Its DNS-01 providers import cloud SDKs the Go proxy here refuses; Traefik only calls the factory.
+    """
+    staged = build.module_dir / STAGED_LEGO_DIR
+    marker = staged / ".staged-version"
+    if marker.is_file() and marker.read_text() == LEGO_VERSION:
+        return
+    source = module_source_dir(LEGO_MODULE, LEGO_VERSION, build.name)
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(source, staged, ignore=shutil.ignore_patterns("cmd", "e2e", "main.go"))
+    for path in [staged, *staged.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)  # the module cache is read-only
+    dns = staged / "providers" / "dns"
+    shutil.rmtree(dns)
+    dns.mkdir()
+    shutil.copy(build.module_dir / "lego-dns" / "dns_providers.go", dns / "dns_providers.go")
+    marker.write_text(LEGO_VERSION)
+
+
 def ensure_build(build: GoBuild, log: Log) -> Path:
     """Directory holding the build's binaries, building them first when the cache lacks them."""
     target = binary_dir(build)
     if all((target / name).is_file() for name in build.packages):
         return target
+    if (build.module_dir / "lego-dns").is_dir():
+        _stage_lego(build)
     log(f"building {build.name} {build.version} from Go modules (cold builds take minutes; log: "
         f"{cache_dir() / 'logs'})")
     (cache_dir() / "logs").mkdir(parents=True, exist_ok=True)
@@ -135,10 +176,10 @@ def ensure_binaries(log: Log) -> dict[str, Path]:
     return binaries
 
 
-def ensure_tools(log: Log) -> dict[str, Path]:
-    """The test tools (promtool), built on demand and cached like the control plane's binaries."""
+def ensure_tools(log: Log, gateway: bool = False) -> dict[str, Path]:
+    """The test tools (promtool; with `gateway`, Traefik too), built on demand and cached like the control plane."""
     tools: dict[str, Path] = {}
-    for build in TOOLS:
+    for build in (*TOOLS, *GATEWAY_TOOLS) if gateway else TOOLS:
         directory = ensure_build(build, log)
         tools.update({name: directory / name for name in build.packages})
     return tools
@@ -146,7 +187,7 @@ def ensure_tools(log: Log) -> dict[str, Path]:
 
 def module_source_dir(module: str, version: str, from_build: str) -> Path:
     """Where the Go module cache holds a module's files (downloading it if needed)."""
-    build = next(b for b in (*BUILDS, *TOOLS) if b.name == from_build)
+    build = next(b for b in (*BUILDS, *TOOLS, *GATEWAY_TOOLS) if b.name == from_build)
     result = subprocess.run(
         [go_binary(), "mod", "download", "-json", f"{module}@{version}"],
         cwd=build.module_dir, capture_output=True, text=True, check=False,

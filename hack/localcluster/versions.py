@@ -16,6 +16,10 @@ GATEWAY_API_VERSION = "v1.4.1"
 PROMETHEUS_VERSION = "v0.316.0"
 # The module zip carries example/prometheus-operator-crd/*.yaml, the CRDs the e2e tests install.
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+# A real Gateway API implementation for the local data path (its kubernetesGateway provider writes HTTPRoute status).
+TRAEFIK_VERSION = "v3.7.13"
+# The lego release Traefik's go.mod requires; hack/gomod/traefik builds it without its DNS-01 providers.
+LEGO_VERSION = "v5.4.1"
 
 
 def _version_ldflags(version: str) -> list[str]:
@@ -71,4 +75,11 @@ BUILDS: tuple[GoBuild, ...] = (
 TOOLS: tuple[GoBuild, ...] = (
     GoBuild(name="promtool", version=PROMETHEUS_VERSION,
             packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"}, tags="remove_all_sd"),
+)
+
+# Built only on request (`hack/cluster tools --gateway`): no test needs it yet (docs/local-traffic.md says why it
+# cannot carry traffic to the fake pods), and a cold build is a thousand packages.
+GATEWAY_TOOLS: tuple[GoBuild, ...] = (
+    GoBuild(name="traefik", version=TRAEFIK_VERSION,
+            packages={"traefik": "github.com/traefik/traefik/v3/cmd/traefik"}),
 )

@@ -6,8 +6,8 @@ candidate of highest priority (the `*_PRIORITY` tuples below, first wins) names 
 others ride along in its message ("; also <Reason>: ..."), as cluster-api's summary does. So no writer
 overwrites another, and the order is written down rather than being the order of the code.
 
-- Degraded: the model does not serve what it should (bad spec or status, refused writes, no pool, pods
-  failing, nodes missing, a rolled-back canary, GPUs held by others, pods unschedulable).
+- Degraded: the model does not serve what it should (bad spec or status, refused writes, a refused
+  HTTPRoute, no pool, pods failing, nodes missing, a rolled-back canary, GPUs held by others, pods unschedulable).
 - Reduced: it serves, with less than the spec's first choice by design (a drafter fallback, a gfx target
   skipped for want of nodes or memory). Health checks show it as Healthy with the message.
 - Ready: every pool's stable Deployment serves its revision on every replica.
@@ -29,10 +29,12 @@ POD_FAILURE_REASONS = (
     "CreateContainerConfigError", "CreateContainerError", "InvalidImageName", "ErrImagePull", "ImagePullBackOff",
     "OOMKilled", "CrashLoopBackOff", "StartupProbeFailed", "Unschedulable",
 )
+# A Gateway that refuses the model's HTTPRoute (reconcile/route_status.py): no request reaches the model through it.
+ROUTE_REASONS = ("HTTPRouteNotAccepted", "HTTPRouteRefsNotResolved", "HTTPRouteNotFound")
 # Degraded reasons, first wins. A broken spec or status hides everything else; a failing pod outranks the
 # nodes it waits for; capacity taken by other workloads comes last, as it heals without us.
 DEGRADED_PRIORITY = (
-    "StatusUnreadable", "InvalidSpec", "WriteRefused", "UnknownModelSize", "NoCompatibleNodes",
+    "StatusUnreadable", "InvalidSpec", "WriteRefused", *ROUTE_REASONS, "UnknownModelSize", "NoCompatibleNodes",
     "InsufficientMemory", "NoReplicas", *POD_FAILURE_REASONS, "NodesMissing", "CanaryRolledBack",
     "CanaryAborted", "InsufficientGpus", "PodsUnschedulable",
 )
@@ -108,6 +110,7 @@ class ConditionFacts:
     capacity: tuple[Finding, ...] = ()  # InsufficientGpus / PodsUnschedulable
     reduced: tuple[Finding, ...] = ()  # DrafterFallback, skipped targets
     refusals: tuple[str, ...] = ()  # the API server's words for owned objects it refused
+    route: Finding | None = None  # the Gateway refuses the HTTPRoute we weight, in its words
 
 
 def _ranked(findings: Sequence[Finding], priority: Sequence[str]) -> list[Finding]:
@@ -133,6 +136,8 @@ def degraded_findings(facts: ConditionFacts) -> list[Finding]:
         found.append(Finding("InvalidSpec", facts.invalid_spec))
     if facts.refusals:
         found.append(Finding("WriteRefused", "; ".join(facts.refusals)))
+    if facts.route is not None:
+        found.append(facts.route)
     if facts.no_pools is not None:
         found.append(facts.no_pools)
     found += facts.pod_failures

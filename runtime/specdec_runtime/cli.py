@@ -1,4 +1,4 @@
-"""`specdec-runtime`: launch (the image entrypoint), render, simulate and fleet-driver."""
+"""`specdec-runtime`: launch (the image entrypoint), render, simulate, fleet-driver, gateway and loadgen."""
 
 from __future__ import annotations
 
@@ -37,7 +37,59 @@ def _parser() -> argparse.ArgumentParser:
     driver.add_argument(
         "--default-profile", default=DEFAULT_PROFILE, help="for pods with neither annotation nor simulator_profile"
     )
+    gateway = commands.add_parser(
+        "gateway", help="local cluster only: a loopback Gateway/kube-proxy stand-in in front of the fake pods")
+    gateway.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    gateway.add_argument("--listen", default="127.0.0.1:8080", help="loopback HOST:PORT to serve on")
+    gateway.add_argument("--gateway-name", default="inference-gateway",
+                         help="serve the HTTPRoutes whose parentRefs name this Gateway")
+    load = commands.add_parser("loadgen", help="open-loop OpenAI-style load against a Gateway or Service")
+    load.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8080")
+    load.add_argument("--host", help="Host header: a Gateway hostname or <service>.<namespace>.svc")
+    load.add_argument("--model", required=True, help="served model name")
+    load.add_argument("--rate", type=float, required=True, help="requests per second (Poisson arrivals)")
+    load.add_argument("--duration", type=float, required=True, help="seconds")
+    load.add_argument("--prompt-median", type=int, default=128)
+    load.add_argument("--output-median", type=int, default=64)
+    load.add_argument("--length-sigma", type=float, default=0.5, help="spread of the log-normal lengths")
+    load.add_argument("--burst", help="EVERY_S:DURATION_S:FACTOR, e.g. 30:5:4")
+    load.add_argument("--chat", action="store_true", help="/v1/chat/completions instead of /v1/completions")
+    load.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _run_gateway(kubeconfig: str | None, listen: str, gateway: str) -> int:
+    from specdec_runtime.gateway_standin import run_gateway_standin
+
+    host, _, port = listen.rpartition(":")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await run_gateway_standin(kubeconfig, host, int(port), gateway, stop)
+
+    asyncio.run(run())
+    return 0
+
+
+def _run_loadgen(options: argparse.Namespace) -> int:
+    from specdec_runtime.loadgen import Burst, Lengths, LoadShape, run_load
+
+    burst = None
+    if options.burst:
+        every, duration, factor = (float(part) for part in options.burst.split(":"))
+        burst = Burst(every, duration, factor)
+    shape = LoadShape(rate=options.rate, prompt=Lengths(options.prompt_median, options.length_sigma),
+                      output=Lengths(options.output_median, options.length_sigma, high=4096), burst=burst,
+                      chat=options.chat, seed=options.seed)
+    report = asyncio.run(run_load(options.url, options.model, shape, host=options.host, duration_s=options.duration))
+    latencies = sorted(outcome.latency_s for outcome in report.outcomes)
+    median = latencies[len(latencies) // 2] if latencies else float("nan")
+    statuses = ", ".join(f"{status}: {count}" for status, count in sorted(report.statuses.items()))
+    sys.stdout.write(f"sent {report.sent} requests; statuses {statuses}; median latency {median:.3f}s\n")
+    return 0 if report.statuses.get(200, 0) == report.sent else 1
 
 
 def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, default_profile: str) -> int:
@@ -74,4 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         return 2
+    if options.command == "gateway":
+        return _run_gateway(options.kubeconfig, options.listen, options.gateway_name)
+    if options.command == "loadgen":
+        return _run_loadgen(options)
     return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.default_profile)

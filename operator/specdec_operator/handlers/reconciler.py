@@ -18,7 +18,7 @@ from specdec_operator.conditions import apply_updates, summarize
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
-from specdec_operator.handlers.traffic import clear_manual_action, sync_route
+from specdec_operator.handlers.traffic import clear_manual_action, read_route, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
 from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, write_status
 from specdec_operator.kube.api import KubeApiError
@@ -54,12 +54,15 @@ def utc_now() -> str:
 
 
 async def gather(
-    ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus], gpu_claims: FleetClaims | None = None
+    ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus], gpu_claims: FleetClaims | None = None,
+    logger: Logger | None = None,
 ) -> ObservedModel:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     # Owned objects come from the watch cache, already filtered to our labels and indexed by owner uid.
     children = ctx.cache.children(namespace, uid)
+    # The HTTPRoute is not ours (no owner reference, no watch): read it, status and all, once per pass.
+    route, route_read = await read_route(ctx, namespace, body.get("spec") or {}, logger)
     return ObservedModel(
         namespace=namespace,
         name=name,
@@ -72,6 +75,8 @@ async def gather(
         nodes=nodes,
         gpu_claims=gpu_claims or FleetClaims(),
         pods=ctx.cache.pods(namespace, label_value(name)),
+        route=route,
+        route_read=route_read,
     )
 
 
@@ -211,7 +216,7 @@ async def reconcile(
     key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
     try:
         baseline = newest_body(ctx, key, body)
-        observed = await gather(ctx, baseline, nodes, gpu_claims)
+        observed = await gather(ctx, baseline, nodes, gpu_claims, logger)
         tuning = await _tune(ctx, observed, logger)
         if tuning.proposal is not None:
             await record_decision(ctx, body, baseline, observed, tuning, logger)

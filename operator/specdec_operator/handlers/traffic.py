@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import kopf
 
 from specdec_operator.canary.progress import CANARY_ACTION_ANNOTATION
@@ -20,6 +23,33 @@ from specdec_operator.reconcile.plan import ReconcilePlan
 from specdec_operator.render.names import service_name
 
 
+def route_ref(namespace: str, spec: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, name) of the HTTPRoute the spec names, read from the raw spec (validation comes later)."""
+    rollout = spec.get("rollout") if isinstance(spec, Mapping) else None
+    canary = rollout.get("canary") if isinstance(rollout, Mapping) else None
+    traffic = canary.get("traffic") if isinstance(canary, Mapping) else None
+    ref = traffic.get("httpRouteRef") if isinstance(traffic, Mapping) else None
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        return None
+    return str(ref.get("namespace") or namespace), str(ref["name"])
+
+
+async def read_route(
+    ctx: OperatorContext, namespace: str, spec: Mapping[str, Any], logger: Logger | None = None
+) -> tuple[dict[str, Any] | None, bool]:
+    """Gather: the HTTPRoute the model routes through, with the status its Gateways wrote, and whether it was
+    read. One GET per pass, shared with sync_route (which used to read it itself)."""
+    ref = route_ref(namespace, spec)
+    if ref is None:
+        return None, False
+    try:
+        return await ctx.api.get("HTTPRoute", *ref), True
+    except KubeApiError as error:
+        if logger is not None:
+            logger.warning("HTTPRoute %s/%s unreadable this pass: %s", *ref, error)
+        return None, False
+
+
 def _warn_once(ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, reason: str, message: str) -> None:
     """The loop runs every few seconds; an unchanged problem is posted once, not once per loop."""
     key = (observed.namespace, observed.name)
@@ -36,7 +66,8 @@ async def sync_route(
         return
     namespace = plan.route.namespace or observed.namespace
     stable, canary = service_name(observed.name, "stable"), service_name(observed.name, "canary")
-    route = await ctx.api.get("HTTPRoute", namespace, plan.route.name)
+    route = (dict(observed.route) if observed.route is not None else None) if observed.route_read else (
+        await ctx.api.get("HTTPRoute", namespace, plan.route.name))
     if route is None:
         _warn_once(ctx, body, observed, "HTTPRouteNotFound", f"HTTPRoute {namespace}/{plan.route.name} not found")
         return

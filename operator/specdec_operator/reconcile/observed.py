@@ -27,6 +27,10 @@ class ObservedModel:
     gpu_claims: FleetClaims = field(default_factory=FleetClaims)
     # The model's runtime pods as the watch cache keeps them (handlers/watches.py runtime_pod_view).
     pods: Sequence[Mapping[str, Any]] = ()
+    # The HTTPRoute named by spec.rollout.canary.traffic.httpRouteRef as read this pass; route_read says it
+    # was read (a model without the ref, or a caller that did not gather it, has nothing to judge).
+    route: Mapping[str, Any] | None = None
+    route_read: bool = False
 
     def children_of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         return [body for (child_kind, _), body in sorted(self.children.items()) if child_kind == kind]

@@ -35,6 +35,7 @@ from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model
 from specdec_operator.reconcile.events import pool_events
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
 from specdec_operator.reconcile.rollout import RolloutResult, plan_rollout
+from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
 from specdec_operator.render.drift import covers
 from specdec_operator.render.service import TRACKS, service
@@ -238,6 +239,10 @@ def evaluate(
             contract.LABEL_REVISION]
         for obj in rollout.deployments if obj["metadata"]["labels"].get(contract.LABEL_TRACK) == "stable"
     }
+    route_finding = None
+    if route is not None and observed.route_read:
+        verdict = route_verdict(route.namespace or observed.namespace, route.name, observed.route)
+        route_finding = Finding(*verdict) if verdict is not None else None
     earlier = {p.name: p for p in previous.pools}
     pool_statuses = [_with_absence(pool_status(pool, live_deployments.get(pool.name)).model_copy(
         update={"rollout": decisions.get(pool.name)}), absence.held_for(pool.plan.gfx), earlier.get(pool.name))
@@ -257,6 +262,7 @@ def evaluate(
                             if (held := absence.held_for(p.gfx_target)) is not None),
         canary_progress=canary_progress, canary_failed=canary_failed,
         capacity=capacity_findings(placement, usage, moment), refusals=tuple(refusals),
+        route=route_finding,
     )
     status = build_status(observed, previous, pool_statuses, summarize(condition_facts), now, speculation,
                           rollout.canary)

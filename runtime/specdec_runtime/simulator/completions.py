@@ -1,16 +1,12 @@
-"""OpenAI-compatible completion bodies in vLLM's shapes, and the pace at which a request's tokens arrive."""
+"""OpenAI-compatible completion bodies in vLLM's shapes (the pace of their tokens is live.py's)."""
 
 from __future__ import annotations
 
 import json
-import random
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec_runtime.simulator.engine import JITTER
-from specdec_runtime.simulator.sampling import rate_at
-from specdec_runtime.simulator.virtual import VirtualReplica
 from specdec_runtime.simulator.vllm_cli import ServeOptions
 
 # vLLM's default max_tokens for /v1/completions; the simulator uses it for chat too, where vLLM would
@@ -107,23 +103,3 @@ class CompletionRequest:
 
     def sse_end(self, created: float) -> bytes:
         return self.sse_chunk(0, created, finish_reason="length") + b"data: [DONE]\n\n"
-
-
-def completion_steps(replica: VirtualReplica, rng: random.Random, max_tokens: int) -> list[tuple[int, float]]:
-    """(tokens, seconds) per engine step for one request riding along with the profile's current batch."""
-    engine = replica.engine
-    batch = max(1, engine.running)
-    k = engine.speculation.k_for_batch(batch) if engine.speculation else 0
-    segment, _ = replica.profile.segment_at(replica.now)
-    acceptance = replica.profile.acceptance_for(segment)
-    mean_step_s = replica.profile.step_seconds(batch, k)
-    steps: list[tuple[int, float]] = []
-    remaining = max_tokens
-    while remaining > 0:
-        accepted = 0
-        while accepted < k and rng.random() < rate_at(acceptance, accepted):
-            accepted += 1
-        tokens = min(remaining, accepted + 1)
-        steps.append((tokens, mean_step_s * (1 + JITTER * (2 * rng.random() - 1))))
-        remaining -= tokens
-    return steps

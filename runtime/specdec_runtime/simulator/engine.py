@@ -28,6 +28,17 @@ INTER_TOKEN_LATENCY_BUCKETS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )
 
+# vllm/v1/metrics/buckets.py TIME_TO_FIRST_TOKEN_BUCKETS (vllm:time_to_first_token_seconds) and
+# REQUEST_LATENCY_BUCKETS (vllm:e2e_request_latency_seconds); tests/contract compares the exposed buckets.
+TIME_TO_FIRST_TOKEN_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+)
+REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+)
+
 BatchSchedule = tuple[tuple[int, int, int], ...]
 
 
@@ -98,18 +109,37 @@ class Counters:
     errored_requests: int = 0  # finished with finished_reason="error"; not in finished_requests
     inter_token_latency: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_LATENCY_BUCKETS))
     time_per_output_token: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_LATENCY_BUCKETS))
+    time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TIME_TO_FIRST_TOKEN_BUCKETS))
+    e2e_request_latency: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
 
     def __post_init__(self) -> None:
         self.accepted_per_position = [0] * self.num_positions
+
+
+@dataclass(frozen=True)
+class LiveOutcome:
+    """What one HTTP request did in the engine, counted when it leaves the batch."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    drafts: int  # steps in which it drafted (vLLM counts a draft per sequence per step)
+    draft_tokens: int
+    accepted_per_position: tuple[int, ...]
+    inter_token_gaps: tuple[float, ...]  # seconds between consecutive steps that emitted its tokens
+    decode_seconds: float  # from its first token to its last
+    first_token_seconds: float  # from its arrival (queueing included) to its first token
+    latency_seconds: float  # from its arrival to its last token
+    errored: bool
 
 
 @dataclass
 class _Run:
     """The current (B, K, acceptance) and the steps taken with it since the last flush."""
 
-    batch: int
+    batch: int  # the profile's virtual sequences, whose tokens this run counts
     k: int
     acceptance: list[float]
+    live: int = 0  # live requests sharing the steps: they make them longer and count their own tokens
     steps: int = 0
     elapsed: float = 0.0
 
@@ -143,21 +173,65 @@ class Engine:
         self._tokens_in_flight = 0  # generated tokens of running requests not yet summed into a finish
         self._next_step_s: float | None = None  # a step drawn but not yet finished, kept to avoid bias
         self.steps = 0
+        # Requests served over HTTP that are in the running batch now (see simulator/live.py): they share every
+        # step with the profile's virtual sequences, so each makes the other's steps longer, as in vLLM.
+        self.live_running = 0
+        self.live_waiting = 0
+        self._live_tokens = 0  # prompt + half the output of each live request, for the KV-cache gauge
 
     @property
     def running(self) -> int:
-        return self._running
+        return self._running + self.live_running
 
     @property
     def waiting(self) -> int:
-        return self._concurrency - self._running
+        return self._concurrency - self._running + self.live_waiting
+
+    @property
+    def batch(self) -> int:
+        """Sequences in the next step: the profile's virtual ones plus live requests."""
+        return self.running
 
     @property
     def kv_cache_usage(self) -> float:
         shape = self.profile.requests
         # A running request holds its prompt and, on average, half of its output.
-        used = self._running * (shape.prompt_tokens + shape.output_tokens / 2)
+        used = self._running * (shape.prompt_tokens + shape.output_tokens / 2) + self._live_tokens
         return min(1.0, used / shape.kv_cache_tokens)
+
+    def live_slots(self) -> int:
+        """Batch slots left for live requests (max_num_seqs caps virtual and live sequences together)."""
+        return max(0, self.profile.requests.max_num_seqs - self.running)
+
+    def live_admitted(self, held_tokens: int) -> None:
+        self.live_running += 1
+        self._live_tokens += held_tokens
+
+    def live_left(self, held_tokens: int) -> None:
+        self.live_running -= 1
+        self._live_tokens -= held_tokens
+
+    def record_live(self, request: LiveOutcome) -> None:
+        """Count one finished live request as vLLM's scheduler would when it leaves the batch."""
+        counters = self.counters
+        counters.prompt_tokens += request.prompt_tokens
+        counters.generation_tokens += request.generated_tokens
+        if request.drafts and self.speculation is not None:
+            counters.drafts += request.drafts
+            counters.draft_tokens += request.draft_tokens
+            counters.accepted_tokens += sum(request.accepted_per_position)
+            for position, count in enumerate(request.accepted_per_position[: counters.num_positions]):
+                counters.accepted_per_position[position] += count
+        for gap in request.inter_token_gaps:
+            counters.inter_token_latency.observe(gap)
+        if request.errored:
+            counters.errored_requests += 1
+        else:
+            counters.finished_requests += 1
+        if request.generated_tokens > 1:
+            counters.time_per_output_token.observe(request.decode_seconds / (request.generated_tokens - 1))
+        counters.time_to_first_token.observe(request.first_token_seconds)
+        counters.e2e_request_latency.observe(request.latency_seconds)
 
     def run_until(self, t: float) -> None:
         """Take every step that finishes by t; the counters are complete when this returns."""
@@ -167,21 +241,22 @@ class Engine:
             if self._running == 0:
                 self.now = min(t, segment_end)
                 continue
-            k = self.speculation.k_for_batch(self._running) if self.speculation else 0
+            k = self.speculation.k_for_batch(self.batch) if self.speculation else 0
             acceptance = self.profile.acceptance_for(segment)
             run = self._run
-            if run is None or (run.batch, run.k, run.acceptance) != (self._running, k, acceptance):
+            if run is None or (run.batch, run.k, run.acceptance, run.live) != (
+                    self._running, k, acceptance, self.live_running):
                 self._flush()
                 # A drawn step belongs to its (B, K): a new run draws afresh.
                 self._next_step_s = None
-                run = self._run = _Run(self._running, k, acceptance)
+                run = self._run = _Run(self._running, k, acceptance, live=self.live_running)
             if not self._step_within(run, min(t, segment_end), t):
                 break
         self._flush()
 
     def _step_within(self, run: _Run, last_start: float, t: float) -> bool:
         """Steps starting before last_start and ending by t. False once a step would end after t."""
-        mean = self.profile.step_seconds(run.batch, run.k)
+        mean = self.profile.step_seconds(run.batch + run.live, run.k)
         low, width = mean * (1 - JITTER), mean * 2 * JITTER
         itl = self.counters.inter_token_latency
         # When no bucket bound falls inside the jitter range, every step lands in the same bucket and
@@ -262,4 +337,9 @@ class Engine:
         counters.errored_requests += errored
         counters.finished_requests += finished - errored
         counters.prompt_tokens += finished * shape.prompt_tokens
-        counters.time_per_output_token.observe(run.elapsed * run.batch / generated, finished)
+        tpot = run.elapsed * run.batch / generated
+        counters.time_per_output_token.observe(tpot, finished)
+        # Symmetric requests: the first token comes from one (prefill) step, the whole request from
+        # output_tokens tokens at the run's time per token.
+        counters.time_to_first_token.observe(run.elapsed / run.steps, finished)
+        counters.e2e_request_latency.observe(tpot * shape.output_tokens, finished)

@@ -52,6 +52,8 @@ NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
 TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+E2E_REQUEST_LATENCY = "vllm:e2e_request_latency_seconds"
 
 # vLLM registers a request_success child per FinishReason (vllm/v1/engine/__init__.py) up front.
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -70,6 +72,8 @@ HELP: dict[str, str] = {
     REQUEST_SUCCESS: "Count of successfully processed requests.",
     INTER_TOKEN_LATENCY: "Histogram of inter-token latency in seconds.",
     TIME_PER_OUTPUT_TOKEN: "Histogram of time_per_output_token_seconds per request.",
+    TIME_TO_FIRST_TOKEN: "Histogram of time to first token in seconds.",
+    E2E_REQUEST_LATENCY: "Histogram of e2e request latency in seconds.",
     SPEC_DECODE_DRAFTS: "Number of spec decoding drafts.",
     SPEC_DECODE_DRAFT_TOKENS: "Number of draft tokens.",
     SPEC_DECODE_ACCEPTED_TOKENS: "Number of accepted tokens.",
@@ -92,6 +96,8 @@ EXPOSED_METRICS: tuple[str, ...] = (
     KV_CACHE_USAGE,
     INTER_TOKEN_LATENCY,
     TIME_PER_OUTPUT_TOKEN,
+    TIME_TO_FIRST_TOKEN,
+    E2E_REQUEST_LATENCY,
 )
 
 
@@ -123,7 +129,8 @@ class EngineExposition(Collector):
         values += (counters.prompt_tokens, counters.generation_tokens)
         finished_by_reason = _finished_by_reason(counters)
         values += (finished_by_reason.get(reason, 0) for reason in FINISH_REASONS)
-        for histogram in (counters.inter_token_latency, counters.time_per_output_token):
+        for histogram in (counters.inter_token_latency, counters.time_per_output_token, counters.time_to_first_token,
+                          counters.e2e_request_latency):
             cumulative = _cumulative_counts(histogram)
             values += (*cumulative, cumulative[-1], histogram.total)  # buckets, _count, _sum
         if engine.speculation is not None:
@@ -158,6 +165,8 @@ class EngineExposition(Collector):
         yield success
         yield self._histogram(INTER_TOKEN_LATENCY, counters.inter_token_latency)
         yield self._histogram(TIME_PER_OUTPUT_TOKEN, counters.time_per_output_token)
+        yield self._histogram(TIME_TO_FIRST_TOKEN, counters.time_to_first_token)
+        yield self._histogram(E2E_REQUEST_LATENCY, counters.e2e_request_latency)
         # vLLM registers the spec-decode counters only when a speculative config is set.
         if engine.speculation is None:
             return
@@ -277,6 +286,8 @@ def _engine_template(engine: Engine, model_name: str, created: float) -> _Templa
     _counter(template, REQUEST_SUCCESS, [{**labels, "finished_reason": reason} for reason in FINISH_REASONS], created)
     _histogram(template, INTER_TOKEN_LATENCY, labels, counters.inter_token_latency, created)
     _histogram(template, TIME_PER_OUTPUT_TOKEN, labels, counters.time_per_output_token, created)
+    _histogram(template, TIME_TO_FIRST_TOKEN, labels, counters.time_to_first_token, created)
+    _histogram(template, E2E_REQUEST_LATENCY, labels, counters.e2e_request_latency, created)
     if engine.speculation is not None:
         for name in (SPEC_DECODE_DRAFTS, SPEC_DECODE_DRAFT_TOKENS, SPEC_DECODE_ACCEPTED_TOKENS):
             _counter(template, name, [labels], created)

@@ -1,14 +1,16 @@
 """The HTTP simulator: vLLM 0.33's endpoints over the same engine, stepped on the wall clock.
 
-The profile's load schedule is the engine's traffic and the source of every vLLM counter. Requests
-sent to /v1/completions are answered at the speed that traffic leaves a sequence (one step per chunk,
-accepted prefix + 1 tokens per step), but do not move the engine counters, so the counters stay
-exactly what the profile says. They do move http_requests_total, as vLLM's instrumentator does.
+The profile's load schedule is the engine's virtual traffic (a profile may have none: concurrency 0).
+Requests sent to /v1/completions and /v1/chat/completions join the same engine batch (see live.py): they
+wait for a slot, take one engine step per chunk (accepted prefix + 1 tokens), make every step of the batch
+longer as vLLM's would, and move the engine's counters when they finish, as well as http_requests_total,
+as vLLM's instrumentator does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import sys
@@ -18,7 +20,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
-from specdec_runtime.simulator.completions import CompletionRequest, RequestError, completion_steps
+from specdec_runtime.simulator.completions import CompletionRequest, RequestError
+from specdec_runtime.simulator.live import LiveBatch, generate
 from specdec_runtime.simulator.profile import Profile, ProfileError, load_profile
 from specdec_runtime.simulator.virtual import VirtualReplica
 from specdec_runtime.simulator.vllm_cli import PROG, ServeOptions, parse_serve_args
@@ -32,6 +35,8 @@ TICK_S = 0.5
 HTTP_KEEP_ALIVE_S = 5.0
 # vLLM's instrumentator leaves these out of http_requests_total.
 UNCOUNTED_HANDLERS = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
+
+INJECTED_ERROR = "injected fault (simulator profile faults.error_rate)"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -54,6 +59,7 @@ class Simulator:
             ("method", "status", "handler"),
             registry=self.replica.registry,
         )
+        self.live = LiveBatch(self.replica, self.tick)
 
     def tick(self) -> None:
         self.replica.advance_to(max(self.clock(), self.replica.now))
@@ -129,19 +135,30 @@ def _completion_handler(chat: bool) -> Handler:
             return _error(400, str(err), "BadRequestError")
         if completion.model != simulator.options.served_model_name:
             return _error(404, f"The model `{completion.model}` does not exist.", "NotFoundError")
-        if simulator.inject_error():
-            return _error(500, "injected fault (simulator profile faults.error_rate)", "InternalServerError")
-        steps = completion_steps(simulator.replica, simulator.rng, completion.max_tokens)
+        # A failing request runs like the others and ends with finished_reason="error" (vLLM's request-level
+        # failure), which the client sees as a 500.
+        errored = simulator.inject_error()
+        steps = generate(simulator.live, simulator.rng, prompt_tokens=completion.prompt_tokens,
+                         max_tokens=completion.max_tokens, errored=errored, clock=simulator.clock)
         if not completion.stream:
-            for _, pause_s in steps:
-                await asyncio.sleep(pause_s)
+            async for _ in steps:
+                pass
+            if errored:
+                return _error(500, INJECTED_ERROR, "InternalServerError")
             return web.json_response(completion.response(simulator.clock()))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        for tokens, pause_s in steps:
-            await asyncio.sleep(pause_s)
-            await response.write(completion.sse_chunk(tokens, simulator.clock()))
-        await response.write(completion.sse_end(simulator.clock()))
+        try:
+            async for tokens in steps:
+                if not errored:
+                    await response.write(completion.sse_chunk(tokens, simulator.clock()))
+        finally:
+            await steps.aclose()
+        if errored:
+            error = {"error": {"message": INJECTED_ERROR, "type": "InternalServerError", "code": 500}}
+            await response.write(f"data: {json.dumps(error)}\n\n".encode() + b"data: [DONE]\n\n")
+        else:
+            await response.write(completion.sse_end(simulator.clock()))
         await response.write_eof()
         return response
 

@@ -24,6 +24,8 @@ EXPECTED_TYPES = {
     "vllm:kv_cache_usage_perc": "gauge",
     "vllm:inter_token_latency_seconds": "histogram",
     "vllm:request_time_per_output_token_seconds": "histogram",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
 }
 
 

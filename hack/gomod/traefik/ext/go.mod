@@ -1,0 +1,3 @@
+module github.com/traefik/traefik/dynamic/ext
+
+go 1.24.0

@@ -1,0 +1,400 @@
+"""Canaries judged on real traffic: open-loop requests through the Gateway stand-in, by the HTTPRoute's weights.
+
+The simulators here have no virtual load (profiles e2e-traffic*.yaml): every request they serve, every counter
+the canary analysis reads, comes from the load generator below, sent to the loopback Gateway stand-in
+(`specdec-runtime gateway`, see docs/local-traffic.md), which routes it by the route's weights to a Service and
+then to one of that Service's ready pods. The share of requests each revision's pods received is read from the
+simulators' own request counters, per canary step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from localcluster.cluster import LocalCluster
+from specdec_runtime.loadgen import Lengths, LoadReport, LoadShape, run_load
+from tests.e2e.kube import Kube, wait_for
+from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess, free_port
+
+pytestmark = pytest.mark.e2e
+
+EAGLE_A = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+EAGLE_B = "example-org/EAGLE3-LLaMA3.1-Instruct-8B-v2"
+SERVED = "meta-llama/Llama-3.1-8B-Instruct"
+# examples/canary-httproute.yaml's steps and thresholds; only the pauses are short (the example's 300 s would
+# keep a step's window for five minutes), and minRequests/minDrafts scaled to what a short step can collect.
+STEP_WEIGHTS = (10, 50, 100)
+PAUSE_S = 20
+ANALYSIS = {"minAcceptedLengthRatio": 0.9, "maxTpotRatio": 1.15, "maxErrorRate": 0.01, "minRequests": 40,
+            "minDrafts": 200, "timeoutSeconds": 120}
+RATE = 12.0  # requests per second per model, open loop
+# Each step's share is counted inside the weight's time (see ShareMeter), and the Gateway's smooth weighted round
+# robin keeps any window within one request of the weights; what is left is the few requests between the Gateway
+# and a pod while a round scrapes, and those a pod refuses while its model loads.
+SHARE_TOLERANCE = 0.06
+
+
+class GatewayStandIn:
+    """`specdec-runtime gateway` on a free loopback port, registered with hack/cluster for cleanup."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.pid_file = cluster.paths.pids / "gateway-standin.pid"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> GatewayStandIn:
+        command = [str(Path(sys.executable).parent / "specdec-runtime"), "gateway", "--kubeconfig",
+                   str(self.cluster.paths.kubeconfig), "--listen", f"127.0.0.1:{self.port}"]
+        with (self.cluster.paths.logs / "gateway-standin.log").open("ab") as sink:
+            self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid_file.write_text(str(self.process.pid))
+        wait_for("gateway stand-in listening", self._answers, 30)
+        return self
+
+    def _answers(self) -> bool:
+        assert self.process is not None and self.process.poll() is None, "gateway stand-in exited"
+        try:
+            urllib.request.urlopen(f"{self.url}/nothing", timeout=1)
+        except urllib.error.HTTPError:
+            return True  # 404: no route matches, as a Gateway answers
+        except OSError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(20)
+        self.pid_file.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def gateway(cluster: LocalCluster) -> Iterator[GatewayStandIn]:
+    standin = GatewayStandIn(cluster).start()
+    yield standin
+    standin.stop()
+
+
+class BackgroundLoad:
+    """Open-loop load for one model's hostname until stopped, on its own event loop thread."""
+
+    def __init__(self, url: str, host: str, seed: int, model: str) -> None:
+        self.shape = LoadShape(rate=RATE, prompt=Lengths(64, 0.5, high=512), output=Lengths(24, 0.4, high=96),
+                               stream=False, seed=seed)
+        # The operator serves a model under its SpeculativeModel name (spec.model.servedName unset).
+        self.url, self.host, self.model = url, host, model
+        self.report: LoadReport | None = None
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self.report = self._loop.run_until_complete(run_load(self.url, self.model, self.shape, host=self.host,
+                                                             stop=self._stop))
+
+    def __enter__(self) -> BackgroundLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(120)
+
+
+def model(name: str, replicas: int, profile: str = "e2e-traffic",
+          analysis: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": name},
+        "spec": {
+            "model": {"name": SERVED},
+            "drafters": [{"method": "eagle3", "model": EAGLE_A}],
+            "speculation": {"initialK": 3, "minK": 1, "maxK": 8},
+            "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": replicas},
+            "runtime": {"simulatorProfile": profile},
+            "rollout": {"strategy": "Canary", "canary": {
+                "steps": [{"weight": w, "pauseSeconds": PAUSE_S if w < 100 else 0} for w in STEP_WEIGHTS],
+                "analysis": analysis or ANALYSIS,
+                "traffic": {"httpRouteRef": {"name": name}},
+            }},
+        },
+    }
+
+
+def http_route(name: str, backend_namespace: str | None = None) -> dict[str, Any]:
+    ref: dict[str, Any] = {"name": f"{name}-stable", "port": 8000, "weight": 100}
+    if backend_namespace:
+        ref["namespace"] = backend_namespace
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": name},
+            "spec": {"parentRefs": [{"name": "inference-gateway"}], "hostnames": [hostname(name)],
+                     "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}], "backendRefs": [ref]}]}}
+
+
+def hostname(name: str) -> str:
+    return f"{name}.models.test"
+
+
+def canary_weight(route: dict[str, Any]) -> int:
+    name = route["metadata"]["name"]
+    by_name = {ref["name"]: int(ref.get("weight", 1)) for ref in route["spec"]["rules"][0]["backendRefs"]}
+    stable, canary = by_name.get(f"{name}-stable", 0), by_name.get(f"{name}-canary", 0)
+    return round(100 * canary / (stable + canary)) if stable + canary else 0
+
+
+def ready(kube: Kube, name: str) -> bool:
+    conditions = (kube.get("sm", name) or {}).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def arrivals(ip: str) -> float | None:
+    """Requests this pod has taken in so far: those it answered (http_requests_total on the completions handler)
+    plus those in its batch or queue now (vllm:num_requests_running, vllm:num_requests_waiting). Counting
+    arrivals, not answers, puts each request in the window in which the Gateway routed it, however long it runs.
+    0 when nothing answers yet (a pod that is not serving has taken nothing); None when the scrape failed."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except urllib.error.HTTPError:
+        return 0.0  # 503 while the model loads: it serves nothing yet
+    except urllib.error.URLError as err:
+        return 0.0 if isinstance(err.reason, ConnectionRefusedError) else None
+    except OSError:
+        return None
+    taken = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            answered = sample.name == "http_requests_total" and sample.labels.get("handler") == "/v1/completions"
+            if answered or sample.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                taken += sample.value
+    return taken
+
+
+@dataclass(frozen=True)
+class RouteState:
+    generation: int
+    weight: int  # the canary's share of the route, in percent
+    acked: bool  # the Gateway's status reports this generation: it routes by these weights
+
+
+def route_state(route: dict[str, Any]) -> RouteState:
+    generation = int(route["metadata"]["generation"])
+    observed = [c.get("observedGeneration") for parent in (route.get("status") or {}).get("parents") or []
+                for c in parent.get("conditions") or [] if c.get("type") == "Accepted"]
+    return RouteState(generation, canary_weight(route), generation in observed)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One round: the routes as read before the pods were scraped, and every pod's arrivals (pod uid -> (model,
+    revision, arrivals)); `taken` is None when a serving pod did not answer the scrape."""
+
+    routes: dict[str, RouteState]
+    taken: dict[str, tuple[str, str, float]] | None
+
+
+class ShareMeter:
+    """Requests each revision's pods took while a route weight was in force, counted between snapshots that are
+    certainly inside that weight's time: the route read before the scrape shows the weight and the Gateway's
+    acknowledgement of it, and the read after the scrape (the next round's) still shows the same generation.
+    No request routed under a neighbouring weight can fall in such a window, however slowly the rounds go."""
+
+    def __init__(self, models: list[str]) -> None:
+        self.models = models
+        self.snapshots: list[Snapshot] = []
+        self.pairs: dict[str, tuple[str, str]] = {}  # model -> (stable, canary) revision
+        self.phases: dict[str, str | None] = {}
+        self._scraper = ThreadPoolExecutor(max_workers=8)
+
+    def close(self) -> None:
+        self._scraper.shutdown()
+
+    def round(self, kube: Kube) -> None:
+        """One LIST of routes, pods and models (reads happen in that order, each consistent), then every pod's
+        /metrics."""
+        listed = kube.items("httproutes,pods,speculativemodels")
+        routes = {o["metadata"]["name"]: route_state(o) for o in listed if o["kind"] == "HTTPRoute"}
+        pods = [o for o in listed if o["kind"] == "Pod"
+                and o["metadata"].get("labels", {}).get("specdec.io/model") in self.models
+                and o["status"].get("podIP") and not o["metadata"].get("deletionTimestamp")]
+        for obj in listed:
+            if obj["kind"] != "SpeculativeModel" or obj["metadata"]["name"] not in self.models:
+                continue
+            canary = obj.get("status", {}).get("canary") or {}
+            self.phases[obj["metadata"]["name"]] = canary.get("phase")
+            if canary.get("stableRevision") and canary.get("canaryRevision"):
+                self.pairs.setdefault(obj["metadata"]["name"],
+                                      (str(canary["stableRevision"]), str(canary["canaryRevision"])))
+        counts = list(self._scraper.map(arrivals, [pod["status"]["podIP"] for pod in pods]))
+        taken: dict[str, tuple[str, str, float]] = {}
+        for pod, count in zip(pods, counts, strict=True):
+            if count is not None:
+                labels = pod["metadata"]["labels"]
+                taken[pod["metadata"]["uid"]] = (labels["specdec.io/model"], labels["specdec.io/revision"], count)
+        self.snapshots.append(Snapshot(routes, taken if None not in counts else None))
+
+    def taken_by_revision(self, model: str) -> dict[str, float]:
+        last = next((s.taken for s in reversed(self.snapshots) if s.taken is not None), {})
+        counts: dict[str, float] = {}
+        for pod_model, revision, count in last.values():
+            if pod_model == model:
+                counts[revision] = counts.get(revision, 0.0) + count
+        return counts
+
+    def shares(self, model: str) -> dict[int, tuple[float, float]]:
+        """Per canary weight: (requests the canary revision's pods took, requests all the model's pods took)."""
+        windows: dict[int, tuple[int, list[dict[str, tuple[str, str, float]]]]] = {}  # generation -> snapshots
+        for before, after in zip(self.snapshots, self.snapshots[1:], strict=False):
+            state, next_state = before.routes.get(model), after.routes.get(model)
+            if (state is None or not state.acked or before.taken is None or next_state is None
+                    or next_state.generation != state.generation):
+                continue
+            windows.setdefault(state.generation, (state.weight, []))[1].append(before.taken)
+        canary_revision = self.pairs.get(model, ("", ""))[1]
+        result: dict[int, tuple[float, float]] = {}
+        for weight, taken in windows.values():
+            if len(taken) < 2:
+                continue
+            first, pods_end = taken[0], {}
+            for snapshot in taken:  # a pod's last count in the window, even if it left before the window closed
+                pods_end.update({uid: entry for uid, entry in snapshot.items() if entry[0] == model})
+            canary = total = 0.0
+            for uid, (_, revision, count) in pods_end.items():
+                got = count - (first[uid][2] if uid in first else 0.0)
+                total += got
+                canary += got if revision == canary_revision else 0.0
+            had_canary, had_total = result.get(weight, (0.0, 0.0))
+            result[weight] = (had_canary + canary, had_total + total)
+        return result
+
+
+def phase(kube: Kube, name: str) -> str | None:
+    canary = (kube.get("sm", name) or {}).get("status", {}).get("canary")
+    return canary.get("phase") if canary else None
+
+
+def change_drafter(kube: Kube, body: dict[str, Any], profile: str | None = None) -> None:
+    body["spec"]["drafters"][0]["model"] = EAGLE_B
+    if profile is not None:
+        body["spec"]["runtime"]["simulatorProfile"] = profile
+    kube.apply(body)
+
+
+def rollback_event(kube: Kube, name: str) -> str:
+    messages = [e["message"] for e in kube.events(name) if e["reason"] in ("CanaryFailed", "CanaryTimedOut")]
+    return " | ".join(messages)
+
+
+def run_canaries(kube: Kube, gateway: GatewayStandIn, pools: dict[str, int],
+                 analysis: dict[str, Any] | None) -> tuple[ShareMeter, list[BackgroundLoad]]:
+    """Models of the given sizes behind their routes, open-loop load on each, a drafter change each; returns when
+    every canary is decided, with the meter that counted what each revision's pods took at each weight."""
+    bodies = {name: model(name, replicas, analysis=analysis) for name, replicas in pools.items()}
+    kube.apply([http_route(name) for name in pools] + list(bodies.values()))
+    wait_for("every model Ready", lambda: all(ready(kube, n) for n in pools), 120)
+    meter = ShareMeter(list(pools))
+    loads = [BackgroundLoad(gateway.url, hostname(name), seed, name) for seed, name in enumerate(pools)]
+    for load in loads:
+        load.__enter__()
+    try:
+        def stable_serves() -> bool:
+            meter.round(kube)
+            return all(sum(meter.taken_by_revision(n).values()) > 0 for n in pools)
+
+        # The route's whole weight goes to the stable Service before the canary starts.
+        wait_for("traffic on each model's stable revision", stable_serves, 60)
+        for name in pools:
+            change_drafter(kube, bodies[name])
+
+        def all_done() -> bool:
+            meter.round(kube)
+            return all(meter.phases.get(n) in ("Promoted", "RolledBack", "Aborted") for n in pools)
+
+        wait_for("every canary decided", all_done, 8 * PAUSE_S + 240, 0.5,
+                 describe=lambda: {n: (meter.phases.get(n), meter.snapshots[-1].routes.get(n)) for n in pools})
+        meter.round(kube)  # the last round closes the last weight's window
+    finally:
+        for load in loads:
+            load.__exit__()
+        meter.close()
+    return meter, loads
+
+
+def test_healthy_canaries_promote_and_each_revision_takes_its_route_share_at_every_step_on_1_2_4_replicas(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn
+) -> None:
+    """The example's steps and analysis on pools of 1, 2 and 4 replicas: every healthy drafter change promotes,
+    and at each paused step the canary's pods took the route's weight of the requests."""
+    pools = {f"pool{replicas}": replicas for replicas in (1, 2, 4)}
+    meter, _ = run_canaries(kube, gateway, pools, ANALYSIS)
+    verdicts = {name: phase(kube, name) for name in pools}
+    assert verdicts == dict.fromkeys(pools, "Promoted"), {n: rollback_event(kube, n) for n in pools}
+    failures, measured = [], {}
+    for name in pools:
+        shares = measured[name] = meter.shares(name)
+        for weight in STEP_WEIGHTS[:-1]:  # the 100% step has no pause to measure
+            canary, total = shares.get(weight, (0.0, 0.0))
+            assert total >= 50, f"{name}: only {total:.0f} requests measured at {weight}% ({shares})"
+            if abs(canary / total - weight / 100) > SHARE_TOLERANCE:
+                failures.append(f"{name} at {weight}%: canary pods took {canary:.0f} of {total:.0f} "
+                                f"({canary / total:.1%})")
+    print(f"requests (canary, total) per weight: {measured}")  # shown with -rA: the figures behind the pass
+    assert not failures, (failures, measured)
+
+
+@pytest.mark.parametrize(("profile", "cited"), [
+    ("e2e-traffic-tpot-slow", "TPOT"),
+    ("e2e-traffic-erroring", "error rate"),
+])
+def test_a_bad_canary_under_real_traffic_is_rolled_back_citing_its_metric(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn,
+    profile: str, cited: str,
+) -> None:
+    name = "bad"
+    body = model(name, 2)
+    kube.apply([http_route(name), body])
+    wait_for(f"{name} Ready", lambda: ready(kube, name), 120)
+    with BackgroundLoad(gateway.url, hostname(name), seed=7, model=name):
+        change_drafter(kube, body, profile)
+        wait_for("canary decided", lambda: phase(kube, name) in ("Promoted", "RolledBack", "Aborted"),
+                 4 * PAUSE_S + 240, describe=lambda: (phase(kube, name), canary_weight(kube.get("httproute", name))))
+    assert phase(kube, name) == "RolledBack", (phase(kube, name), rollback_event(kube, name))
+    message = rollback_event(kube, name)
+    assert cited.lower() in message.lower(), message
+    assert any(ch.isdigit() for ch in message), f"the event must carry the numbers: {message}"
+
+
+def test_a_route_the_gateway_cannot_resolve_is_a_condition_with_the_gateways_message(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn,
+) -> None:
+    """A backendRef to a Service in another namespace without a ReferenceGrant: the Gateway's ResolvedRefs=False
+    (RefNotPermitted) becomes the model's Degraded condition within one reconcile of the status appearing."""
+    name = "crossns"
+    kube.apply([http_route(name, backend_namespace="somewhere-else"), model(name, 1)])
+
+    def degraded() -> dict[str, Any] | None:
+        conditions = (kube.get("sm", name) or {}).get("status", {}).get("conditions", [])
+        found = next((c for c in conditions if c["type"] == "Degraded" and c["status"] == "True"
+                      and c["reason"].startswith("HTTPRoute")), None)
+        return found
+
+    condition = wait_for("Degraded with the Gateway's message", degraded, 60,
+                         describe=lambda: (kube.get("httproute", name) or {}).get("status"))
+    route_status = kube.get("httproute", name)["status"]["parents"][0]
+    refused = next(c for c in route_status["conditions"] if c["type"] == "ResolvedRefs")
+    assert refused["status"] == "False" and refused["reason"] == "RefNotPermitted"
+    assert condition["reason"] == "HTTPRouteRefsNotResolved"
+    assert refused["message"] in condition["message"]

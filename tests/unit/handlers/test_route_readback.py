@@ -1,0 +1,81 @@
+"""One reconcile pass reads the HTTPRoute once and turns a Gateway's refusal into the model's condition."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import kopf
+import pytest
+
+from specdec_operator.handlers.context import OperatorContext
+from specdec_operator.handlers.reconciler import reconcile
+from specdec_operator.handlers.scrapes import ScrapeScheduler
+from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
+from tests.unit.api.specfactories import drafter_wire, spec_wire
+from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents, kopf_events, live_indices
+from tests.unit.reconcile.reconcilefactories import FLEET, NAMESPACE
+
+LOG = logging.getLogger("test")
+MESSAGE = "Cannot reference Service other/llama8b-stable: missing ReferenceGrant"
+SPEC = spec_wire(drafters=[drafter_wire("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")],
+                 rollout={"strategy": "Canary", "canary": {"traffic": {"httpRouteRef": {"name": "llama8b"}}}})
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def events() -> AsyncIterator[PostedEvents]:
+    with kopf_events() as posted:
+        yield posted
+
+
+def context(api: FakeKubeApi, http: aiohttp.ClientSession) -> OperatorContext:
+    settings = OperatorSettings(runtime_images=DEFAULT_IMAGES, image_targets=DEFAULT_IMAGE_TARGETS)
+    ctx = OperatorContext(settings=settings, api=api, http=http)
+    ctx.cache.bind(live_indices(api))
+    ctx.scrapes = ScrapeScheduler(http, interval_s=15, timeout_s=5, concurrency=4, allow_non_loopback=False)
+    return ctx
+
+
+def http_route(resolved: str, message: str = "") -> dict[str, Any]:
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "llama8b", "namespace": NAMESPACE, "generation": 1},
+            "spec": {"parentRefs": [{"name": "inference-gateway"}],
+                     "rules": [{"backendRefs": [{"name": "llama8b-stable", "port": 8000, "weight": 100}]}]},
+            "status": {"parents": [{"parentRef": {"name": "inference-gateway"},
+                                    "controllerName": "traefik.io/gateway-controller",
+                                    "conditions": [
+                                        {"type": "Accepted", "status": "True", "reason": "Accepted",
+                                         "observedGeneration": 1},
+                                        {"type": "ResolvedRefs", "status": resolved, "reason": "RefNotPermitted",
+                                         "message": message, "observedGeneration": 1}]}]}}
+
+
+async def test_a_refused_route_is_a_condition_after_one_pass_with_one_read(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    api = FakeKubeApi()
+    api.put(http_route("False", MESSAGE))
+    stored = api.put({"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel",
+                      "metadata": {"namespace": NAMESPACE, "name": "llama8b"}, "spec": SPEC})
+    reads: list[str] = []
+    real_get = api.get
+
+    async def counting_get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        reads.append(kind)
+        return await real_get(kind, namespace, name)
+
+    api.get = counting_get  # type: ignore[method-assign]
+    await reconcile(context(api, http), kopf.Body(stored), FLEET, LOG)
+    status = api.objects[("SpeculativeModel", NAMESPACE, "llama8b")]["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "HTTPRouteRefsNotResolved")
+    assert MESSAGE in degraded["message"]
+    assert reads.count("HTTPRoute") == 1, reads

@@ -1,0 +1,33 @@
+"""The open-loop load generator's schedule: seeded, Poisson at the set rate, bursts, bounded lengths."""
+
+from __future__ import annotations
+
+import itertools
+
+from specdec_runtime.loadgen import Burst, Lengths, LoadShape, schedule
+
+
+def test_schedule_is_reproducible_from_its_seed_and_follows_the_rate() -> None:
+    shape = LoadShape(rate=20.0, seed=7)
+    first, again = list(schedule(shape, 100.0)), list(schedule(shape, 100.0))
+    assert first == again
+    assert list(schedule(LoadShape(rate=20.0, seed=8), 100.0)) != first
+    # 2,000 expected arrivals: a Poisson count lies within 4 standard deviations (~180) of its mean.
+    assert abs(len(first) - 2000) < 180
+    assert all(a.at < b.at for a, b in itertools.pairwise(first))
+
+
+def test_bursts_multiply_the_rate_while_they_last() -> None:
+    shape = LoadShape(rate=10.0, burst=Burst(every_s=10.0, duration_s=2.0, factor=5.0), seed=3)
+    arrivals = list(schedule(shape, 1000.0))
+    in_burst = sum(1 for a in arrivals if a.at % 10.0 < 2.0)
+    # 200 s of bursts at 50/s and 800 s at 10/s: 10,000 and 8,000 expected.
+    assert abs(in_burst - 10_000) < 450
+    assert abs((len(arrivals) - in_burst) - 8_000) < 400
+
+
+def test_lengths_are_log_normal_around_their_median_within_bounds() -> None:
+    shape = LoadShape(rate=50.0, prompt=Lengths(median=100, sigma=0.6, low=10, high=300), seed=1)
+    prompts = sorted(a.prompt_tokens for a in schedule(shape, 100.0))
+    assert 90 <= prompts[len(prompts) // 2] <= 110
+    assert prompts[0] >= 10 and prompts[-1] <= 300

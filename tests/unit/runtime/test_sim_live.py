@@ -1,0 +1,115 @@
+"""Live requests ride in the engine's batch: the running gauge follows them and vLLM's counters move."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdec_runtime.simulator.server import Simulator, build_app
+from specdec_runtime.simulator.vllm_cli import parse_serve_args
+from tests.unit.runtime.simfactories import make_profile
+
+SPEC = '{"method":"eagle","model":"org/drafter","num_speculative_tokens":3}'
+
+
+async def _client(**profile: Any) -> TestClient[Any, Any]:
+    options = parse_serve_args(["serve", "org/target", "--served-model-name", "target", "--speculative-config", SPEC,
+                                "--profile", "unused.yaml", "--seed", "5"])
+    # No virtual load: every sequence in the batch is one of the test's requests.
+    simulator = Simulator(options, make_profile(concurrency=0, restart_s=0, **profile))
+    client: TestClient[Any, Any] = TestClient(TestServer(build_app(simulator, background_tick=False)))
+    await client.start_server()
+    return client
+
+
+def _samples(text: str) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            extra = {k: v for k, v in sample.labels.items() if k not in ("model_name", "engine")}
+            values[sample.name + (str(sorted(extra.items())) if extra else "")] = sample.value
+    return values
+
+
+async def _metrics(client: TestClient[Any, Any]) -> dict[str, float]:
+    return _samples(await (await client.get("/metrics")).text())
+
+
+async def _until(client: TestClient[Any, Any], name: str, value: float) -> None:
+    """Scrape until the gauge reaches value: each scrape is a request, so the loop waits on the server."""
+    while (await _metrics(client))[name] < value:
+        pass
+
+
+async def test_running_batch_follows_requests_in_flight_and_counters_count_them() -> None:
+    client = await _client(step_time={"base_s": 0.01, "per_token_s": 0.0})
+    try:
+        body = {"model": "target", "prompt": "a b c d", "max_tokens": 40}
+        tasks = [asyncio.create_task(client.post("/v1/completions", json=body)) for _ in range(3)]
+        await _until(client, "vllm:num_requests_running", 3)
+        responses = await asyncio.gather(*tasks)
+        assert [r.status for r in responses] == [200, 200, 200]
+        after = await _metrics(client)
+        assert after["vllm:num_requests_running"] == 0
+        assert after["vllm:request_success_total[('finished_reason', 'length')]"] == 3
+        assert after["vllm:generation_tokens_total"] == 3 * 40
+        assert after["vllm:prompt_tokens_total"] == 3 * 4
+        assert after["vllm:request_time_per_output_token_seconds_count"] == 3
+        assert after["vllm:time_to_first_token_seconds_count"] == 3
+        assert after["vllm:e2e_request_latency_seconds_count"] == 3
+        # Each request's latency covers its first token and every later step.
+        assert after["vllm:e2e_request_latency_seconds_sum"] > after["vllm:time_to_first_token_seconds_sum"]
+        assert after["vllm:spec_decode_num_drafts_total"] > 0
+        accepted = after["vllm:spec_decode_num_accepted_tokens_total"]
+        # Every decode step emits its accepted prefix plus one token; the prefill step emits the first.
+        assert after["vllm:spec_decode_num_drafts_total"] + accepted + 3 >= 3 * 40
+    finally:
+        await client.close()
+
+
+async def test_max_num_seqs_queues_live_requests_as_waiting() -> None:
+    client = await _client(step_time={"base_s": 0.01, "per_token_s": 0.0},
+                           requests={"max_num_seqs": 1})
+    try:
+        body = {"model": "target", "prompt": "x", "max_tokens": 30}
+        tasks = [asyncio.create_task(client.post("/v1/completions", json=body)) for _ in range(2)]
+        await _until(client, "vllm:num_requests_waiting", 1)
+        assert (await _metrics(client))["vllm:num_requests_running"] == 1
+        assert [r.status for r in await asyncio.gather(*tasks)] == [200, 200]
+        assert (await _metrics(client))["vllm:num_requests_waiting"] == 0
+    finally:
+        await client.close()
+
+
+async def test_error_rate_fails_requests_with_finished_reason_error() -> None:
+    client = await _client(step_time={"base_s": 0.001, "per_token_s": 0.0}, faults={"error_rate": 1.0})
+    try:
+        plain = await client.post("/v1/completions", json={"model": "target", "prompt": "x", "max_tokens": 4})
+        assert plain.status == 500
+        stream = await client.post("/v1/completions",
+                                   json={"model": "target", "prompt": "x", "max_tokens": 4, "stream": True})
+        assert '"code": 500' in await stream.text()
+        after = await _metrics(client)
+        assert after["vllm:request_success_total[('finished_reason', 'error')]"] == 2
+        assert after["vllm:request_success_total[('finished_reason', 'length')]"] == 0
+    finally:
+        await client.close()
+
+
+async def test_slowdown_lengthens_time_per_output_token() -> None:
+    async def tpot(slowdown: float) -> float:
+        # Steps long enough that the event loop's wake-up delay is small beside them.
+        client = await _client(step_time={"base_s": 0.04, "per_token_s": 0.0}, faults={"slowdown": slowdown},
+                               acceptance=[0.0])
+        try:
+            await client.post("/v1/completions", json={"model": "target", "prompt": "x", "max_tokens": 8})
+            after = await _metrics(client)
+            return after["vllm:request_time_per_output_token_seconds_sum"]
+        finally:
+            await client.close()
+
+    normal, slow = await tpot(1.0), await tpot(1.5)
+    assert 1.3 < slow / normal < 1.7
