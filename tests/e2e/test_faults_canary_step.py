@@ -34,8 +34,6 @@ pytestmark = pytest.mark.e2e
 MODEL = "canaryheld"
 DECISION_S = 180
 STEP_PAUSE_S = 15
-# Longer than the step's pause: the operator wants to advance and cannot record it.
-REFUSED_FOR_S = 30
 QUIET_AFTER_S = 15
 
 
@@ -64,18 +62,28 @@ def test_refused_step_advance_moves_nothing_then_the_canary_goes_on_from_its_ste
     canary_k = int(in_step["canaryK"])
     canary_baseline = template(kube, canary_deployment)
 
+    def refused_advances(entries: list[AuditEntry]) -> list[AuditEntry]:
+        return [e for e in status_writes(entries, MODEL) if e.denied
+                and (written_status(e).get("canary") or {}).get("step") == in_step["step"] + 1]
+
     refusal = AdmissionFault.refuse_status_writes(kube, MODEL)
     with refusal.installed():
         cursor = AuditLog(cluster.paths.logs / "audit.log")
-        time.sleep(REFUSED_FOR_S)
+        started = time.monotonic()
+        # The step ends once its pause is over and the analysis has its finished requests: wait for the
+        # operator to try to record the next step (and be refused), then a little longer while still refused.
+        wait_for("a refused attempt to record the next step", lambda: refused_advances(cursor.entries(namespace)),
+                 DECISION_S, 1, describe=lambda: canary_status(kube, MODEL))
+        wait_for("a second refused attempt", lambda: len(refused_advances(cursor.entries(namespace))) >= 2,
+                 DECISION_S, 1, describe=lambda: canary_status(kube, MODEL))
         held = cursor.entries(namespace)
+        refused_for = time.monotonic() - started
     refused = [entry for entry in status_writes(held, MODEL) if entry.denied]
     moved = [f"{e.verb} {e.resource}/{e.name}" for e in held if e.by_operator and e.ok
              and e.resource in ("deployments", "httproutes")]
-    print(f"\nrefused step advance: {len(refused)} status writes refused in {REFUSED_FOR_S}s "
-          f"(step pause {STEP_PAUSE_S}s); operator Deployment/HTTPRoute writes meanwhile: {moved}")
-    advances = [e for e in refused if (written_status(e).get("canary") or {}).get("step") == in_step["step"] + 1]
-    assert advances, "the operator never tried to record the next step while status was refused"
+    print(f"\nrefused step advance: {len(refused)} status writes refused in {refused_for:.0f}s "
+          f"(step pause {STEP_PAUSE_S}s), {len(refused_advances(held))} of them the next step; "
+          f"operator Deployment/HTTPRoute writes meanwhile: {moved}")
     assert moved == [], "traffic or Deployments moved while the step's status could not be written"
     assert canary_status(kube, MODEL)["weight"] == 10
 
