@@ -55,7 +55,7 @@ def test_nodes(cluster: LocalCluster, namespace: str) -> Iterator[Callable[[str,
 
     yield add
     for name in added:
-        cluster.kubectl("delete", "node", name, "--wait=false", check=False)
+        cluster.kubectl("delete", "node", name, "--wait=true", "--timeout=60s", check=False)
 
 
 def pinned_model(name: str, namespace: str, replicas: int = 1, **runtime: Any) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def gpu_nodes(cluster: LocalCluster, namespace: str) -> Iterator[Callable[[int],
 
     yield add
     for name in added:
-        cluster.kubectl("delete", "node", name, "--wait=false", check=False)
+        cluster.kubectl("delete", "node", name, "--wait=true", "--timeout=60s", check=False)
 
 
 def model(name: str, namespace: str, replicas: int = 2, **rollout: Any) -> dict[str, Any]:

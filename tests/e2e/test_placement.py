@@ -37,11 +37,11 @@ def running_pods(kube: Kube, selector: str, count: int) -> list[dict[str, Any]]:
         pods = [p for p in kube.items("pods", selector) if p["status"].get("phase") == "Running"]
         return pods if len(pods) == count else None
 
-    return wait_for(f"{count} Running pods for {selector}", probe, 60)
+    return wait_for(f"{count} Running pods for {selector}", probe, 120)
 
 
 def ready(kube: Kube, name: str) -> dict[str, Any]:
-    return wait_for(f"{name} Ready", lambda: (c := condition(kube, name, "Ready")) and c["status"] == "True" and c, 60)
+    return wait_for(f"{name} Ready", lambda: (c := condition(kube, name, "Ready")) and c["status"] == "True" and c, 120)
 
 
 def test_examples_land_on_their_gfx_nodes_only(kube: Kube, operator: OperatorProcess) -> None:
