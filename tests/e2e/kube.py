@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
@@ -12,6 +13,22 @@ import yaml
 from localcluster.cluster import LocalCluster
 
 T = TypeVar("T")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example_docs(name: str) -> list[dict[str, Any]]:
+    """The documents of one shipped example, as a user would apply them."""
+    return [doc for doc in yaml.safe_load_all((EXAMPLES / name).read_text()) if doc]
+
+
+def hub_secret_refs(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(Secret, key) pairs the models' weights sources name: the examples tell users to create these first."""
+    refs = set()
+    for doc in docs:
+        ref = ((doc.get("spec") or {}).get("model") or {}).get("source", {}).get("hubSecretRef")
+        if ref:
+            refs.add((ref["name"], ref["key"]))
+    return refs
 
 
 class Kube:
@@ -40,6 +57,14 @@ class Kube:
     def apply(self, obj: dict[str, Any] | list[dict[str, Any]] | str) -> str:
         text = obj if isinstance(obj, str) else yaml.safe_dump_all(obj if isinstance(obj, list) else [obj])
         return self.run("apply", "-f", "-", input_text=text)
+
+    def apply_with_secrets(self, docs: list[dict[str, Any]]) -> str:
+        """Apply models the way their examples say: the Hugging Face token Secret they name exists first (a
+        kubelet-like fleet driver refuses to start a container whose Secret is missing, as a kubelet would)."""
+        for name, key in sorted(hub_secret_refs(docs)):
+            if self.get("secret", name) is None:
+                self.run("create", "secret", "generic", name, f"--from-literal={key}=hf_e2e-placeholder")
+        return self.apply(docs)
 
     def try_apply(self, text: str) -> tuple[bool, str]:
         """Apply and return (accepted, kubectl stderr) without raising."""

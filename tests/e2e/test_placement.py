@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.e2e.kube import Kube, wait_for
+from tests.e2e.kube import Kube, example_docs, wait_for
 from tests.e2e.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.e2e
@@ -19,7 +18,7 @@ GFX942_NODES = ("mi300x-", "mixed-")
 
 
 def example(name: str) -> list[dict[str, Any]]:
-    return list(yaml.safe_load_all((REPO / "examples" / name).read_text()))
+    return example_docs(name)
 
 
 def model(name: str, **spec: Any) -> dict[str, Any]:
@@ -37,7 +36,17 @@ def running_pods(kube: Kube, selector: str, count: int) -> list[dict[str, Any]]:
         pods = [p for p in kube.items("pods", selector) if p["status"].get("phase") == "Running"]
         return pods if len(pods) == count else None
 
-    return wait_for(f"{count} Running pods for {selector}", probe, 120)
+    def describe() -> list[str]:
+        """Each pod's node, phase and waiting reasons (a kubelet-like refusal explains a pod that never runs)."""
+        described = []
+        for pod in kube.items("pods", selector):
+            waiting = [(s.get("state") or {}).get("waiting", {}).get("reason", "")
+                       for s in pod["status"].get("containerStatuses", [])]
+            described.append(f"{pod['metadata']['name']} on {pod['spec'].get('nodeName')}: "
+                             f"{pod['status'].get('phase')} {' '.join(filter(None, waiting))}")
+        return described
+
+    return wait_for(f"{count} Running pods for {selector}", probe, 120, describe=describe)
 
 
 def ready(kube: Kube, name: str) -> dict[str, Any]:
@@ -46,7 +55,7 @@ def ready(kube: Kube, name: str) -> dict[str, Any]:
 
 def test_examples_land_on_their_gfx_nodes_only(kube: Kube, operator: OperatorProcess) -> None:
     for name in ("eagle3-mi300x.yaml", "draft-70b-mi300x-mi250x.yaml", "ngram-w7900.yaml"):
-        kube.apply(example(name))
+        kube.apply_with_secrets(example(name))
     expectations = {
         "specdec.io/pool=llama8b-eagle3-gfx942": (2, GFX942_NODES),
         "specdec.io/pool=llama70b-draft-gfx942": (2, GFX942_NODES),
@@ -64,7 +73,7 @@ def test_examples_land_on_their_gfx_nodes_only(kube: Kube, operator: OperatorPro
 
 def test_mixed_node_admits_gfx942_pool_and_refuses_others(kube: Kube, operator: OperatorProcess) -> None:
     """The rendered affinity is evaluated by the real scheduler, pinned to the mixed node."""
-    kube.apply(example("draft-70b-mi300x-mi250x.yaml"))
+    kube.apply_with_secrets(example("draft-70b-mi300x-mi250x.yaml"))
     deployments = {
         gfx: wait_for(f"{gfx} deployment", lambda g=gfx: kube.get("deployment", f"llama70b-draft-{g}"), 30)
         for gfx in ("gfx942", "gfx90a")
@@ -135,7 +144,7 @@ def test_spec_change_rolls_and_revert_returns_to_the_same_revision(kube: Kube, o
 
 
 def test_manual_edit_of_an_owned_deployment_is_reverted(kube: Kube, operator: OperatorProcess) -> None:
-    kube.apply(example("ngram-w7900.yaml"))
+    kube.apply_with_secrets(example("ngram-w7900.yaml"))
     wait_for("deployment", lambda: kube.get("deployment", "qwen-coder-ngram-gfx1100"), 60)
     ready(kube, "qwen-coder-ngram")
     kube.run("scale", "deployment", "qwen-coder-ngram-gfx1100", "--replicas=5")
@@ -146,7 +155,7 @@ def test_manual_edit_of_an_owned_deployment_is_reverted(kube: Kube, operator: Op
 
 
 def test_deleting_the_model_garbage_collects_children(kube: Kube, operator: OperatorProcess) -> None:
-    kube.apply(example("eagle3-mi300x.yaml"))
+    kube.apply_with_secrets(example("eagle3-mi300x.yaml"))
     ready(kube, "llama8b-eagle3")
     kube.run("delete", "sm", "llama8b-eagle3", "--wait=true", "--timeout=60s")
     for kind in ("deployments", "configmaps", "poddisruptionbudgets", "services"):

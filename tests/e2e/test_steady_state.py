@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from localcluster.cluster import LocalCluster
 from tests.e2e.audit import operator_write_entries, operator_writes_since
-from tests.e2e.kube import Kube, wait_for
+from tests.e2e.kube import Kube, example_docs, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorFactory, OperatorProcess
 from tests.e2e.tier import THOROUGH, period, setting
 
@@ -71,13 +70,13 @@ def test_restart_then_quiet_for_many_reconcile_periods(
                 "SPECDEC_STATUS_STATS_PERIOD_SECONDS": setting(QUIET_STATS_PERIOD_S)}
     operator = scoped_operator(**settings)
     for example in ("eagle3-mi300x.yaml", "draft-70b-mi300x-mi250x.yaml", "ngram-w7900.yaml"):
-        docs = list(yaml.safe_load_all((REPO / "examples" / example).read_text()))
+        docs = example_docs(example)
         for doc in docs:
             # Live acceptance and tokens/s change whenever simulators serve (the fleet driver may run in this
             # session), and status reports them: that is change, not steady state. Without tuning the
             # operator observes only its own objects and the nodes.
             doc["spec"].setdefault("speculation", {}).setdefault("autotune", {})["enabled"] = False
-        kube.apply(docs)
+        kube.apply_with_secrets(docs)
     wait_for("all models Ready", lambda: all_ready(kube), 90)
     wait_for("no operator write for two reconcile periods",
              lambda: last_write_at_least(cluster, namespace, 2 * RECONCILE_S), 60, 0.5)
@@ -136,11 +135,11 @@ def test_autotune_on_with_live_traffic_writes_status_at_a_bounded_rate_and_no_de
     evaluations included."""
     operator: OperatorProcess = scoped_operator(SPECDEC_STATUS_STATS_PERIOD_SECONDS=setting(STATS_PERIOD_S))
     for example in ("eagle3-mi300x.yaml", "draft-70b-mi300x-mi250x.yaml", "ngram-w7900.yaml"):
-        docs = list(yaml.safe_load_all((REPO / "examples" / example).read_text()))
+        docs = example_docs(example)
         for doc in docs:
             autotune = doc["spec"].setdefault("speculation", {}).setdefault("autotune", {})
             autotune.update({"enabled": True, "intervalSeconds": TUNE_INTERVAL_S, "cooldownSeconds": COOLDOWN_S})
-        kube.apply(docs)
+        kube.apply_with_secrets(docs)
     wait_for("all models Ready", lambda: all_ready(kube), 180, 2)
     # Settled: every tuner has had several evaluations since its last change and the Deployments are quiet.
     quiet_for = COOLDOWN_S + 3 * TUNE_INTERVAL_S
