@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from specdec_runtime.launcher import DEFAULT_CONFIG_PATH, LaunchError, build_command, launch, load_runtime_config
+from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
 from specdec_runtime.simulator.profile import DEFAULT_PROFILE, PACKAGED_PROFILES_DIR
 
 PROG = "specdec-runtime"
@@ -43,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--listen", default="127.0.0.1:8080", help="loopback HOST:PORT to serve on")
     gateway.add_argument("--gateway-name", default="inference-gateway",
                          help="serve the HTTPRoutes whose parentRefs name this Gateway")
+    gateway.add_argument("--gateway-class", default=STANDIN_GATEWAY_CLASS,
+                         help="serve only the Gateways whose spec.gatewayClassName is this")
     load = commands.add_parser("loadgen", help="open-loop OpenAI-style load against a Gateway or Service")
     load.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8080")
     load.add_argument("--host", help="Host header: a Gateway hostname or <service>.<namespace>.svc")
@@ -58,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_gateway(kubeconfig: str | None, listen: str, gateway: str) -> int:
+def _run_gateway(kubeconfig: str | None, listen: str, gateway: str, gateway_class: str) -> int:
     from specdec_runtime.gateway_standin import run_gateway_standin
 
     host, _, port = listen.rpartition(":")
@@ -68,7 +71,7 @@ def _run_gateway(kubeconfig: str | None, listen: str, gateway: str) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_gateway_standin(kubeconfig, host, int(port), gateway, stop)
+        await run_gateway_standin(kubeconfig, host, int(port), gateway, stop, gateway_class=gateway_class)
 
     asyncio.run(run())
     return 0
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         return 2
     if options.command == "gateway":
-        return _run_gateway(options.kubeconfig, options.listen, options.gateway_name)
+        return _run_gateway(options.kubeconfig, options.listen, options.gateway_name, options.gateway_class)
     if options.command == "loadgen":
         return _run_loadgen(options)
     return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.default_profile)

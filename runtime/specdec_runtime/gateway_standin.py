@@ -1,12 +1,13 @@
 """The local cluster's data path: a loopback Gateway and kube-proxy stand-in in front of the fake pods.
 
-Dev tooling like the fleet driver. It watches Services, Pods, HTTPRoutes and ReferenceGrants and forwards each
-request it receives on a loopback address to a fake pod's loopback IP, as routing.py decides: a request for a
-Service DNS name spreads over the Service's ready pods; any other request goes through the HTTPRoutes attached
-to the Gateway it stands in for, by their weights. Like a Gateway controller it writes each attached route's
-status.parents entry (Accepted, ResolvedRefs with the Gateway API's reasons). Why this exists instead of a real
-data plane, and how far a real Gateway (Traefik) got here, is in docs/local-traffic.md.
-"""
+Dev tooling like the fleet driver. It watches Services, Pods, HTTPRoutes, ReferenceGrants and Gateways and
+forwards each request it receives on a loopback address to a fake pod's loopback IP, as routing.py decides: a
+request for a Service DNS name spreads over the Service's ready pods; any other request goes through the
+HTTPRoutes attached to a Gateway it stands in for, by their weights. It stands in for the Gateways named
+--gateway-name whose gatewayClassName is --gateway-class (in the route's namespace, or the one its parentRef
+names), and like a Gateway controller it writes each attached route's status.parents entry (Accepted,
+ResolvedRefs with the Gateway API's reasons) and leaves every other route alone. Why this exists instead of a
+real data plane, and how far a real Gateway (Traefik) got here, is in docs/local-traffic.md."""
 
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from specdec_runtime.fleet_kube import require_loopback_server
-from specdec_runtime.routing import GATEWAY_GROUP, STANDIN_CONTROLLER, ClusterView, Router, route_parent_status
+from specdec_runtime.routing import (
+    GATEWAY_GROUP,
+    STANDIN_CONTROLLER,
+    STANDIN_GATEWAY_CLASS,
+    ClusterView,
+    Router,
+    route_parent_status,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +145,7 @@ async def _write_route_status(custom: client.CustomObjectsApi, view: ClusterView
     """As a Gateway controller does: our entry in status.parents of every route attached to our Gateway."""
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for route in view.routes:
-        parent = next((ref for ref in (route.get("spec") or {}).get("parentRefs") or []
-                       if ref.get("name") == router.gateway and (ref.get("kind") or "Gateway") == "Gateway"), None)
+        parent = view.attached(route, router.gateway)
         if parent is None:
             continue
         conditions = route_parent_status(view, route, router.gateway)
@@ -161,21 +168,25 @@ async def _write_route_status(custom: client.CustomObjectsApi, view: ClusterView
 
 
 async def _keep_router_current(router: Router, caches: dict[str, KindCache], changed: asyncio.Event,
-                               custom: client.CustomObjectsApi) -> None:
+                               custom: client.CustomObjectsApi, gateway_class: str) -> None:
     while True:
         await changed.wait()
         changed.clear()
         view = ClusterView(
             services=caches["services"].objects.values(), pods=caches["pods"].objects.values(),
             routes=caches["httproutes"].objects.values(), grants=caches["referencegrants"].objects.values(),
+            gateways=[g for g in caches["gateways"].objects.values()
+                      if (g.get("spec") or {}).get("gatewayClassName") == gateway_class],
         )
         router.update(view)
         await _write_route_status(custom, view, router)
 
 
 async def run_gateway_standin(kubeconfig: str | None, host: str, port: int, gateway: str,
-                              stop: asyncio.Event, ready: Callable[[], None] | None = None) -> None:
-    """Serve until stop is set. Binds only loopback addresses."""
+                              stop: asyncio.Event, ready: Callable[[], None] | None = None,
+                              gateway_class: str = STANDIN_GATEWAY_CLASS) -> None:
+    """Serve until stop is set, for the Gateways named `gateway` whose gatewayClassName is `gateway_class`.
+    Binds only loopback addresses."""
     require_loopback_server(f"http://{host}")  # the listener, too, is loopback only
     configuration = client.Configuration()
     await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
@@ -195,10 +206,11 @@ async def run_gateway_standin(kubeconfig: str | None, host: str, port: int, gate
             "pods": KindCache("pods", core.list_pod_for_all_namespaces, api, changed),
             "httproutes": KindCache("httproutes", custom_list("httproutes", "v1"), api, changed),
             "referencegrants": KindCache("referencegrants", custom_list("referencegrants", "v1beta1"), api, changed),
+            "gateways": KindCache("gateways", custom_list("gateways", "v1"), api, changed),
         }
         router = Router(gateway)
         tasks = [asyncio.create_task(cache.run()) for cache in caches.values()]
-        tasks.append(asyncio.create_task(_keep_router_current(router, caches, changed, custom)))
+        tasks.append(asyncio.create_task(_keep_router_current(router, caches, changed, custom, gateway_class)))
         for cache in caches.values():
             await cache.synced.wait()
         async with ClientSession(timeout=ClientTimeout(total=None, sock_connect=5)) as session:

@@ -111,7 +111,8 @@ def _loopback(ip: str) -> bool:
 
 
 class ClusterView:
-    """Services, ready pods, HTTPRoutes and ReferenceGrants as the stand-in last saw them."""
+    """Services, ready pods, HTTPRoutes, ReferenceGrants and the Gateways of the stand-in's class as the
+    stand-in last saw them."""
 
     def __init__(
         self,
@@ -119,11 +120,26 @@ class ClusterView:
         pods: Iterable[Mapping[str, Any]] = (),
         routes: Iterable[Mapping[str, Any]] = (),
         grants: Iterable[Mapping[str, Any]] = (),
+        gateways: Iterable[Mapping[str, Any]] = (),
     ) -> None:
         self.services = {(_meta(s).get("namespace"), _meta(s).get("name")): s for s in services}
         self.pods = [p for p in pods if _ready(p)]
         self.routes = list(routes)
         self.grants = list(grants)
+        # Only Gateways the caller implements (their gatewayClassName is its class): a Gateway controller
+        # attaches routes to its own Gateways and leaves every other route, and its status, alone.
+        self.gateways = {(_meta(g).get("namespace"), _meta(g).get("name")) for g in gateways}
+
+    def attached(self, route: Mapping[str, Any], gateway: str) -> Mapping[str, Any] | None:
+        """The route's parentRef to our Gateway `gateway` when that Gateway exists (in the parentRef's namespace,
+        by default the route's); None when the route is not ours to route or to report on."""
+        route_namespace = _meta(route).get("namespace")
+        for ref in (route.get("spec") or {}).get("parentRefs") or []:
+            if (ref.get("name") == gateway and (ref.get("kind") or "Gateway") == "Gateway"
+                    and (ref.get("group") or GATEWAY_GROUP) == GATEWAY_GROUP
+                    and (ref.get("namespace") or route_namespace, gateway) in self.gateways):
+                return dict(ref)
+        return None
 
     def endpoints(self, namespace: str, service: str, port: int | None) -> tuple[Endpoint, ...] | None:
         """Ready pods behind a Service port (sorted, so turns are stable); None when there is no such Service.
@@ -190,17 +206,24 @@ def service_host(host: str) -> tuple[str, str] | None:
     return None
 
 
-def _hostname_matches(patterns: list[str], host: str) -> bool:
+def _hostname_rank(patterns: list[str], host: str) -> tuple[int, int] | None:
+    """How specifically a route's hostnames match the request's Host, None when they do not: the Gateway API's
+    first two precedence criteria, characters in a matching non-wildcard hostname, then in a matching hostname.
+    A route without hostnames matches every Host, least specifically."""
     if not patterns:
-        return True
+        return (0, 0)
     name = host.split(":", 1)[0].lower()
+    best: tuple[int, int] | None = None
     for pattern in patterns:
         pattern = pattern.lower()
-        if pattern.startswith("*.") and name.endswith(pattern[1:]) and name != pattern[2:]:
-            return True
+        rank = None
         if pattern == name:
-            return True
-    return False
+            rank = (len(pattern), len(pattern))
+        elif pattern.startswith("*.") and name.endswith(pattern[1:]) and name != pattern[2:]:
+            rank = (0, len(pattern))
+        if rank is not None and (best is None or rank > best):
+            best = rank
+    return best
 
 
 def _path_match_length(match: Mapping[str, Any], path: str) -> int | None:
@@ -214,11 +237,6 @@ def _path_match_length(match: Mapping[str, Any], path: str) -> int | None:
         if path == prefix or path.startswith(prefix + "/") or prefix == "":
             return len(prefix)
     return None
-
-
-def _attached(route: Mapping[str, Any], gateway: str) -> bool:
-    return any(ref.get("name") == gateway and (ref.get("kind") or "Gateway") == "Gateway"
-               for ref in (route.get("spec") or {}).get("parentRefs") or [])
 
 
 class Router:
@@ -241,18 +259,23 @@ class Router:
             if endpoints is None:
                 return Decision(None, 503, f"no Service {namespace}/{service}")
             return self._to_pod(Backend(namespace, service, 1, endpoints))
-        best: tuple[int, str, str, int] | None = None
+        # Precedence: hostname specificity, then path specificity (Gateway API HTTPRoute rule precedence).
+        best: tuple[tuple[int, int, int], str, str, int] | None = None
         for route in self.view.routes:
-            if not _attached(route, self.gateway):
+            if self.view.attached(route, self.gateway) is None:
                 continue
             spec = route.get("spec") or {}
-            if not _hostname_matches(spec.get("hostnames") or [], host):
+            host_rank = _hostname_rank(spec.get("hostnames") or [], host)
+            if host_rank is None:
                 continue
             for index, rule in enumerate(spec.get("rules") or []):
                 for match in rule.get("matches") or [{}]:
                     length = _path_match_length(match, path)
-                    if length is not None and (best is None or length > best[0]):
-                        best = (length, str(_meta(route).get("namespace")), str(_meta(route).get("name")), index)
+                    if length is None:
+                        continue
+                    rank = (*host_rank, length)
+                    if best is None or rank > best[0]:
+                        best = (rank, str(_meta(route).get("namespace")), str(_meta(route).get("name")), index)
         if best is None:
             return Decision(None, 404, "no HTTPRoute matches")
         _, namespace, name, index = best
@@ -279,6 +302,8 @@ class Router:
 
 
 STANDIN_CONTROLLER = "specdec.io/gateway-standin"
+# The GatewayClass name a Gateway names to be served by the stand-in (`specdec-runtime gateway --gateway-class`).
+STANDIN_GATEWAY_CLASS = "specdec-standin"
 
 
 def route_parent_status(view: ClusterView, route: Mapping[str, Any], gateway: str) -> list[dict[str, Any]]:

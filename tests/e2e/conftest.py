@@ -1,7 +1,15 @@
-"""Session-scoped local control plane and a fresh namespace per test, on the same code as hack/cluster."""
+"""Session-scoped local control plane and a fresh namespace per test, on the same code as hack/cluster.
+
+Lanes (pytest-xdist, `-n N`): every worker is a lane with its own session operator watching only its own
+namespaces (`e2e-<lane>-*`), so lanes share the cluster without acting on each other's models. The fleet driver
+is one per cluster (a kubelet serves every pod): the first lane that needs it starts it. Tests marked
+`exclusive` disturb the whole cluster (a control-plane restart, a CRD upgrade, every GPU taken) and refuse to
+run in a lane; hack/test runs them in a pass of their own. docs/testing.md.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -17,17 +25,33 @@ from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorFactory, OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
+# The xdist worker id (gw0, gw1, ...) when this process is a lane; empty in a plain pytest run.
+LANE = os.environ.get("PYTEST_XDIST_WORKER", "")
+NAMESPACE_PREFIX = f"e2e-{LANE}-" if LANE else "e2e-"
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    exclusive = [item.nodeid for item in items if item.get_closest_marker("exclusive")]
+    if LANE and exclusive:
+        raise pytest.UsageError(
+            f"{len(exclusive)} exclusive e2e test(s) selected in lane {LANE} (e.g. {exclusive[0]}): they disturb "
+            "every lane; run them without -n, or deselect them with -m 'not exclusive' (hack/test does both)")
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
     local = LocalCluster()
-    started_here = not local.is_ready()
-    local.up()
+    local.paths.root.mkdir(parents=True, exist_ok=True)
+    with (local.paths.root / "e2e-up.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # lanes start together; one of them brings the cluster up
+        started_here = not local.is_ready()
+        local.up()
     os.environ["KUBECONFIG"] = str(local.paths.kubeconfig)
     os.environ["PATH"] = f"{local.binaries['kubectl'].parent}{os.pathsep}{os.environ['PATH']}"
     yield local
-    if started_here and os.environ.get("SPECDEC_KEEP_CLUSTER") != "1":
+    # Another lane may still be running: lanes leave the cluster to whoever started the run (hack/test).
+    if started_here and not LANE and os.environ.get("SPECDEC_KEEP_CLUSTER") != "1":
         local.down()
 
 
@@ -39,8 +63,10 @@ def crds(cluster: LocalCluster) -> None:
 
 @pytest.fixture(scope="session")
 def operator(cluster: LocalCluster, crds: None) -> Iterator[OperatorProcess]:
-    """One operator for the session; tests that restart it use their own OperatorProcess."""
-    process = OperatorProcess(cluster).start()
+    """One operator for the session (in a lane: for the lane's namespaces only); tests that restart it use
+    their own OperatorProcess."""
+    lane = {"SPECDEC_NAMESPACES": json.dumps([f"{NAMESPACE_PREFIX}*"])} if LANE else {}
+    process = OperatorProcess(cluster, f"operator-{LANE}" if LANE else "operator", **lane).start()
     yield process
     process.stop()
 
@@ -73,15 +99,24 @@ def scoped_operator(cluster: LocalCluster, crds: None, operator: OperatorProcess
 
 @pytest.fixture(scope="session")
 def fleet_driver(cluster: LocalCluster) -> Iterator[FleetDriverProcess]:
-    driver = FleetDriverProcess(cluster).start()
+    """The kubelet stand-in, one per cluster. A plain run stops the one it started; lanes leave it to the
+    cluster's teardown (hack/cluster down stops every process it has a pid file for), as another lane may
+    still be using it."""
+    driver = FleetDriverProcess(cluster)
+    with (cluster.paths.pids / "fleet-driver.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = driver.running_pid() is None
+        if started:
+            driver.start()
     yield driver
-    driver.stop()
+    if started and not LANE:
+        driver.stop()
 
 
 @pytest.fixture
 def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
-    name = f"e2e-{base}-{uuid.uuid4().hex[:5]}"
+    name = f"{NAMESPACE_PREFIX}{base}-{uuid.uuid4().hex[:5]}"
     cluster.kubectl("create", "namespace", name)
     wait_for(f"default ServiceAccount in {name}",
              lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False), 30)

@@ -49,6 +49,15 @@ class FleetDriverProcess:
         self.pid_file = cluster.paths.pids / "fleet-driver.pid"
         self.process: subprocess.Popen[bytes] | None = None
 
+    def running_pid(self) -> int | None:
+        """The pid of a fleet driver already serving this cluster (another lane started it), if any."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return None
+        return pid
+
     def start(self) -> FleetDriverProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with (self.cluster.paths.logs / "fleet-driver.log").open("ab") as sink:

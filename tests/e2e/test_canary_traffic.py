@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.cluster import LocalCluster
 from specdec_runtime.loadgen import Lengths, LoadReport, LoadShape, run_load
+from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess, free_port
 
@@ -83,10 +84,21 @@ class GatewayStandIn:
 
 
 @pytest.fixture(scope="module")
-def gateway(cluster: LocalCluster) -> Iterator[GatewayStandIn]:
+def gateway_standin(cluster: LocalCluster) -> Iterator[GatewayStandIn]:
     standin = GatewayStandIn(cluster).start()
     yield standin
     standin.stop()
+
+
+@pytest.fixture
+def gateway(kube: Kube, gateway_standin: GatewayStandIn) -> GatewayStandIn:
+    """The test's own Gateway `inference-gateway`, of the stand-in's class: as a Gateway controller, the stand-in
+    serves (and reports on) only the routes attached to Gateways of its class that exist."""
+    kube.apply({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                "metadata": {"name": "inference-gateway"},
+                "spec": {"gatewayClassName": STANDIN_GATEWAY_CLASS,
+                         "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+    return gateway_standin
 
 
 class BackgroundLoad:

@@ -21,7 +21,8 @@ from specdec_runtime import contract
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
-pytestmark = pytest.mark.e2e
+# Exclusive: fills the demo fleet's gfx942 nodes, which every lane places on.
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 FLEET_LABEL = "specdec.io/e2e-fleet"
 EAGLE_A = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"

@@ -35,7 +35,8 @@ from tests.e2e.helm import (
 )
 from tests.e2e.kube import Kube, wait_for
 
-pytestmark = pytest.mark.e2e
+# Exclusive: installs and uninstalls the chart's cluster-scoped objects (CRDs, ClusterRoles, webhooks).
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 # What the default values render: one operator Deployment (two peered replicas) and everything around it.
 DEFAULT_KINDS = Counter({

@@ -26,7 +26,8 @@ from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.test_canary import canary_model, canary_status, route, stable_revision
 from tests.e2e.test_canary import settle as settle_canary
 
-pytestmark = pytest.mark.e2e
+# Exclusive: restarts kube-apiserver and etcd under every lane.
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 TUNED = "kroll"
 CANARY = "canaryroll"

@@ -21,7 +21,8 @@ from tests.e2e.helm import Helm, existing_peering_crds, unique_name
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import OperatorProcess
 
-pytestmark = pytest.mark.e2e
+# Exclusive: stops kube-apiserver while the operator shuts down.
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 EXIT_BOUND_S = {"up": 5.0, "stopped": 10.0}
 

@@ -16,7 +16,8 @@ from tests.e2e.helm import CHART_DIR, REPO, SM_CRD, Helm, existing_peering_crds,
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import OperatorProcess
 
-pytestmark = pytest.mark.e2e
+# Exclusive: upgrades the CRDs every lane's models are stored under.
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 CRD_FILE = Path("crds") / "specdec.io_speculativemodels.yaml"
 

@@ -16,7 +16,7 @@ from specdec_runtime.routing import ClusterView, Router
 from specdec_runtime.simulator.server import Simulator, build_app
 from specdec_runtime.simulator.vllm_cli import parse_serve_args
 from tests.unit.runtime.simfactories import make_profile
-from tests.unit.runtime.test_routing import http_route, pod, service
+from tests.unit.runtime.test_routing import GATEWAY, http_route, pod, service
 
 SPEC = '{"method":"eagle","model":"org/drafter","num_speculative_tokens":3}'
 IPS = {"s1": "127.0.77.1", "s2": "127.0.77.2", "c1": "127.0.77.3"}
@@ -51,7 +51,7 @@ async def fleet() -> AsyncIterator[tuple[str, dict[str, Simulator], Router]]:
         item["spec"]["ports"] = [{"port": 8000, "targetPort": "http"}]
     router = Router("gw")
     refs = [{"name": "m-stable", "port": 8000, "weight": 80}, {"name": "m-canary", "port": 8000, "weight": 20}]
-    router.update(ClusterView(services=services, pods=pods, routes=[http_route(refs)]))
+    router.update(ClusterView(services=services, pods=pods, routes=[http_route(refs)], gateways=[GATEWAY]))
     gateway_port = free_port()
     async with ClientSession() as session:
         app = web.Application()

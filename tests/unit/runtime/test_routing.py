@@ -26,6 +26,10 @@ def http_route(refs: list[dict[str, Any]], namespace: str = "ns") -> dict[str, A
                                 "backendRefs": [{"name": "other", "port": 8000}]}]}}
 
 
+# The Gateway the routes attach to, of the stand-in's class (the stand-in passes only such Gateways).
+GATEWAY = {"metadata": {"name": "gw", "namespace": "ns"}, "spec": {"gatewayClassName": "specdec-standin"}}
+
+
 def fleet(stable_pods: int, canary_pods: int, weights: tuple[int, int]) -> Router:
     pods = [pod(f"s{i}", f"127.0.1.{i + 1}", {"track": "stable"}) for i in range(stable_pods)]
     pods += [pod(f"c{i}", f"127.0.2.{i + 1}", {"track": "canary"}) for i in range(canary_pods)]
@@ -34,7 +38,7 @@ def fleet(stable_pods: int, canary_pods: int, weights: tuple[int, int]) -> Route
     router = Router("gw")
     router.update(ClusterView(
         services=[service("m-stable", {"track": "stable"}), service("m-canary", {"track": "canary"})],
-        pods=pods, routes=[http_route(refs)]))
+        pods=pods, routes=[http_route(refs)], gateways=[GATEWAY]))
     return router
 
 
@@ -53,7 +57,7 @@ def test_a_service_spreads_evenly_over_its_ready_pods_only() -> None:
     view = router.view
     router.update(ClusterView(services=view.services.values(),
                               pods=[*view.pods, pod("late", "127.0.1.9", {"track": "stable"}, ready=False)],
-                              routes=view.routes))
+                              routes=view.routes, gateways=[GATEWAY]))
     served = Counter(router.route("m-stable.ns.svc.cluster.local", "/v1/completions").endpoint for _ in range(300))
     assert served == {Endpoint(f"127.0.1.{i}", 8000): 100 for i in (1, 2, 3)}
 
@@ -64,7 +68,7 @@ def test_unresolvable_backends_take_their_share_as_500_and_unmatched_paths_404()
             {"name": "elsewhere", "namespace": "other", "port": 8000, "weight": 50}]
     grant_free = ClusterView(services=[service("m-stable", {"a": "b"}), service("elsewhere", {"a": "b"}, "other")],
                              pods=[pod("p", "127.0.1.1", {"a": "b"}), pod("q", "127.0.3.1", {"a": "b"}, "other")],
-                             routes=[http_route(refs)])
+                             routes=[http_route(refs)], gateways=[GATEWAY])
     router.update(grant_free)
     statuses = Counter(router.route("h", "/v1/x").status for _ in range(100))
     assert statuses == {200: 50, 500: 50}
@@ -74,7 +78,7 @@ def test_unresolvable_backends_take_their_share_as_500_and_unmatched_paths_404()
              "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "ns"}],
                       "to": [{"group": "", "kind": "Service"}]}}
     router.update(ClusterView(services=grant_free.services.values(), pods=grant_free.pods,
-                              routes=grant_free.routes, grants=[grant]))
+                              routes=grant_free.routes, grants=[grant], gateways=[GATEWAY]))
     assert {router.route("h", "/v1/x").status for _ in range(10)} == {200}
     assert router.route("h", "/nothing").status == 404
 
@@ -100,7 +104,7 @@ def test_the_standin_reports_route_status_as_a_gateway_controller_would() -> Non
     route = http_route(refs)
     route["metadata"]["generation"] = 3
     view = ClusterView(services=[service("m-stable", {"a": "b"}), service("away", {"a": "b"}, "other"),
-                                 service("other", {"a": "b"})], routes=[route])
+                                 service("other", {"a": "b"})], routes=[route], gateways=[GATEWAY])
     accepted, resolved = route_parent_status(view, route, "gw")
     assert (accepted["type"], accepted["status"], accepted["observedGeneration"]) == ("Accepted", "True", 3)
     assert (resolved["status"], resolved["reason"]) == ("False", "RefNotPermitted")
@@ -109,3 +113,44 @@ def test_the_standin_reports_route_status_as_a_gateway_controller_would() -> Non
     assert route_parent_status(view, route, "gw")[1]["status"] == "True"
     route["spec"]["rules"][0]["backendRefs"] = [{"name": "missing", "port": 8000}]
     assert route_parent_status(view, route, "gw")[1]["reason"] == "BackendNotFound"
+
+
+def test_routes_attach_only_to_an_existing_gateway_of_the_standins_class() -> None:
+    """A Gateway controller serves its own Gateways: a route naming a Gateway that does not exist, or one in
+    another namespace, gets no traffic and no status from the stand-in (another test's or team's routes stay
+    untouched on a shared cluster)."""
+    refs = [{"name": "m-stable", "port": 8000, "weight": 100}]
+    view = ClusterView(services=[service("m-stable", {"a": "b"})], pods=[pod("p", "127.0.1.1", {"a": "b"})],
+                       routes=[http_route(refs)])
+    router = Router("gw")
+    router.update(view)
+    assert view.attached(http_route(refs), "gw") is None
+    assert router.route("h", "/v1/completions").status == 404
+    elsewhere = {"metadata": {"name": "gw", "namespace": "other"}, "spec": {}}
+    assert ClusterView(routes=[http_route(refs)], gateways=[elsewhere]).attached(http_route(refs), "gw") is None
+    across = http_route(refs)
+    across["spec"]["parentRefs"] = [{"name": "gw", "namespace": "other"}]
+    assert ClusterView(gateways=[elsewhere]).attached(across, "gw") == {"name": "gw", "namespace": "other"}
+    router.update(ClusterView(services=view.services.values(), pods=view.pods, routes=view.routes,
+                              gateways=[GATEWAY]))
+    assert router.route("h", "/v1/completions").status == 200
+
+
+def test_a_route_for_the_requests_hostname_wins_over_a_catch_all_route() -> None:
+    """Gateway API precedence: a matching non-wildcard hostname beats a wildcard one, which beats a route with no
+    hostnames, whatever their paths; another team's catch-all route on the same Gateway takes none of it."""
+    def named(name: str, hostnames: list[str], service_name: str, prefix: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ns"},
+                "spec": {"parentRefs": [{"name": "gw"}], "hostnames": hostnames,
+                         "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": prefix}}],
+                                    "backendRefs": [{"name": service_name, "port": 8000}]}]}}
+
+    services = [service(n, {"app": n}) for n in ("exact", "wild", "any")]
+    pods = [pod(n, f"127.0.1.{i + 1}", {"app": n}) for i, n in enumerate(("exact", "wild", "any"))]
+    routes = [named("catch-all", [], "any", "/v1/completions"), named("wild", ["*.models.test"], "wild", "/v1"),
+              named("exact", ["llama.models.test"], "exact", "/")]
+    router = Router("gw")
+    router.update(ClusterView(services=services, pods=pods, routes=routes, gateways=[GATEWAY]))
+    assert router.route("llama.models.test", "/v1/completions").backend.service == "exact"
+    assert router.route("qwen.models.test:80", "/v1/completions").backend.service == "wild"
+    assert router.route("elsewhere.example", "/v1/completions").backend.service == "any"
