@@ -27,7 +27,8 @@ from tests.e2e.helm import REPO, Helm, Release, unique_name
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
-# One lane for the whole file: its module fixture installs one Helm release and one ServiceAccount operator for every test here.
+# One lane for the whole file: its module fixture installs one Helm release and one ServiceAccount operator
+# for every test here.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_rbac")]
 
 TOKEN_TTL = "1h"
