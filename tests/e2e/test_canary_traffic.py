@@ -24,6 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.cluster import LocalCluster
+from specdec_runtime import contract
 from specdec_runtime.loadgen import Lengths, LoadReport, LoadShape, run_load
 from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
 from tests.e2e.kube import Kube, wait_for
@@ -339,6 +340,11 @@ def run_canaries(kube: Kube, gateway: GatewayStandIn, pools: dict[str, int],
         wait_for("every canary decided", all_done, 8 * PAUSE_S + 240, 0.5,
                  describe=lambda: {n: (meter.phases.get(n), meter.snapshots[-1].routes.get(n)) for n in pools})
         meter.round(kube)  # the last round closes the last weight's window
+        # The load goes on until every canary Deployment is gone: requests keep arriving through the hand-back
+        # of the route to the stable Service and the canary pods' deletion, as they would in production.
+        wait_for("every canary Deployment removed", lambda: not [
+            d for d in kube.items("deployments", f"{contract.LABEL_TRACK}=canary")
+            if d["metadata"]["labels"].get(contract.LABEL_MODEL) in pools], 180, 1)
     finally:
         for load in loads:
             load.__exit__()
@@ -352,7 +358,7 @@ def test_healthy_canaries_promote_and_each_revision_takes_its_route_share_at_eve
     """The example's steps and analysis on pools of 1, 2 and 4 replicas: every healthy drafter change promotes,
     and at each paused step the canary's pods took the route's weight of the requests."""
     pools = {f"pool{replicas}": replicas for replicas in (1, 2, 4)}
-    meter, _ = run_canaries(kube, gateway, pools, ANALYSIS)
+    meter, loads = run_canaries(kube, gateway, pools, ANALYSIS)
     verdicts = {name: phase(kube, name) for name in pools}
     assert verdicts == dict.fromkeys(pools, "Promoted"), {n: rollback_event(kube, n) for n in pools}
     failures, measured = [], {}
@@ -366,6 +372,13 @@ def test_healthy_canaries_promote_and_each_revision_takes_its_route_share_at_eve
                                 f"({canary / total:.1%})")
     print(f"requests (canary, total) per weight: {measured}")  # shown with -rA: the figures behind the pass
     assert not failures, (failures, measured)
+    # Availability through every step, the promotion and the canary's removal: no request failed.
+    statuses = {load.model: load.report.statuses if load.report else None for load in loads}
+    print(f"statuses per model: {statuses}")
+    failed = {model: {code: n for code, n in counts.items() if code == 0 or code >= 500}
+              for model, counts in statuses.items() if counts is not None}
+    assert all(counts is not None for counts in statuses.values()), statuses
+    assert not any(failed.values()), f"requests failed during the canaries: {failed} of {statuses}"
 
 
 @pytest.mark.parametrize(("profile", "cited"), [

@@ -147,6 +147,33 @@ def canary_percent(weights: list[RuleWeights]) -> int | None:
     return percents.pop() if len(percents) == 1 else None
 
 
+def reaches_canary(route: dict[str, Any] | None, namespace: str, stable_service: str, canary_service: str) -> bool:
+    """Whether requests may still reach the canary Service through this route as read: a backendRef gives it
+    weight, or a Gateway has not yet reported on the route's current generation (it may still route by the
+    weights we took away). The canary's pods must outlive that, or its share of requests fails as they go.
+
+    A route that is gone, that does not route to our Services, or that no Gateway reports on reaches nothing
+    through a Gateway we can see: nothing to wait for.
+    """
+    if route is None:
+        return False
+    try:
+        weights = route_weights(route, namespace, stable_service, canary_service)
+    except RouteError:
+        return False
+    if any(item.canary > 0 for item in weights):
+        return True
+    generation = (route.get("metadata") or {}).get("generation")
+    if generation is None:
+        return False
+    for parent in (route.get("status") or {}).get("parents") or []:
+        observed = [c.get("observedGeneration") for c in parent.get("conditions") or []
+                    if c.get("type") == "Accepted" and c.get("observedGeneration") is not None]
+        if observed and int(observed[0]) < int(generation):
+            return True
+    return False
+
+
 def _parent_name(parent: dict[str, Any]) -> str:
     ref = parent.get("parentRef") or {}
     namespace = ref.get("namespace")

@@ -19,6 +19,7 @@ from specdec_operator.api.status import (
 )
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
+from specdec_operator.canary.traffic import reaches_canary
 from specdec_operator.conditions import ConditionFacts, Finding, apply_updates, summarize
 from specdec_operator.decisions.absence import AbsenceDecision, HeldPool, held_message, hold_missing_pools
 from specdec_operator.decisions.placement import plan_placement
@@ -38,6 +39,7 @@ from specdec_operator.reconcile.rollout import RolloutResult, plan_rollout
 from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
 from specdec_operator.render.drift import covers
+from specdec_operator.render.names import service_name
 from specdec_operator.render.service import TRACKS, service
 from specdec_runtime import contract
 
@@ -269,7 +271,8 @@ def evaluate(
     referenced = _referenced_config_maps(rollout.deployments)
     return ReconcilePlan(
         apply=to_apply,
-        delete=_stale_children(observed, wanted | referenced, pools, {p.name for p in held_whole}),
+        delete=_stale_children(observed, wanted | referenced | _draining_canaries(observed, route), pools,
+                               {p.name for p in held_whole}),
         status=status,
         conditions=condition_facts,
         events=[*pool_events(previous, status, placement), *_absence_events(absence, status),
@@ -281,6 +284,20 @@ def evaluate(
         route_weight=rollout.route_weight if route is not None else None,
         clear_action=rollout.clear_action or bool(action_events),
     )
+
+
+def _draining_canaries(observed: ObservedModel, route: ObjectRef | None) -> set[tuple[str, str]]:
+    """Canary Deployments kept although no plan wants them: the HTTPRoute as read this pass may still send them
+    requests (a promotion or rollback sets the canary's weight to 0 in this same pass, and a Gateway applies it
+    some time after). They go in a later pass, once the route gives them nothing and the Gateway says so."""
+    if route is None or not observed.route_read:
+        return set()
+    stable, canary = service_name(observed.name, "stable"), service_name(observed.name, "canary")
+    route_body = dict(observed.route) if observed.route is not None else None
+    if not reaches_canary(route_body, observed.namespace, stable, canary):
+        return set()
+    return {("Deployment", body["metadata"]["name"]) for body in observed.children_of_kind("Deployment")
+            if body["metadata"].get("labels", {}).get(contract.LABEL_TRACK) == "canary"}
 
 
 def _with_absence(status: PoolStatus, held: HeldPool | None, before: PoolStatus | None) -> PoolStatus:
