@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import uuid
@@ -66,6 +67,7 @@ class Release:
         self.namespace = namespace
         # Another release (a concurrent test session's, or a platform install) may own kopf's shared peering
         # CRDs already; the chart's peering.installCRDs exists for exactly that case.
+        self._decides_peering_crds = "installCRDs" not in values.get("peering", {})
         peering = {"installCRDs": not existing_peering_crds(helm.cluster), **values.get("peering", {})}
         self.values = {**values, "peering": peering}
 
@@ -75,8 +77,14 @@ class Release:
         return bool(peering.get("enabled", True) and peering["installCRDs"])
 
     def install(self) -> Release:
-        self.helm.run("install", self.name, str(CHART_DIR), "--namespace", self.namespace, "--create-namespace",
-                      "-f", "-", "--wait", "--timeout", HELM_TIMEOUT, input_text=yaml.safe_dump(self.values))
+        # e2e lanes install releases at once: whether the peering CRDs exist is decided again, and acted on, by one
+        # lane at a time (two releases both rendering them would collide on helm's ownership of the CRDs).
+        with (self.helm.cluster.paths.root / "helm-peering-crds.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self._decides_peering_crds:
+                self.values["peering"]["installCRDs"] = not existing_peering_crds(self.helm.cluster)
+            self.helm.run("install", self.name, str(CHART_DIR), "--namespace", self.namespace, "--create-namespace",
+                          "-f", "-", "--wait", "--timeout", HELM_TIMEOUT, input_text=yaml.safe_dump(self.values))
         return self
 
     def manifest(self) -> list[Manifest]:
