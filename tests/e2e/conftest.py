@@ -3,8 +3,8 @@
 Lanes (pytest-xdist, `-n N`): every worker is a lane with its own session operator watching only its own
 namespaces (`e2e-<lane>-*`), so lanes share the cluster without acting on each other's models. The fleet driver
 is one per cluster (a kubelet serves every pod): the first lane that needs it starts it. Tests marked
-`exclusive` disturb the whole cluster (a control-plane restart, a CRD upgrade, every GPU taken) and refuse to
-run in a lane; hack/test runs them in a pass of their own. docs/testing.md.
+`exclusive` disturb the whole cluster (a control-plane restart, a CRD upgrade, the chart's cluster-scoped
+objects) and refuse to run in a lane; hack/test runs them in a pass of their own. docs/testing.md.
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ import pytest
 from localcluster.build import prometheus_operator_crd_files
 from localcluster.cluster import LocalCluster
 from tests.e2e.kube import Kube, wait_for
+from tests.e2e.lanes import LANE, NAMESPACE_PREFIX
 from tests.e2e.operator_process import FleetDriverProcess, OperatorFactory, OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
-# The xdist worker id (gw0, gw1, ...) when this process is a lane; empty in a plain pytest run.
-LANE = os.environ.get("PYTEST_XDIST_WORKER", "")
-NAMESPACE_PREFIX = f"e2e-{LANE}-" if LANE else "e2e-"
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected

@@ -12,6 +12,7 @@ import yaml
 from localcluster.cluster import LocalCluster, pod_network_octet
 from localcluster.fleet import Fleet, node_objects
 from tests.e2e.kube import wait_for
+from tests.e2e.lanes import MAX_TEST_NODES, first_test_network
 
 FLEET_LABEL = "specdec.io/e2e-fleet"
 MI300X = {"deviceId": "74a1", "productName": "AMD_Instinct_MI300X_OAM", "vram": "192G", "family": "AI",
@@ -19,9 +20,10 @@ MI300X = {"deviceId": "74a1", "productName": "AMD_Instinct_MI300X_OAM", "vram": 
 
 
 def mi300x_nodes(namespace: str, prefix: str, count: int) -> list[dict[str, Any]]:
-    """`count` 8-GPU MI300X Node objects, with loopback pod CIDRs 127.X.N.0/24 of their own (N from 150 up
-    stays clear of the demo fleet's nodes)."""
-    first = 150 + zlib.crc32(namespace.encode()) % 60
+    """`count` 8-GPU MI300X Node objects, with loopback pod CIDRs 127.X.N.0/24 of their own (tests/e2e/lanes.py:
+    clear of the demo fleet's nodes and of other lanes' test nodes)."""
+    assert count <= MAX_TEST_NODES, f"a test adds at most {MAX_TEST_NODES} nodes (tests/e2e/lanes.py)"
+    first = first_test_network(namespace)
     fleet = Fleet.model_validate({"gpuModels": {"mi300x": MI300X}, "nodeGroups": [{
         "prefix": prefix, "count": count, "gpus": [{"model": "mi300x", "count": 8}], "partition": "spx_nps1",
         "labels": {FLEET_LABEL: namespace}}]})

@@ -8,21 +8,17 @@ cluster runs. The fleet driver makes the runtime pods Ready and serve, so readin
 from __future__ import annotations
 
 import time
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import yaml
 
-from localcluster.cluster import LocalCluster, pod_network_octet
-from localcluster.fleet import Fleet, node_objects
 from specdec_runtime import contract
 from tests.e2e.kube import Kube, wait_for
+from tests.e2e.nodes_fixture import test_nodes  # noqa: F401 - fixture
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
-# Exclusive: fills the demo fleet's gfx942 nodes, which every lane places on.
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+pytestmark = pytest.mark.e2e
 
 FLEET_LABEL = "specdec.io/e2e-fleet"
 EAGLE_A = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
@@ -32,33 +28,9 @@ MI300X = {"deviceId": "74a1", "productName": "AMD_Instinct_MI300X_OAM", "vram": 
 
 
 @pytest.fixture
-def gpu_nodes(cluster: LocalCluster, namespace: str) -> Iterator[Callable[[int], list[str]]]:
-    """Adds `count` 8-GPU MI300X nodes that only this test's models select; removed afterwards."""
-    added: list[str] = []
-    # Loopback pod networks 127.X.N.0/24: N from 150 up stays clear of the demo fleet's nodes.
-    first = 150 + zlib.crc32(namespace.encode()) % 60
-
-    def add(count: int) -> list[str]:
-        prefix = f"cap{zlib.crc32(namespace.encode()) % 100000}"
-        fleet = Fleet.model_validate({"gpuModels": {"mi300x": MI300X}, "nodeGroups": [{
-            "prefix": prefix, "count": count, "gpus": [{"model": "mi300x", "count": 8}], "partition": "spx_nps1",
-            "labels": {FLEET_LABEL: namespace}}]})
-        nodes = node_objects(fleet, pod_network_octet())
-        for index, node in enumerate(nodes):
-            cidr = f"127.{pod_network_octet()}.{first + index}.0/24"
-            node["spec"]["podCIDR"], node["spec"]["podCIDRs"] = cidr, [cidr]
-        cluster.kubectl("apply", "--server-side", "-f", "-",
-                        input_text=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
-        names = [node["metadata"]["name"] for node in nodes]
-        added.extend(names)
-        wait_for("test nodes Ready", lambda: all(cluster.kubectl(
-            "get", "node", name, "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == "True"
-            for name in names), 60)
-        return names
-
-    yield add
-    for name in added:
-        cluster.kubectl("delete", "node", name, "--wait=true", "--timeout=60s", check=False)
+def gpu_nodes(test_nodes: Callable[[str, int], list[dict[str, Any]]]) -> Callable[[int], list[str]]:  # noqa: F811
+    """Adds `count` 8-GPU MI300X nodes that only this test's models select (removed afterwards); their names."""
+    return lambda count: [node["metadata"]["name"] for node in test_nodes("cap", count)]
 
 
 def model(name: str, namespace: str, replicas: int = 2, **rollout: Any) -> dict[str, Any]:
