@@ -35,6 +35,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             f"{len(exclusive)} exclusive e2e test(s) selected in lane {LANE} (e.g. {exclusive[0]}): they disturb "
             "every lane; run them without -n, or deselect them with -m 'not exclusive' (hack/test does both)")
+    # Long tests first (a stable sort: the same order in every lane, as xdist requires), so that lanes hand them
+    # out before the short ones and end together instead of waiting on one long test started last.
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(scope="session")

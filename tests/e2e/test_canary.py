@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 EAGLE_A = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
 EAGLE_B = "example-org/EAGLE3-LLaMA3.1-Instruct-8B-v2"

@@ -31,7 +31,7 @@ from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess, free_port
 
 # One lane for the whole file: its module fixture runs one Gateway stand-in for every test here.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_canary_traffic")]
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group("test_canary_traffic")]
 
 EAGLE_A = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
 EAGLE_B = "example-org/EAGLE3-LLaMA3.1-Instruct-8B-v2"

@@ -18,7 +18,7 @@ from tests.e2e.kube import Kube, wait_for
 from tests.e2e.nodes_fixture import test_nodes  # noqa: F401 - fixture
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 FLEET_LABEL = "specdec.io/e2e-fleet"
 EAGLE_A = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"

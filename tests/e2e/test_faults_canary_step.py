@@ -29,7 +29,7 @@ from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.test_canary import canary_model, canary_status, route
 from tests.e2e.test_canary import settle as settle_canary
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 MODEL = "canaryheld"
 DECISION_S = 180

@@ -29,7 +29,7 @@ from tests.e2e.faults import INITIAL_K, AdmissionFault, decided_k, running_k, se
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 # The tuner's first decision: pods up, 2000 drafts at K=5 and an evaluation every 10 s.
 DECISION_S = 180

@@ -22,7 +22,7 @@ from tests.e2e.kube import Kube, wait_for
 from tests.e2e.nodes_fixture import apply_nodes, condition, pinned_model, test_nodes  # noqa: F401 - fixture
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 OUTAGE_S = 60  # the scenario: how long the nodes stay missing
 OWNED = ("deployments", "poddisruptionbudgets", "configmaps", "services")

@@ -22,7 +22,7 @@ from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.test_canary import canary_model, canary_status, change, route, settle, stable_revision, weights
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 # kopf's PeeringSettings.lifetime default: how long a keep-alive counts as a live peer.
 PEERING_LIFETIME_S = 60

@@ -19,7 +19,7 @@ from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.test_ha import PEERING_LIFETIME_S, TAKEOVER_SLACK_S
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 KEPT, DELETED = "kept", "deleted"
 

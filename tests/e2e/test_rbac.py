@@ -26,10 +26,11 @@ from tests.e2e.audit import AuditEntry
 from tests.e2e.helm import REPO, Helm, Release, unique_name
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
+from tests.e2e.tier import period
 
 # One lane for the whole file: its module fixture installs one Helm release and one ServiceAccount operator
 # for every test here.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_rbac")]
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group("test_rbac")]
 
 TOKEN_TTL = "1h"
 
@@ -173,8 +174,11 @@ def test_tuning_under_the_service_account(sa_operator: ServiceAccountOperator, s
         "spec": {
             "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
             "drafters": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}],
+            # What is tested is that tuning works under the chart's Role, not the tuner's pace: the fast tier's
+            # periods (test_tuner.py's), the production-like ones in the thorough tier.
             "speculation": {"initialK": 5, "minK": 0, "maxK": 10,
-                            "autotune": {"intervalSeconds": 15, "minSamples": 2000, "cooldownSeconds": 60}},
+                            "autotune": {"intervalSeconds": int(period(fast=5, thorough=15)), "minSamples": 2000,
+                                         "cooldownSeconds": int(period(fast=20, thorough=60))}},
             "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": 2},
             "runtime": {"simulatorProfile": "e2e-opt-k2"},
         },

@@ -21,7 +21,7 @@ from tests.e2e.kube import Kube, example_docs, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorFactory, OperatorProcess
 from tests.e2e.tier import THOROUGH, period, setting
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = ("llama8b-eagle3", "llama70b-draft", "qwen-coder-ngram")

@@ -11,7 +11,7 @@ from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.tier import period
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 # The tuner's own periods are spec fields (the API's floor for intervalSeconds is 5 s); tests/e2e/tier.py.
 INTERVAL_S = int(period(fast=5, thorough=15))
