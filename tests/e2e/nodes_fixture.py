@@ -19,14 +19,22 @@ MI300X = {"deviceId": "74a1", "productName": "AMD_Instinct_MI300X_OAM", "vram": 
           "cuCount": 304, "simdCount": 1216}
 
 
+def test_node_toleration(namespace: str) -> dict[str, str]:
+    """What a model needs to be placed on the nodes a test in `namespace` adds."""
+    return {"key": FLEET_LABEL, "operator": "Equal", "value": namespace, "effect": "NoSchedule"}
+
+
 def mi300x_nodes(namespace: str, prefix: str, count: int) -> list[dict[str, Any]]:
     """`count` 8-GPU MI300X Node objects, with loopback pod CIDRs 127.X.N.0/24 of their own (tests/e2e/lanes.py:
-    clear of the demo fleet's nodes and of other lanes' test nodes)."""
+    clear of the demo fleet's nodes and of other lanes' test nodes). They are labelled for the test's models to
+    select and tainted so that no other model does: a model of another lane that places on every gfx942 node
+    (the shipped examples) would otherwise see them come and go with this test."""
     assert count <= MAX_TEST_NODES, f"a test adds at most {MAX_TEST_NODES} nodes (tests/e2e/lanes.py)"
     first = first_test_network(namespace)
     fleet = Fleet.model_validate({"gpuModels": {"mi300x": MI300X}, "nodeGroups": [{
         "prefix": prefix, "count": count, "gpus": [{"model": "mi300x", "count": 8}], "partition": "spx_nps1",
-        "labels": {FLEET_LABEL: namespace}}]})
+        "labels": {FLEET_LABEL: namespace},
+        "taints": [{"key": FLEET_LABEL, "value": namespace, "effect": "NoSchedule"}]}]})
     nodes = node_objects(fleet, pod_network_octet())
     for index, node in enumerate(nodes):
         cidr = f"127.{pod_network_octet()}.{first + index}.0/24"
@@ -69,7 +77,7 @@ def pinned_model(name: str, namespace: str, replicas: int = 1, **runtime: Any) -
             "drafters": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}],
             "speculation": {"initialK": 3, "minK": 1, "maxK": 8, "autotune": {"enabled": False}},
             "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": replicas,
-                          "nodeSelector": {FLEET_LABEL: namespace}},
+                          "nodeSelector": {FLEET_LABEL: namespace}, "tolerations": [test_node_toleration(namespace)]},
             "runtime": {"simulatorProfile": "quick", **runtime},
         },
     }

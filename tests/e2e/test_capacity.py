@@ -15,10 +15,12 @@ import pytest
 
 from specdec_runtime import contract
 from tests.e2e.kube import Kube, wait_for
-from tests.e2e.nodes_fixture import test_nodes  # noqa: F401 - fixture
+from tests.e2e.nodes_fixture import test_node_toleration, test_nodes  # noqa: F401 - fixture
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.long]
+# Exclusive: a rollout's mode (Surge or InPlace) is decided from the operator's view of free GPUs the moment the
+# revision changes; under the lanes' load its pod cache can still hold the pods of the rollout that just ended.
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 FLEET_LABEL = "specdec.io/e2e-fleet"
 EAGLE_A = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
@@ -41,7 +43,7 @@ def model(name: str, namespace: str, replicas: int = 2, **rollout: Any) -> dict[
             "drafters": [{"method": "eagle3", "model": EAGLE_A}],
             "speculation": {"initialK": 3, "minK": 1, "maxK": 8, "autotune": {"enabled": False}},
             "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": replicas,
-                          "nodeSelector": {FLEET_LABEL: namespace}},
+                          "nodeSelector": {FLEET_LABEL: namespace}, "tolerations": [test_node_toleration(namespace)]},
             "runtime": {"simulatorProfile": "quick"},
             "rollout": {"strategy": "Rolling", **rollout},
         },
