@@ -19,7 +19,7 @@ MI300X = {"deviceId": "74a1", "productName": "AMD_Instinct_MI300X_OAM", "vram": 
           "cuCount": 304, "simdCount": 1216}
 
 
-def test_node_toleration(namespace: str) -> dict[str, str]:
+def toleration_for_test_nodes(namespace: str) -> dict[str, str]:
     """What a model needs to be placed on the nodes a test in `namespace` adds."""
     return {"key": FLEET_LABEL, "operator": "Equal", "value": namespace, "effect": "NoSchedule"}
 
@@ -77,7 +77,8 @@ def pinned_model(name: str, namespace: str, replicas: int = 1, **runtime: Any) -
             "drafters": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}],
             "speculation": {"initialK": 3, "minK": 1, "maxK": 8, "autotune": {"enabled": False}},
             "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": replicas,
-                          "nodeSelector": {FLEET_LABEL: namespace}, "tolerations": [test_node_toleration(namespace)]},
+                          "nodeSelector": {FLEET_LABEL: namespace},
+                          "tolerations": [toleration_for_test_nodes(namespace)]},
             "runtime": {"simulatorProfile": "quick", **runtime},
         },
     }

@@ -15,7 +15,7 @@ import pytest
 
 from specdec_runtime import contract
 from tests.e2e.kube import Kube, wait_for
-from tests.e2e.nodes_fixture import test_node_toleration, test_nodes  # noqa: F401 - fixture
+from tests.e2e.nodes_fixture import test_nodes, toleration_for_test_nodes  # noqa: F401 - fixture
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
 # Exclusive: a rollout's mode (Surge or InPlace) is decided from the operator's view of free GPUs the moment the
@@ -43,7 +43,8 @@ def model(name: str, namespace: str, replicas: int = 2, **rollout: Any) -> dict[
             "drafters": [{"method": "eagle3", "model": EAGLE_A}],
             "speculation": {"initialK": 3, "minK": 1, "maxK": 8, "autotune": {"enabled": False}},
             "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": replicas,
-                          "nodeSelector": {FLEET_LABEL: namespace}, "tolerations": [test_node_toleration(namespace)]},
+                          "nodeSelector": {FLEET_LABEL: namespace},
+                          "tolerations": [toleration_for_test_nodes(namespace)]},
             "runtime": {"simulatorProfile": "quick"},
             "rollout": {"strategy": "Rolling", **rollout},
         },
