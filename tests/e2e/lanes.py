@@ -25,3 +25,9 @@ def first_test_network(namespace: str) -> int:
     """N of the first node a test in `namespace` adds; its other nodes take the next ones."""
     lane_base = TEST_NETWORKS_FROM + (_LANE_INDEX % 4) * NETWORKS_PER_LANE
     return lane_base + zlib.crc32(namespace.encode()) % (NETWORKS_PER_LANE - MAX_TEST_NODES + 1)
+
+
+# The xdist group of the tests that apply the shipped examples (test_placement, test_steady_state, test_rbac):
+# the examples place on every node of a gfx target (the 70B draft example takes two whole MI300X nodes and the
+# ngram one both W7900 workstations), so two such tests at once can leave each other's pods Pending.
+DEMO_FLEET_EXAMPLES = "demo-fleet-examples"

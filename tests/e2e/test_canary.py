@@ -80,7 +80,8 @@ def settle(kube: Kube, name: str) -> str:
         conditions = kube.get("sm", name).get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
-    wait_for(f"{name} Ready", ready, 90)
+    # A bound, not a wait: at the start of a lane pass every lane starts pods at once.
+    wait_for(f"{name} Ready", ready, 180)
     return stable_revision(kube, name)
 
 

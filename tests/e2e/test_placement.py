@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 from tests.e2e.kube import Kube, example_docs, wait_for
+from tests.e2e.lanes import DEMO_FLEET_EXAMPLES
 from tests.e2e.operator_process import OperatorProcess
 
-pytestmark = pytest.mark.e2e
+# The lane of the tests that apply the shipped examples (tests/e2e/lanes.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group(DEMO_FLEET_EXAMPLES)]
 
 REPO = Path(__file__).resolve().parents[2]
 GFX942_NODES = ("mi300x-", "mixed-")

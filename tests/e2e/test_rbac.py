@@ -25,12 +25,13 @@ from localcluster.cluster import LocalCluster
 from tests.e2e.audit import AuditEntry
 from tests.e2e.helm import REPO, Helm, Release, unique_name
 from tests.e2e.kube import Kube, wait_for
+from tests.e2e.lanes import DEMO_FLEET_EXAMPLES
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.tier import period
 
-# One lane for the whole file: its module fixture installs one Helm release and one ServiceAccount operator
-# for every test here.
-pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group("test_rbac")]
+# One lane for the whole file (its module fixture installs one Helm release and one ServiceAccount operator for
+# every test here), the lane of the tests that apply the shipped examples (tests/e2e/lanes.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group(DEMO_FLEET_EXAMPLES)]
 
 TOKEN_TTL = "1h"
 

@@ -18,10 +18,12 @@ import pytest
 from localcluster.cluster import LocalCluster
 from tests.e2e.audit import operator_write_entries, operator_writes_since
 from tests.e2e.kube import Kube, example_docs, wait_for
+from tests.e2e.lanes import DEMO_FLEET_EXAMPLES
 from tests.e2e.operator_process import FleetDriverProcess, OperatorFactory, OperatorProcess
 from tests.e2e.tier import THOROUGH, period, setting
 
-pytestmark = [pytest.mark.e2e, pytest.mark.long]
+# The lane of the tests that apply the shipped examples (tests/e2e/lanes.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group(DEMO_FLEET_EXAMPLES)]
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = ("llama8b-eagle3", "llama70b-draft", "qwen-coder-ngram")
