@@ -260,6 +260,16 @@ class LocalCluster:
             raise ClusterError(f"kubectl {' '.join(args[:3])} failed: {result.stderr.strip()}")
         return result.stdout
 
+    def wait_crd_established(self, crd: str, timeout_s: float = 30.0) -> None:
+        """Wait until the API server serves `crd`. (`kubectl wait --for=condition=Established` fails outright,
+        instead of waiting, while a CRD created a moment ago has no status conditions yet.)"""
+        jsonpath = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + timeout_s
+        while self.kubectl("get", "crd", crd, "-o", jsonpath, check=False).strip() != "True":
+            if time.monotonic() > deadline:
+                raise ClusterError(f"CRD {crd} not Established after {timeout_s:.0f}s")
+            time.sleep(0.2)
+
     def apply_fleet(self, fleet_file: Path) -> int:
         nodes = node_objects(load_fleet(fleet_file), pod_network_octet())
         self.kubectl("apply", "--server-side", "-f", "-",

@@ -186,7 +186,7 @@ class Bench:
         log(f"cluster up: {math.ceil(pods / GPUS_PER_NODE) + 1} kwok nodes for {pods} pods in {root}")
         self.cluster.up(fleet)
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-        self.cluster.kubectl("wait", "--for=condition=Established", "crd/speculativemodels.specdec.io")
+        self.cluster.wait_crd_established("speculativemodels.specdec.io")
         for namespace in self.namespaces:
             self.cluster.kubectl("create", "namespace", namespace)
         env = {**os.environ, "KUBECONFIG": str(self.cluster.paths.kubeconfig)}

@@ -59,7 +59,7 @@ def cluster() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def crds(cluster: LocalCluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/speculativemodels.specdec.io", "--timeout=30s")
+    cluster.wait_crd_established("speculativemodels.specdec.io")
 
 
 @pytest.fixture(scope="session")
@@ -137,4 +137,4 @@ def monitoring_crds(cluster: LocalCluster) -> None:
         if path.name.split("_")[1] in ("prometheusrules.yaml", "podmonitors.yaml", "servicemonitors.yaml"):
             cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     for crd in ("prometheusrules", "podmonitors", "servicemonitors"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.monitoring.coreos.com", "--timeout=30s")
+        cluster.wait_crd_established(f"{crd}.monitoring.coreos.com")

@@ -37,7 +37,7 @@ def peering_crds(cluster: LocalCluster) -> None:
     assert len(crds) == 2
     for crd in crds:
         cluster.kubectl("apply", "--server-side", "-f", "-", input_text=json.dumps(crd))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=30s")
+        cluster.wait_crd_established(crd["metadata"]["name"])
 
 
 def _live_peers(kube: Kube) -> int:
