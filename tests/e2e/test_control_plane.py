@@ -80,7 +80,7 @@ def test_deleting_a_namespace_deletes_its_pods(cluster: LocalCluster, kube: Kube
     wait_for(
         f"namespace {namespace} gone",
         lambda: cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", check=False).strip() == "",
-        90,
+        240,  # a bound: the namespace controller works through every lane's deleted namespaces in turn
     )
     assert cluster.kubectl("get", "pods", "-A", "-l", "app=doomed", "-o", "name").strip() == ""
 
