@@ -46,6 +46,13 @@ PAUSE_S = 20
 ANALYSIS = {"minAcceptedLengthRatio": 0.9, "maxTpotRatio": 1.15, "maxErrorRate": 0.01, "minRequests": 40,
             "minDrafts": 200, "timeoutSeconds": STEP_TIMEOUT_S}
 RATE = 12.0  # requests per second per model, open loop
+# The tuner in the K-change test: decisions every 5 s from 500 drafts (the concurrency-0 profiles draft only for
+# routed requests), one change per model (the cooldown outlasts the test). The models start at K=1, where the
+# profile's drafter (acceptance 0.8, 0.72, 0.65, ...) leaves a real gain: K=2 serves about 28% more tokens per
+# step-second. From K=3, near the profile's best, the tuner can only explore moves worth a few percent either way,
+# and the canary rightly rolls back the ones that lose (a rolled-back exploration is not a healthy change).
+TUNER = {"intervalSeconds": 5, "minSamples": 500, "cooldownSeconds": 3600}
+TUNED_FROM_K = 1
 # Each step's share is counted inside the weight's time (see ShareMeter), and the Gateway's smooth weighted round
 # robin keeps any window within one request of the weights; what is left is the few requests between the Gateway
 # and a pod while a round scrapes, and those a pod refuses while its model loads.
@@ -298,6 +305,14 @@ class ShareMeter:
         return result
 
 
+def canary_story(kube: Kube, name: str) -> dict[str, Any]:
+    """What explains a canary that did not end: the tuner's last decision, the canary status, its events."""
+    status = (kube.get("sm", name) or {}).get("status", {})
+    events = [f"{e['reason']}: {e['message']}" for e in kube.events(name) if e["reason"].startswith(("Canary", "K"))]
+    return {"decision": (status.get("speculation") or {}).get("lastDecision"), "canary": status.get("canary"),
+            "events": events[-4:]}
+
+
 def phase(kube: Kube, name: str) -> str | None:
     canary = (kube.get("sm", name) or {}).get("status", {}).get("canary")
     return canary.get("phase") if canary else None
@@ -315,12 +330,18 @@ def rollback_event(kube: Kube, name: str) -> str:
     return " | ".join(messages)
 
 
-def run_canaries(kube: Kube, gateway: GatewayStandIn, pools: dict[str, int],
-                 analysis: dict[str, Any] | None) -> tuple[ShareMeter, list[BackgroundLoad]]:
-    """Models of the given sizes behind their routes, open-loop load on each, a drafter change each; returns when
-    every canary is decided and gone, with the meter that counted what each revision's pods took at each
-    weight."""
+def run_canaries(kube: Kube, gateway: GatewayStandIn, pools: dict[str, int], analysis: dict[str, Any] | None,
+                 tuned: bool = False) -> tuple[ShareMeter, list[BackgroundLoad]]:
+    """Models of the given sizes behind their routes, open-loop load on each, and a change each: a drafter change,
+    or with `tuned` the tuner's own K change (decided from the routed requests' drafts once the load runs).
+    Returns when every canary is decided and gone, with the meter that counted what each revision's pods took
+    at each weight."""
     bodies = {name: model(name, replicas, analysis=analysis) for name, replicas in pools.items()}
+    if tuned:
+        for body in bodies.values():
+            # One decision per model (the cooldown outlasts the test), as early as the drafts allow.
+            body["spec"]["speculation"]["autotune"] = TUNER
+            body["spec"]["speculation"]["initialK"] = TUNED_FROM_K
     kube.apply([http_route(name) for name in pools] + list(bodies.values()))
     wait_for("every model Ready", lambda: all(ready(kube, n) for n in pools), 120)
     meter = ShareMeter(list(pools))
@@ -335,14 +356,16 @@ def run_canaries(kube: Kube, gateway: GatewayStandIn, pools: dict[str, int],
         # The route's whole weight goes to the stable Service before the canary starts.
         wait_for("traffic on each model's stable revision", stable_serves, 60)
         for name in pools:
-            change_drafter(kube, bodies[name])
+            if not tuned:
+                change_drafter(kube, bodies[name])
 
         def all_done() -> bool:
             meter.round(kube)
             return all(meter.phases.get(n) in ("Promoted", "RolledBack", "Aborted") for n in pools)
 
         wait_for("every canary decided", all_done, 2 * STEP_TIMEOUT_S + 8 * PAUSE_S, 0.5,
-                 describe=lambda: {n: (meter.phases.get(n), meter.snapshots[-1].routes.get(n)) for n in pools})
+                 describe=lambda: {n: (meter.phases.get(n), meter.snapshots[-1].routes.get(n), canary_story(kube, n))
+                                   for n in pools})
         meter.round(kube)  # the last round closes the last weight's window
         # The load goes on until every canary Deployment is gone: requests keep arriving through the hand-back
         # of the route to the stable Service and the canary pods' deletion, as they would in production.
@@ -389,6 +412,32 @@ def report_failed_requests(loads: list[BackgroundLoad]) -> None:
     statuses = {load.model: load.report.statuses if load.report else None for load in loads}
     assert all(counts is not None for counts in statuses.values()), statuses
     print(f"answers per model by HTTP status: {statuses}")
+
+
+def test_healthy_tuner_k_changes_promote_under_real_traffic_on_1_2_4_replicas(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn
+) -> None:
+    """The change every tuned model makes: the tuner's K decision, judged by the K-change analysis (per-position
+    acceptance on the positions both revisions draft, goodput against the tuner's prediction) on the routed
+    requests of pools of 1, 2 and 4 replicas. Every healthy K change promotes, with its numbers in the event, and
+    no request fails through the steps, the promotion and the canary's removal."""
+    pools = {f"tuned{replicas}": replicas for replicas in (1, 2, 4)}
+    _, loads = run_canaries(kube, gateway, pools, ANALYSIS, tuned=True)
+    verdicts = {name: phase(kube, name) for name in pools}
+    assert verdicts == dict.fromkeys(pools, "Promoted"), {n: rollback_event(kube, n) for n in pools}
+    for name in pools:
+        status = kube.get("sm", name)["status"]
+        canary = status["canary"]
+        assert canary["canaryK"] > TUNED_FROM_K and status["pools"][0]["effectiveK"] == canary["canaryK"], canary
+        promoted = [e["message"] for e in kube.events(name) if e["reason"] == "CanaryPromoted"]
+        assert promoted and any(ch.isdigit() for ch in promoted[-1]), promoted
+        passed = [e["message"] for e in kube.events(name) if e["reason"] == "CanaryStepPassed"]
+        # Judged as a K change: against the goodput the tuner predicted, acceptance per shared draft position.
+        assert any("tuner predicted" in m and "acceptance at position 1" in m for m in passed), passed
+        print(f"{name}: {passed} {promoted[-1]}")  # shown with -rA: the numbers the promotion rests on
+        changed = [e["message"] for e in kube.events(name) if e["reason"] == "KChanged"]
+        assert len(changed) == 1, changed  # announced once, at the promotion
+    report_failed_requests(loads)
 
 
 @pytest.mark.parametrize(("profile", "cited"), [

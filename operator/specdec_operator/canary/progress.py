@@ -278,7 +278,12 @@ def _pass_step(
     now: datetime,
     clear_action: bool,
 ) -> CanaryProgress:
-    evidence = verdict.message if verdict is not None else "no failures"
+    if verdict is not None and verdict.outcome == "Pass":
+        evidence = verdict.message
+    else:
+        # The 100% step has no baseline and passes on the absence of failures; an Inconclusive verdict's
+        # "need N requests" would read as a reason not to promote.
+        evidence = "no failure in its window (health, restarts and error rate checked; no baseline at 100%)"
     if status.step + 1 == len(steps):
         event = CanaryEvent(
             "Normal",

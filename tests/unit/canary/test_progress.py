@@ -209,7 +209,7 @@ CASES = [
         RolloutPlan(100, 100, keep_canary=True, promote=True),
         "CanaryPromoted",
         verdict=INCONCLUSIVE,
-        message_fragments=("all 3 steps passed; revision rev-new replaces rev-old",),
+        message_fragments=("all 3 steps passed; revision rev-new replaces rev-old", "no failure in its window"),
     ),
     Case(
         "last-partial-step-needs-a-pass",
