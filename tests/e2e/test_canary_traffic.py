@@ -9,15 +9,10 @@ simulators' own request counters, per canary step.
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
-import threading
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.cluster import LocalCluster
 from specdec_runtime import contract
-from specdec_runtime.loadgen import Lengths, LoadReport, LoadShape, run_load
 from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
 from tests.e2e.kube import Kube, wait_for
-from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess, free_port
+from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
+from tests.e2e.traffic import BackgroundLoad, GatewayStandIn
 
 # One lane for the whole file: its module fixture runs one Gateway stand-in for every test here.
 pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group("test_canary_traffic")]
@@ -45,7 +40,6 @@ STEP_TIMEOUT_S = 300
 PAUSE_S = 20
 ANALYSIS = {"minAcceptedLengthRatio": 0.9, "maxTpotRatio": 1.15, "maxErrorRate": 0.01, "minRequests": 40,
             "minDrafts": 200, "timeoutSeconds": STEP_TIMEOUT_S}
-RATE = 12.0  # requests per second per model, open loop
 # The tuner in the K-change test: decisions every 5 s from 500 drafts (the concurrency-0 profiles draft only for
 # routed requests), one change per model (the cooldown outlasts the test). The models start at K=1, where the
 # profile's drafter (acceptance 0.8, 0.72, 0.65, ...) leaves a real gain: K=2 serves about 28% more tokens per
@@ -57,42 +51,6 @@ TUNED_FROM_K = 1
 # robin keeps any window within one request of the weights; what is left is the few requests between the Gateway
 # and a pod while a round scrapes, and those a pod refuses while its model loads.
 SHARE_TOLERANCE = 0.06
-
-
-class GatewayStandIn:
-    """`specdec-runtime gateway` on a free loopback port, registered with hack/cluster for cleanup."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.pid_file = cluster.paths.pids / "gateway-standin.pid"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> GatewayStandIn:
-        command = [str(Path(sys.executable).parent / "specdec-runtime"), "gateway", "--kubeconfig",
-                   str(self.cluster.paths.kubeconfig), "--listen", f"127.0.0.1:{self.port}"]
-        with (self.cluster.paths.logs / "gateway-standin.log").open("ab") as sink:
-            self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        self.pid_file.write_text(str(self.process.pid))
-        wait_for("gateway stand-in listening", self._answers, 30)
-        return self
-
-    def _answers(self) -> bool:
-        assert self.process is not None and self.process.poll() is None, "gateway stand-in exited"
-        try:
-            urllib.request.urlopen(f"{self.url}/nothing", timeout=1)
-        except urllib.error.HTTPError:
-            return True  # 404: no route matches, as a Gateway answers
-        except OSError:
-            return False
-        return True
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(20)
-        self.pid_file.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -111,33 +69,6 @@ def gateway(kube: Kube, gateway_standin: GatewayStandIn) -> GatewayStandIn:
                 "spec": {"gatewayClassName": STANDIN_GATEWAY_CLASS,
                          "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
     return gateway_standin
-
-
-class BackgroundLoad:
-    """Open-loop load for one model's hostname until stopped, on its own event loop thread."""
-
-    def __init__(self, url: str, host: str, seed: int, model: str) -> None:
-        self.shape = LoadShape(rate=RATE, prompt=Lengths(64, 0.5, high=512), output=Lengths(24, 0.4, high=96),
-                               stream=False, seed=seed)
-        # The operator serves a model under its SpeculativeModel name (spec.model.servedName unset).
-        self.url, self.host, self.model = url, host, model
-        self.report: LoadReport | None = None
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self.report = self._loop.run_until_complete(run_load(self.url, self.model, self.shape, host=self.host,
-                                                             stop=self._stop))
-
-    def __enter__(self) -> BackgroundLoad:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(120)
 
 
 def model(name: str, replicas: int, profile: str = "e2e-traffic",
