@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     tools = sub.add_parser("tools", help="build (or find cached) the test tools (promtool) and print their paths")
     tools.add_argument("--gateway", action="store_true",
                        help="also Traefik, a Gateway API implementation (docs/local-traffic.md)")
+    tools.add_argument("--autoscaling", action="store_true",
+                       help="also the Prometheus server and KEDA (operator, metrics server): docs/autoscaling.md")
     args = parser.parse_args(argv)
     cluster = LocalCluster()
     try:
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "tools":
             from localcluster.build import ensure_tools
 
-            for name, path in ensure_tools(cluster.log, gateway=args.gateway).items():
+            for name, path in ensure_tools(cluster.log, gateway=args.gateway, autoscaling=args.autoscaling).items():
                 print(f"{name}\t{path}")
         else:
             print(json.dumps(cluster.status(), indent=2))
