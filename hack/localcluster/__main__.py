@@ -1,4 +1,4 @@
-"""`hack/cluster up|down|restart|status|build|tools`."""
+"""`hack/cluster up|down|restart|status|build|tools|autoscaling`."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     tools = sub.add_parser("tools", help="build (or find cached) the test tools (promtool) and print their paths")
     tools.add_argument("--gateway", action="store_true",
                        help="also Traefik, a Gateway API implementation (docs/local-traffic.md)")
+    tools.add_argument("--autoscaling", action="store_true",
+                       help="also the Prometheus server and KEDA (operator, metrics server): docs/autoscaling.md")
+    sub.add_parser("autoscaling", help="start Prometheus and KEDA (operator, metrics server) next to the running "
+                   "cluster, serving external.metrics.k8s.io through the aggregator (docs/autoscaling.md)")
     args = parser.parse_args(argv)
     cluster = LocalCluster()
     try:
@@ -43,8 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "tools":
             from localcluster.build import ensure_tools
 
-            for name, path in ensure_tools(cluster.log, gateway=args.gateway).items():
+            for name, path in ensure_tools(cluster.log, gateway=args.gateway, autoscaling=args.autoscaling).items():
                 print(f"{name}\t{path}")
+        elif args.command == "autoscaling":
+            from localcluster.autoscaling import AutoscalingPipeline
+
+            AutoscalingPipeline(cluster).up()
         else:
             print(json.dumps(cluster.status(), indent=2))
     except ClusterError as error:

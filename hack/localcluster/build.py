@@ -20,9 +20,11 @@ from pathlib import Path
 
 from localcluster.errors import ClusterError
 from localcluster.versions import (
+    AUTOSCALING_TOOLS,
     BUILDS,
     GATEWAY_API_VERSION,
     GATEWAY_TOOLS,
+    KEDA_VERSION,
     KWOK_VERSION,
     LEGO_VERSION,
     PROMETHEUS_OPERATOR_VERSION,
@@ -87,23 +89,24 @@ def _explain_go_failure(build: GoBuild, output: str) -> ClusterError:
     return ClusterError(f"building {build.name} {build.version} failed; last lines of go's output:\n{tail}")
 
 
-def _run_go_build(build: GoBuild, out_dir: Path, log_path: Path, log: Log) -> None:
+def _go_build_commands(build: GoBuild, out_dir: Path) -> list[list[str]]:
+    """One `go build` for the whole build when `-o DIR/` names every binary right, else one per binary."""
     ldflags = " ".join(("-s", "-w", *build.ldflags))
-    command = [go_binary(), "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(out_dir) + "/"]
+    command = [go_binary(), "build", "-v", "-trimpath", "-ldflags", ldflags]
     if build.tags:
         command += ["-tags", build.tags]
-    if len(build.packages) == 1:
-        # `go build -o DIR/` with one package names the binary after the package's last path element,
-        # which for etcd's server module is "v3"; name it explicitly instead.
-        (name, package), = build.packages.items()
-        command[command.index("-o") + 1] = str(out_dir / name)
-        command.append(package)
-    else:
-        command += list(build.packages.values())
+    if len(build.packages) > 1 and all(name == package.rsplit("/", 1)[-1] for name, package in build.packages.items()):
+        return [[*command, "-o", str(out_dir) + "/", *build.packages.values()]]
+    # `go build -o DIR/` names a binary after its package's last path element, which for etcd's server module is
+    # "v3" and for KEDA's commands "operator" and "adapter"; name each explicitly instead (the second build of a
+    # pair reuses the first one's compiled packages from Go's build cache).
+    return [[*command, "-o", str(out_dir / name), package] for name, package in build.packages.items()]
+
+
+def _run_go_build(build: GoBuild, out_dir: Path, log_path: Path, log: Log) -> None:
     env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly"}
     started = time.monotonic()
     with log_path.open("w") as sink:
-        process = subprocess.Popen(command, cwd=build.module_dir, stdout=sink, stderr=subprocess.STDOUT, env=env)
         done = threading.Event()
 
         def report_progress() -> None:
@@ -114,7 +117,12 @@ def _run_go_build(build: GoBuild, out_dir: Path, log_path: Path, log: Log) -> No
 
         reporter = threading.Thread(target=report_progress, daemon=True)
         reporter.start()
-        code = process.wait()
+        code = 0
+        for command in _go_build_commands(build, out_dir):
+            process = subprocess.Popen(command, cwd=build.module_dir, stdout=sink, stderr=subprocess.STDOUT, env=env)
+            code = process.wait()
+            if code != 0:
+                break
         done.set()
     if code != 0:
         raise _explain_go_failure(build, log_path.read_text())
@@ -176,10 +184,12 @@ def ensure_binaries(log: Log) -> dict[str, Path]:
     return binaries
 
 
-def ensure_tools(log: Log, gateway: bool = False) -> dict[str, Path]:
-    """The test tools (promtool; with `gateway`, Traefik too), built on demand and cached like the control plane."""
+def ensure_tools(log: Log, gateway: bool = False, autoscaling: bool = False) -> dict[str, Path]:
+    """The test tools (promtool; with `gateway`, Traefik; with `autoscaling`, Prometheus and KEDA), built on demand
+    and cached like the control plane."""
     tools: dict[str, Path] = {}
-    for build in (*TOOLS, *GATEWAY_TOOLS) if gateway else TOOLS:
+    builds = (*TOOLS, *(GATEWAY_TOOLS if gateway else ()), *(AUTOSCALING_TOOLS if autoscaling else ()))
+    for build in builds:
         directory = ensure_build(build, log)
         tools.update({name: directory / name for name in build.packages})
     return tools
@@ -187,7 +197,7 @@ def ensure_tools(log: Log, gateway: bool = False) -> dict[str, Path]:
 
 def module_source_dir(module: str, version: str, from_build: str) -> Path:
     """Where the Go module cache holds a module's files (downloading it if needed)."""
-    build = next(b for b in (*BUILDS, *TOOLS, *GATEWAY_TOOLS) if b.name == from_build)
+    build = next(b for b in (*BUILDS, *TOOLS, *GATEWAY_TOOLS, *AUTOSCALING_TOOLS) if b.name == from_build)
     result = subprocess.run(
         [go_binary(), "mod", "download", "-json", f"{module}@{version}"],
         cwd=build.module_dir, capture_output=True, text=True, check=False,
@@ -217,6 +227,12 @@ def kwok_stage_files() -> list[Path]:
 def gateway_api_crd_files() -> list[Path]:
     root = module_source_dir("sigs.k8s.io/gateway-api", GATEWAY_API_VERSION, "helm")
     return sorted((root / "config" / "crd" / "standard").glob("*.yaml"))
+
+
+def keda_crd_files() -> list[Path]:
+    """KEDA's CRDs (ScaledObject, ScaledJob, TriggerAuthentication, ...) from its Go module zip."""
+    root = module_source_dir("github.com/kedacore/keda/v2", KEDA_VERSION, "keda")
+    return sorted((root / "config" / "crd" / "bases").glob("*.yaml"))
 
 
 def prometheus_operator_crd_files() -> list[Path]:

@@ -356,6 +356,14 @@ class LocalCluster:
                 f"--secure-port={self.ports.apiserver}",
                 f"--tls-cert-file={c.serving_cert}", f"--tls-private-key-file={c.serving_key}",
                 f"--client-ca-file={c.ca_cert}",
+                # The aggregation layer's front proxy, for extension API servers such as KEDA's metrics server
+                # (docs/autoscaling.md); without it they see every proxied request as anonymous.
+                f"--requestheader-client-ca-file={c.front_proxy_ca_cert}",
+                f"--requestheader-allowed-names={certs.FRONT_PROXY_CLIENT_NAME}",
+                "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={c.front_proxy_client_cert}",
+                f"--proxy-client-key-file={c.front_proxy_client_key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={c.sa_pub}", f"--service-account-signing-key-file={c.sa_key}",
                 # The Service range exists only inside the API server's allocator; nothing here dials it.

@@ -14,12 +14,15 @@ HELM_VERSION = "v3.22.0"
 GATEWAY_API_VERSION = "v1.4.1"
 # Prometheus tags its Go module v0.<major><minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
 PROMETHEUS_VERSION = "v0.316.0"
+PROMETHEUS_RELEASE = "3.16.0"  # what `prometheus --version` reports
 # The module zip carries example/prometheus-operator-crd/*.yaml, the CRDs the e2e tests install.
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 # A real Gateway API implementation for the local data path (its kubernetesGateway provider writes HTTPRoute status).
 TRAEFIK_VERSION = "v3.7.13"
 # The lego release Traefik's go.mod requires; hack/gomod/traefik builds it without its DNS-01 providers.
 LEGO_VERSION = "v5.4.1"
+# Event-driven autoscaling for the local metrics pipeline (docs/autoscaling.md): KEDA's operator and metrics server.
+KEDA_VERSION = "v2.21.0"
 
 
 def _version_ldflags(version: str) -> list[str]:
@@ -82,4 +85,19 @@ TOOLS: tuple[GoBuild, ...] = (
 GATEWAY_TOOLS: tuple[GoBuild, ...] = (
     GoBuild(name="traefik", version=TRAEFIK_VERSION,
             packages={"traefik": "github.com/traefik/traefik/v3/cmd/traefik"}),
+)
+
+# Built only on request (`hack/cluster tools --autoscaling`): the metrics pipeline of docs/autoscaling.md. The
+# Prometheus server keeps static_configs, file_sd and http_sd under remove_all_sd (its plugins/minimum.go); KEDA is
+# the operator (ScaledObject -> HPA, the scalers) and its external metrics API server ("adapter"), a cold build of
+# several thousand packages (hack/gomod/keda/README.md).
+AUTOSCALING_TOOLS: tuple[GoBuild, ...] = (
+    GoBuild(name="prometheus", version=PROMETHEUS_VERSION,
+            packages={"prometheus": "github.com/prometheus/prometheus/cmd/prometheus"}, tags="remove_all_sd",
+            ldflags=(f"-X github.com/prometheus/common/version.Version={PROMETHEUS_RELEASE}",
+                     "-X github.com/prometheus/common/version.Branch=HEAD")),
+    GoBuild(name="keda", version=KEDA_VERSION,
+            packages={"keda": "github.com/kedacore/keda/v2/cmd/operator",
+                      "keda-adapter": "github.com/kedacore/keda/v2/cmd/adapter"},
+            ldflags=(f"-X github.com/kedacore/keda/v2/version.Version={KEDA_VERSION.lstrip('v')}",)),
 )
