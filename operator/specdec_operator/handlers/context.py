@@ -1,4 +1,4 @@
-"""Process-wide state the handlers share: settings, the API seam and per-model wake-up signals."""
+"""Process-wide state the handlers share: settings, the API seam, caches and what each model's loop remembers."""
 
 from __future__ import annotations
 
@@ -25,54 +25,74 @@ if TYPE_CHECKING:
 Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
 
 
+ModelKey: TypeAlias = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class ModelMemory:
+    """What this process remembers about one model between reconcile passes, in one place.
+
+    Every field is a cache or a pacing aid, rebuilt from the API server after a restart: decisions live in
+    the model's status (the tuner's state is read back from it), never only here.
+    """
+
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)  # set to run the model's loop now
+    tuner: ModelTuner | None = None  # scrape windows, canary evidence, the next scrape and evaluation times
+    # The object our last status write returned: newer than kopf's body until the watch catches up.
+    written: dict[str, Any] | None = None
+    stats_due_at: float | None = None  # next statistics refresh, monotonic
+    refusals: Refusals | None = None  # owned objects the API server refused, and the retry schedule
+    # (reason, message) of a Gateway that refuses the model's HTTPRoute as last read: the canary step holds.
+    route_rejection: tuple[str, str] | None = None
+    route_warning: tuple[str, str] | None = None  # the route problem last posted as an event, posted once
+
+
 @dataclass
 class OperatorContext:
     settings: OperatorSettings
     api: KubeApi
     http: aiohttp.ClientSession
-    wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-    tuners: dict[tuple[str, str], ModelTuner] = field(default_factory=dict)
-    route_warnings: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # last posted per model
+    models: dict[ModelKey, ModelMemory] = field(default_factory=dict)  # per model, while its loop runs
     scrapes: ScrapeScheduler | None = None  # the operator-wide scrape rounds, once started
     cache: WatchCache = field(default_factory=WatchCache)  # owned objects and runtime pods, from watches
-    # (reason, message) of a Gateway that refuses a model's HTTPRoute as last read: the canary step holds.
-    route_rejections: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
-    # The object our last status write returned, per model: newer than kopf's body until the watch catches up.
-    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    stats_due_at: dict[tuple[str, str], float] = field(default_factory=dict)  # next statistics refresh, monotonic
-    refusals: dict[tuple[str, str], Refusals] = field(default_factory=dict)
     memory: MemoryRelease = field(default_factory=MemoryRelease)  # gives pages back after models go
     fleet: FleetSnapshot = field(default_factory=FleetSnapshot)  # nodes and pod GPU claims, shared briefly
     supervisor: Supervisor = field(default_factory=Supervisor)  # runs the operator-wide background loops
     # Runtime pods failing now (uid -> cause), so a pod that starts or stops failing wakes its model at once.
     failing_pods: dict[str, str] = field(default_factory=dict)
 
+    def model(self, namespace: str, name: str) -> ModelMemory:
+        """The model's memory, made empty on first use."""
+        return self.models.setdefault((namespace, name), ModelMemory())
+
+    def known(self, namespace: str, name: str) -> ModelMemory | None:
+        """The model's memory if this process has any; looking does not create it."""
+        return self.models.get((namespace, name))
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop every per-model memory when the model's loop ends."""
         key = (namespace, name)
-        for per_model in (self.wakeups, self.tuners, self.route_warnings, self.route_rejections, self.written,
-                          self.stats_due_at, self.refusals):
-            per_model.pop(key, None)
+        self.models.pop(key, None)
         if self.scrapes is not None:
             self.scrapes.forget(key)
         self.cache.forget(key)
-        if not self.wakeups:
+        if not self.models:
             self.fleet.clear()
         self.memory.after_forget()
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
-        return self.wakeups.setdefault((namespace, name), asyncio.Event())
+        return self.model(namespace, name).wakeup
 
     def nudge_by_label(self, namespace: str, model_label: str) -> None:
         """Nudge the model whose (possibly shortened) label value is `model_label`: pods carry only that."""
-        for key in [key for key in self.wakeups if key[0] == namespace and label_value(key[1]) == model_label]:
+        for key in [key for key in self.models if key[0] == namespace and label_value(key[1]) == model_label]:
             self.nudge(*key)
 
     def nudge(self, namespace: str, name: str) -> None:
         """Ask the model's reconcile loop to run now instead of at its next interval."""
-        event = self.wakeups.get((namespace, name))
-        if event is not None:
-            event.set()
+        known = self.known(namespace, name)
+        if known is not None:
+            known.wakeup.set()
 
     @property
     def evaluation_settings(self) -> Settings:

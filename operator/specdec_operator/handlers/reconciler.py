@@ -168,7 +168,7 @@ async def record_decision(
         # The write reached etcd but its answer was lost (a timeout, or a retry that met our own write as a
         # 409): the record is what counts, so the tuner commits it like any other recorded decision.
         logger.info("K decision %s was stored although its write answered %s", decision.id, error)
-    tuning.commit(ctx.tuners.get((observed.namespace, observed.name)), observed.namespace, observed.name)
+    tuning.commit(ctx.model(observed.namespace, observed.name).tuner, observed.namespace, observed.name)
     for event in tuning.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
     logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k, decision.to_k)
@@ -186,7 +186,7 @@ async def _decision_stored(ctx: OperatorContext, observed: ObservedModel, decisi
     recorded = (fresh.get("status") or {}).get("speculation", {}).get("lastDecision") or {}
     if recorded.get("id") != decision_id:
         return False
-    ctx.written[(observed.namespace, observed.name)] = fresh  # the next pass's baseline
+    ctx.model(observed.namespace, observed.name).written = fresh  # the next pass's baseline
     return True
 
 

@@ -218,5 +218,6 @@ async def reconcile_loop(
 
 
 def _retry_at(context: OperatorContext, namespace: str, name: str) -> float | None:
-    refusals = context.refusals.get((namespace, name))
+    known = context.known(namespace, name)
+    refusals = known.refusals if known is not None else None
     return refusals.backoff.next_try_at() if refusals is not None else None

@@ -52,9 +52,9 @@ async def read_route(
 
 def _warn_once(ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, reason: str, message: str) -> None:
     """The loop runs every few seconds; an unchanged problem is posted once, not once per loop."""
-    key = (observed.namespace, observed.name)
-    if ctx.route_warnings.get(key) != (reason, message):
-        ctx.route_warnings[key] = (reason, message)
+    memory = ctx.model(observed.namespace, observed.name)
+    if memory.route_warning != (reason, message):
+        memory.route_warning = (reason, message)
         kopf.warn(body, reason=reason, message=message)
 
 
@@ -71,11 +71,11 @@ async def sync_route(
     if route is None:
         _warn_once(ctx, body, observed, "HTTPRouteNotFound", f"HTTPRoute {namespace}/{plan.route.name} not found")
         return
-    key = (observed.namespace, observed.name)
+    memory = ctx.model(observed.namespace, observed.name)
     current = canary_percent(route_weights(route, observed.namespace, stable, canary))
     rejection = route_rejection(route)
     if rejection is not None:
-        ctx.route_rejections[key] = rejection
+        memory.route_rejection = rejection
         if current is None or plan.route_weight > current:
             # More traffic must not go where a Gateway says it cannot: hold this weight; the canary's
             # analysis reads the rejection and holds the step (see tuning.route_hold). Less traffic
@@ -84,8 +84,7 @@ async def sync_route(
                        f"canary weight held at {current}% instead of {plan.route_weight}%: {rejection[1]}")
             return
     else:
-        ctx.route_rejections.pop(key, None)
-        ctx.route_warnings.pop(key, None)
+        memory.route_rejection = memory.route_warning = None
     if current == plan.route_weight:
         return
     try:

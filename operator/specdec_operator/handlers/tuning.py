@@ -101,7 +101,8 @@ async def _observe_round(
 async def scrape_tick(ctx: OperatorContext, session: aiohttp.ClientSession, body: Mapping[str, Any]) -> None:
     """A scrape between full reconciles: the tuner a full reconcile set up is fed, nothing is decided or written."""
     meta = body["metadata"]
-    tuner = ctx.tuners.get((meta["namespace"], meta["name"]))
+    known = ctx.known(meta["namespace"], meta["name"])
+    tuner = known.tuner if known is not None else None
     if tuner is None or time.monotonic() < tuner.next_scrape_at:
         return
     tuner.next_scrape_at = time.monotonic() + ctx.settings.scrape_interval_seconds
@@ -118,7 +119,8 @@ async def scrape_tick(ctx: OperatorContext, session: aiohttp.ClientSession, body
 
 def next_wake(ctx: OperatorContext, namespace: str, name: str) -> tuple[float, float] | None:
     """(next scrape, next evaluation) of the model's tuner, monotonic; None without a tuner."""
-    tuner = ctx.tuners.get((namespace, name))
+    known = ctx.known(namespace, name)
+    tuner = known.tuner if known is not None else None
     return None if tuner is None else (tuner.next_scrape_at, tuner.next_evaluation_at)
 
 
@@ -158,15 +160,16 @@ async def tuning_step(
     key = (observed.namespace, observed.name)
     canary_mode = spec.rollout.strategy == "Canary"
     if not previous.pools or not (autotune.enabled or canary_mode):
-        ctx.tuners.pop(key, None)
+        ctx.model(*key).tuner = None
         if ctx.scrapes is not None:
             ctx.scrapes.forget(key)
         return TuningOutcome()
     now = time.monotonic()
-    tuner = ctx.tuners.get(key)
+    memory = ctx.model(*key)
+    tuner = memory.tuner
     if tuner is None:
         state = TunerState.from_status(previous.speculation, wall_now=time.time(), monotonic_now=now)
-        tuner = ctx.tuners[key] = ModelTuner(state)
+        tuner = memory.tuner = ModelTuner(state)
         tuner.next_evaluation_at = now + autotune.interval_seconds
     in_flight = previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None
     # The canary windows compare against stamps in status: they keep wall-clock time.
@@ -187,7 +190,7 @@ async def tuning_step(
         canary_verdicts(tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size,
                         spec.speculation.initial_k, last_decision=previous.speculation.last_decision,
                         stable_serving=_stable_serving(observed, in_flight)),
-        ctx.route_rejections.get(key),
+        memory.route_rejection,
     )
     if not autotune.enabled:
         tuner.next_evaluation_at = math.inf  # nothing to evaluate: the loop must not wake for it

@@ -39,10 +39,12 @@ def _resource_version(body: Mapping[str, Any] | None) -> int:
 
 def newest_body(ctx: OperatorContext, key: ModelKey, body: Mapping[str, Any]) -> dict[str, Any]:
     """Whichever is newer: kopf's view of the object, or the object our own last write returned."""
-    written = ctx.written.get(key)
+    known = ctx.known(*key)
+    written = known.written if known is not None else None
     if written is not None and _resource_version(written) > _resource_version(body):
         return written
-    ctx.written.pop(key, None)  # the watch caught up (or someone else wrote): kopf's body is the baseline
+    if known is not None:
+        known.written = None  # the watch caught up (or someone else wrote): kopf's body is the baseline
     return {k: v for k, v in dict(body).items()}
 
 
@@ -55,8 +57,10 @@ FIRST_REFRESH_S = 120.0
 def stats_due(ctx: OperatorContext, key: ModelKey, now: float) -> bool:
     """Whether a statistics refresh may go out now. The first period starts when we first see a model, so a
     restarted operator does not rewrite them either."""
-    due_at = ctx.stats_due_at.setdefault(key, now + ctx.settings.status_stats_period_seconds)
-    return now >= due_at
+    memory = ctx.model(*key)
+    if memory.stats_due_at is None:
+        memory.stats_due_at = now + ctx.settings.status_stats_period_seconds
+    return now >= memory.stats_due_at
 
 
 async def write_status(
@@ -84,15 +88,15 @@ async def write_status(
             # Someone wrote in between. Re-read now; the next pass re-evaluates from what is really stored.
             fresh = await ctx.api.get(KIND, key[0], key[1])
             if fresh is not None:
-                ctx.written[key] = fresh
+                ctx.model(*key).written = fresh
             ctx.nudge(*key)
         raise
-    ctx.written[key] = result
+    ctx.model(*key).written = result
     cause = write_cause(stored, wanted)
     STATUS_WRITES.labels(cause=cause).inc()
     if fresh_stats:
         period = ctx.settings.status_stats_period_seconds
-        ctx.stats_due_at[key] = now + (min(FIRST_REFRESH_S, period) if cause == "first_statistics" else period)
+        ctx.model(*key).stats_due_at = now + (min(FIRST_REFRESH_S, period) if cause == "first_statistics" else period)
     return result
 
 
@@ -118,11 +122,11 @@ class Refusals:
 
 
 def refusals_of(ctx: OperatorContext, key: ModelKey) -> Refusals:
-    found = ctx.refusals.get(key)
-    if found is None:
-        found = ctx.refusals[key] = Refusals(DownstreamBackoff(
+    memory = ctx.model(*key)
+    if memory.refusals is None:
+        memory.refusals = Refusals(DownstreamBackoff(
             ctx.settings.refused_write_backoff_seconds, ctx.settings.refused_write_backoff_max_seconds))
-    return found
+    return memory.refusals
 
 
 def _attempt_key(obj: Mapping[str, Any]) -> tuple[str, str]:

@@ -41,7 +41,7 @@ async def test_a_decision_that_rolls_out_through_a_canary_is_not_counted_when_re
     ctx = context(api, http)
     body = await settled(ctx, api)
     events.drain()
-    tuner = ctx.tuners[(NAMESPACE, NAME)] = ModelTuner(TunerState())
+    tuner = ctx.model(NAMESPACE, NAME).tuner = ModelTuner(TunerState())
     before = changes()
     proposed = proposal(3, 5)
     canary_mode = type(proposed)(**{**proposed.__dict__, "rolls_out_now": False,

@@ -118,7 +118,7 @@ async def test_a_decision_is_in_status_before_any_deployment_and_then_rendered_o
     body = await settled(ctx, api)
     events.drain()
     assert deployment_k(api) == "3"
-    tuner = ctx.tuners[(NAMESPACE, NAME)] = ModelTuner(TunerState())
+    tuner = ctx.model(NAMESPACE, NAME).tuner = ModelTuner(TunerState())
     outcome = proposal(3, 5)
     await record_decision(ctx, body, dict(body), observed_of(body), outcome, LOG)
     assert [c.verb for c in api.calls] == ["patch-status"]  # the decision alone, nothing rendered yet
@@ -148,7 +148,7 @@ async def test_a_refused_decision_write_changes_nothing_and_is_not_committed(
     ctx = context(api, http)
     body = await settled(ctx, api)
     events.drain()
-    tuner = ctx.tuners[(NAMESPACE, NAME)] = ModelTuner(TunerState())
+    tuner = ctx.model(NAMESPACE, NAME).tuner = ModelTuner(TunerState())
     labels = {"namespace": NAMESPACE, "model": NAME, "pool": POOL}
     changes_before = REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0
     api.refuse[("patch-status", "SpeculativeModel")] = lambda _: refusal
@@ -172,7 +172,7 @@ async def test_a_stored_decision_whose_answer_was_lost_is_committed_once(
     ctx = context(api, http)
     body = await settled(ctx, api)
     events.drain()
-    tuner = ctx.tuners[(NAMESPACE, NAME)] = ModelTuner(TunerState())
+    tuner = ctx.model(NAMESPACE, NAME).tuner = ModelTuner(TunerState())
     labels = {"namespace": NAMESPACE, "model": NAME, "pool": POOL}
     changes_before = REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0
     store = api.patch_status
@@ -201,12 +201,12 @@ async def test_a_concurrent_status_write_is_reread_never_overwritten(
     other = api.objects[("SpeculativeModel", NAMESPACE, NAME)]
     other["status"]["pools"][0]["effectiveK"] = 6
     other["metadata"]["resourceVersion"] = "999999"
-    ctx.written.clear()
+    ctx.model(NAMESPACE, NAME).written = None
     with pytest.raises(KubeApiError) as raised:
         await record_decision(ctx, body, dict(body), observed_of(body), proposal(3, 5), LOG)
     assert raised.value.status == 409
     assert api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["pools"][0]["effectiveK"] == 6
-    assert ctx.written[(NAMESPACE, NAME)]["metadata"]["resourceVersion"] == "999999"  # re-read at once
+    assert ctx.model(NAMESPACE, NAME).written["metadata"]["resourceVersion"] == "999999"  # re-read at once
     await reconcile(ctx, body, FLEET, LOG)  # re-evaluated from what is stored
     assert deployment_k(api) == "6"
 
@@ -223,7 +223,7 @@ async def test_a_corrupted_status_holds_every_pool_and_names_the_field(
         "time": "last tuesday", "pool": POOL, "fromK": 3, "toK": 4, "action": "Change", "reason": "by hand"}
     stored["status"]["pools"][0]["effectiveK"] = 4
     stored["spec"]["placement"]["replicasPerPool"] = 3  # a spec change that would otherwise roll the pool
-    ctx.written.clear()
+    ctx.model(NAMESPACE, NAME).written = None
     for _ in range(2):
         await reconcile(ctx, await current(api), FLEET, LOG)
     assert [c.verb for c in api.calls] == ["patch-status"]  # one conditions write, then quiet
@@ -243,7 +243,7 @@ async def test_removed_status_fields_disappear(http: aiohttp.ClientSession, even
     await settled(ctx, api)
     stored = api.objects[("SpeculativeModel", NAMESPACE, NAME)]
     stored["status"]["speculation"]["lastChangeTime"] = "2026-11-30T12:00:00Z"  # written by an older operator
-    ctx.written.clear()
+    ctx.model(NAMESPACE, NAME).written = None
     await reconcile(ctx, await current(api), FLEET, LOG)
     assert [c.body for c in api.writes("patch-status")] == [{"speculation": {"lastChangeTime": None}}]
     assert "lastChangeTime" not in api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["speculation"]
