@@ -14,16 +14,17 @@ NAMESPACE_PREFIX = f"e2e-{LANE}-" if LANE else "e2e-"
 _LANE_INDEX = int(LANE[2:]) if LANE.startswith("gw") and LANE[2:].isdigit() else 0
 
 # Nodes a test adds for itself get loopback pod networks 127.X.N.0/24 with N from 150 up, clear of the demo
-# fleet's. Each of four lanes owns 25 values of N, so the nodes of tests running at once never share a pod
-# network (two pods with one IP could not both serve); more lanes than four share them again.
+# fleet's. Each of up to six lanes owns 17 values of N, so the nodes of tests running at once never share a pod
+# network (two pods with one IP could not both serve); more lanes than six share them again.
 TEST_NETWORKS_FROM = 150
-NETWORKS_PER_LANE = 25
+MAX_LANES = 6
+NETWORKS_PER_LANE = (256 - TEST_NETWORKS_FROM) // MAX_LANES
 MAX_TEST_NODES = 5  # per test
 
 
 def first_test_network(namespace: str) -> int:
     """N of the first node a test in `namespace` adds; its other nodes take the next ones."""
-    lane_base = TEST_NETWORKS_FROM + (_LANE_INDEX % 4) * NETWORKS_PER_LANE
+    lane_base = TEST_NETWORKS_FROM + (_LANE_INDEX % MAX_LANES) * NETWORKS_PER_LANE
     return lane_base + zlib.crc32(namespace.encode()) % (NETWORKS_PER_LANE - MAX_TEST_NODES + 1)
 
 

@@ -9,7 +9,7 @@ no virtual load (profile e2e-traffic), so every count the analysis reads comes f
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ import pytest
 from localcluster.cluster import LocalCluster
 from specdec_operator.api.spec import Canary
 from tests.e2e.kube import Kube, wait_for
+from tests.e2e.nodes_fixture import FLEET_LABEL, test_nodes, toleration_for_test_nodes  # noqa: F401 - fixture
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.traffic import BackgroundLoad, GatewayStandIn
 
@@ -38,14 +39,16 @@ def service_proxy(cluster: LocalCluster) -> Iterator[GatewayStandIn]:
     proxy.stop()
 
 
-def model(name: str) -> dict[str, Any]:
+def model(name: str, namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": name},
         "spec": {
             "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
             "drafters": [{"method": "eagle3", "model": EAGLE_A}],
             "speculation": {"initialK": 3, "minK": 1, "maxK": 8},
-            "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": 2},
+            # On a node of the test's own: the demo fleet's gfx942 nodes are shared by every lane.
+            "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": 2, "nodeSelector": {FLEET_LABEL: namespace},
+                          "tolerations": [toleration_for_test_nodes(namespace)]},
             "runtime": {"simulatorProfile": "e2e-traffic"},
             "rollout": {"strategy": "Canary"},
         },
@@ -63,10 +66,12 @@ def ready(kube: Kube, name: str) -> bool:
 
 
 def test_strategy_canary_alone_promotes_a_healthy_drafter_change_on_the_default_steps(
-    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, service_proxy: GatewayStandIn
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, service_proxy: GatewayStandIn,
+    test_nodes: Callable[[str, int], list[dict[str, Any]]],  # noqa: F811
 ) -> None:
     name = "defaults"
-    body = model(name)
+    test_nodes("defaults", 1)
+    body = model(name, str(kube.namespace))
     kube.apply(body)
     wait_for(f"{name} Ready", lambda: ready(kube, name), 180)
     with BackgroundLoad(service_proxy.url, f"{name}.{kube.namespace}.svc", seed=11, model=name) as load:

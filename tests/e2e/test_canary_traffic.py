@@ -10,7 +10,7 @@ simulators' own request counters, per canary step.
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,7 @@ from localcluster.cluster import LocalCluster
 from specdec_runtime import contract
 from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
 from tests.e2e.kube import Kube, wait_for
+from tests.e2e.nodes_fixture import FLEET_LABEL, test_nodes, toleration_for_test_nodes  # noqa: F401 - fixture
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.traffic import BackgroundLoad, GatewayStandIn
 
@@ -71,7 +72,14 @@ def gateway(kube: Kube, gateway_standin: GatewayStandIn) -> GatewayStandIn:
     return gateway_standin
 
 
-def model(name: str, replicas: int, profile: str = "e2e-traffic",
+@pytest.fixture(autouse=True)
+def own_nodes(test_nodes: Callable[[str, int], list[dict[str, Any]]]) -> None:  # noqa: F811
+    """Two MI300X nodes (16 GPUs) for each test's models alone. Pools of 1, 2 and 4 replicas and their canaries
+    take up to 14 GPUs, more than the demo fleet's gfx942 nodes can spare while other lanes place there."""
+    test_nodes("traffic", 2)
+
+
+def model(name: str, replicas: int, namespace: str, profile: str = "e2e-traffic",
           analysis: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": name},
@@ -79,7 +87,9 @@ def model(name: str, replicas: int, profile: str = "e2e-traffic",
             "model": {"name": SERVED},
             "drafters": [{"method": "eagle3", "model": EAGLE_A}],
             "speculation": {"initialK": 3, "minK": 1, "maxK": 8},
-            "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": replicas},
+            "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": replicas,
+                          "nodeSelector": {FLEET_LABEL: namespace},
+                          "tolerations": [toleration_for_test_nodes(namespace)]},
             "runtime": {"simulatorProfile": profile},
             "rollout": {"strategy": "Canary", "canary": {
                 "steps": [{"weight": w, "pauseSeconds": PAUSE_S if w < 100 else 0} for w in STEP_WEIGHTS],
@@ -267,7 +277,7 @@ def run_canaries(kube: Kube, gateway: GatewayStandIn, pools: dict[str, int], ana
     or with `tuned` the tuner's own K change (decided from the routed requests' drafts once the load runs).
     Returns when every canary is decided and gone, with the meter that counted what each revision's pods took
     at each weight."""
-    bodies = {name: model(name, replicas, analysis=analysis) for name, replicas in pools.items()}
+    bodies = {name: model(name, replicas, str(kube.namespace), analysis=analysis) for name, replicas in pools.items()}
     if tuned:
         for body in bodies.values():
             # One decision per model (the cooldown outlasts the test), as early as the drafts allow.
@@ -380,7 +390,7 @@ def test_a_bad_canary_under_real_traffic_is_rolled_back_citing_its_metric(
     profile: str, cited: str,
 ) -> None:
     name = "bad"
-    body = model(name, 2)
+    body = model(name, 2, str(kube.namespace))
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), 120)
     with BackgroundLoad(gateway.url, hostname(name), seed=7, model=name):
@@ -400,7 +410,7 @@ def test_a_route_the_gateway_cannot_resolve_is_a_condition_with_the_gateways_mes
     """A backendRef to a Service in another namespace without a ReferenceGrant: the Gateway's ResolvedRefs=False
     (RefNotPermitted) becomes the model's Degraded condition within one reconcile of the status appearing."""
     name = "crossns"
-    kube.apply([http_route(name, backend_namespace="somewhere-else"), model(name, 1)])
+    kube.apply([http_route(name, backend_namespace="somewhere-else"), model(name, 1, str(kube.namespace))])
 
     def degraded() -> dict[str, Any] | None:
         conditions = (kube.get("sm", name) or {}).get("status", {}).get("conditions", [])
