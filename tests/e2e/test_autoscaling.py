@@ -29,9 +29,10 @@ from typing import Any
 
 import pytest
 
-from localcluster import processes
+from localcluster import build, processes
 from localcluster.autoscaling import EXTERNAL_METRICS_APISERVICE, AutoscalingPipeline
 from localcluster.cluster import LocalCluster
+from localcluster.versions import AUTOSCALING_TOOLS
 from specdec_runtime import contract
 from tests.e2e.audit import AuditEntry, AuditLog, rollouts, status_writes, written_status
 from tests.e2e.kube import Kube, wait_for
@@ -122,6 +123,11 @@ def autoscaling(cluster: LocalCluster) -> Iterator[Autoscaling]:
     """Prometheus, KEDA's operator and its metrics server (hack/localcluster/autoscaling.py) for this module, and
     the targets thread. What this fixture started it stops; the APIService goes first, so that the aggregator does
     not advertise an API nobody serves (discovery, and with it namespace deletion, would stall on it)."""
+    unbuilt = [tool.name for tool in AUTOSCALING_TOOLS
+               if not all((build.binary_dir(tool) / name).is_file() for name in tool.packages)]
+    if unbuilt:
+        # A cold build of KEDA alone takes about 20 minutes on two cores: not something a test lane starts.
+        pytest.skip(f"{', '.join(unbuilt)} not built: run `hack/cluster tools --autoscaling` once")
     already = set(processes.running_components(cluster.paths.pids))
     pipeline = AutoscalingPipeline(cluster)
     pipeline.up()
