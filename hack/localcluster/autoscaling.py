@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -49,12 +50,21 @@ class AutoscalingPorts:
     keda_metrics: int
     keda_probes: int
     adapter_secure: int
-    adapter_metrics: int
 
     @classmethod
     def from_env(cls) -> AutoscalingPorts:
         base = port_base()
-        return cls(base + 90, base + 666, base + 680, base + 681, base + 643, base + 682)
+        return cls(base + 90, base + 666, base + 680, base + 681, base + 643)
+
+
+def free_loopback_port() -> int:
+    """A port the kernel has free on 127.0.0.1 right now. For a listener nobody dials: a fixed port inside the
+    ephemeral range (32768-60999; port base 35000 puts ours there) can be taken by a client socket. On one machine
+    the API server's short etcd connections kept reusing base + 682 (loopback reuses TIME_WAIT ports), so a fixed
+    port there never came free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def keda_certs(pki: Path) -> Path:
@@ -145,6 +155,8 @@ class AutoscalingPipeline:
             f"--health-probe-bind-address=127.0.0.1:{self.ports.keda_probes}",
             f"--metrics-service-bind-address=127.0.0.1:{self.ports.keda_grpc}",
         ], (self.ports.keda_grpc, self.ports.keda_metrics, self.ports.keda_probes))
+        # The metrics server's own /metrics: nothing here scrapes it, so any free port will do.
+        adapter_metrics = free_loopback_port()
         self._start("keda-adapter", [
             *env, str(self.tools["keda-adapter"]), "--zap-log-level=info", "--zap-encoder=console",
             "--bind-address=127.0.0.1", f"--secure-port={self.ports.adapter_secure}",
@@ -153,8 +165,8 @@ class AutoscalingPipeline:
             f"--lister-kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
             f"--metrics-service-address=127.0.0.1:{self.ports.keda_grpc}",
-            f"--port={self.ports.adapter_metrics}",
-        ], (self.ports.adapter_secure, self.ports.adapter_metrics))
+            f"--port={adapter_metrics}",
+        ], (self.ports.adapter_secure, adapter_metrics))
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=yaml.safe_dump(
             {"apiVersion": "v1", "kind": "List", "items": cluster_objects(paths.root / "pki" / "ca.crt",
                                                                            self.ports.adapter_secure)}))
