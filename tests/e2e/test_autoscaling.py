@@ -208,14 +208,19 @@ class Sample:
     ready_uids: tuple[str, ...]  # Running, Ready, not terminating
     terminating: int
     waiting: float | None  # Prometheus's sum of vllm:num_requests_waiting
+    serving: int  # the model's targets Prometheus scraped successfully last (`up == 1`)
 
     @property
     def settled(self) -> bool:
-        return self.total == self.placed == len(self.ready_uids) and self.terminating == 0
+        """The count the scaler asked for is placed, Ready, and serving. KWOK marks a pod Ready as soon as it is
+        bound, before its simulator listens (docs/local-traffic.md), so Ready alone would end a resize early;
+        Prometheus's `up` ends it only once every new pod has answered a scrape."""
+        return self.total == self.placed == len(self.ready_uids) == self.serving and self.terminating == 0
 
     def line(self, started: float) -> str:
         return (f"{(parse_time(self.at).timestamp() - started):6.1f}s  total={self.total} placed={self.placed} "
-                f"ready={len(self.ready_uids)} terminating={self.terminating} waiting={self.waiting}")
+                f"ready={len(self.ready_uids)} serving={self.serving} terminating={self.terminating} "
+                f"waiting={self.waiting}")
 
 
 @dataclass
@@ -234,11 +239,12 @@ class Timeline:
             and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))))
         try:
             waiting = self.autoscaling.query(waiting_query(self.namespace))
+            serving = self.autoscaling.query(f'count(up{{namespace="{self.namespace}", model="{NAME}"}} == 1)')
         except OSError:
-            waiting = None
+            waiting = serving = None
         sample = Sample(utc_now(), sm.get("spec", {}).get("placement", {}).get("totalReplicas"),
                         sm.get("status", {}).get("replicas"), ready,
-                        sum(1 for p in pods if p["metadata"].get("deletionTimestamp")), waiting)
+                        sum(1 for p in pods if p["metadata"].get("deletionTimestamp")), waiting, int(serving or 0))
         self.samples.append(sample)
         return sample
 
@@ -344,14 +350,15 @@ def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
                                           for e in scale_writes))
     print(f"  resize windows (scale write -> settled): {windows}")
     print(f"  totalReplicas managers at the end: {managers}")
-    samples_at_k = [(e.received, written_status(e).get("replicas"),
-                     [p.get("drafts") for p in (written_status(e).get("speculation") or {}).get("pools", [])])
-                    for e in writes]
-    print(f"  status writes (time, replicas, tuner samples at K per pool): {samples_at_k}")
-    print(f"  K decisions recorded: {list(decisions.values()) or 'none'}")
-    tuner = {key.split("action=")[1].split(",")[0]: value for key, value in (operator.metrics() or {}).items()
-             if key.startswith("specdec_tuner_decisions_total{") and f"namespace={namespace}" in key}
-    print(f"  tuner evaluations by action (operator /metrics): {tuner}")
+    print(f"  status writes: {len(writes)}; K decisions recorded: {list(decisions.values()) or 'none'}")
+    mine = {key: value for key, value in (operator.metrics() or {}).items() if f"namespace={namespace}" in key}
+    tuner = {key.split("action=")[1].split(",")[0]: value for key, value in mine.items()
+             if key.startswith("specdec_tuner_decisions_total{")}
+    ks = {key.split("{")[0]: value for key, value in mine.items()
+          if key.startswith(("specdec_effective_k{", "specdec_recommended_k{"))}
+    print(f"  tuner evaluations by action: {tuner}; at the end {ks} (operator /metrics)")
+    # A 503 (loading) or 502 (not listening yet) is a request the stand-in sent to a new pod KWOK marked Ready
+    # before its simulator served: the local fleet's known limit (docs/local-traffic.md).
     print("  answers by HTTP status: " + ", ".join(
         f"{name}: {dict(load.report.statuses) if load.report else None}" for name, load in
         (("base", base), ("surge", surge))))
