@@ -18,8 +18,10 @@ Every process is registered in the cluster's PID directory, so `hack/cluster dow
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -55,6 +57,32 @@ class AutoscalingPorts:
     def from_env(cls) -> AutoscalingPorts:
         base = port_base()
         return cls(base + 90, base + 666, base + 680, base + 681, base + 643, base + 682)
+
+
+# The ports each process listens on, by AutoscalingPorts field.
+_COMPONENT_PORTS = {
+    "prometheus": ("prometheus",),
+    "keda-operator": ("keda_grpc", "keda_metrics", "keda_probes"),
+    "keda-adapter": ("adapter_secure", "adapter_metrics"),
+}
+
+
+def port_bindable(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:port now (as processes.check_port_free tests it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_loopback_port() -> int:
+    """A port the kernel has free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def keda_certs(pki: Path) -> Path:
@@ -103,8 +131,36 @@ def prometheus_config(targets_file: Path, scrape_interval_s: int = 5) -> str:
 class AutoscalingPipeline:
     def __init__(self, cluster: LocalCluster, ports: AutoscalingPorts | None = None) -> None:
         self.cluster = cluster
+        if ports is None and self.ports_file.is_file():  # the ports the running processes were given
+            ports = AutoscalingPorts(**json.loads(self.ports_file.read_text()))
         self.ports = ports or AutoscalingPorts.from_env()
         self.tools: dict[str, Path] = {}
+
+    @property
+    def ports_file(self) -> Path:
+        return self.cluster.paths.root / "autoscaling-ports.json"
+
+    def _claim_ports(self) -> None:
+        """Move a port that is taken to a free one, for the processes not running yet, and remember the ports.
+
+        The ports sit at fixed offsets from the cluster's port base, and a base inside the kernel's ephemeral range
+        (32768-60999 here; 35000 is one) shares them with client sockets: the API server's many short etcd
+        connections took base + 680 and base + 682 on one machine (loopback reuses TIME_WAIT ports for the same
+        peer, so such a port stays taken). Who dials these ports reads them from here: the test and KEDA's
+        ScaledObjects from `prometheus_url`, the metrics server from its flags, the aggregator from the APIService.
+        """
+        running = processes.running_components(self.cluster.paths.pids)
+        for component, fields in _COMPONENT_PORTS.items():
+            if component in running:
+                continue
+            for name in fields:
+                port = getattr(self.ports, name)
+                if not port_bindable(port):
+                    spare = free_loopback_port()
+                    self.cluster.log(f"port {port} for {component} is taken (a client socket in the ephemeral range, "
+                                     f"most likely): using {spare}")
+                    self.ports = dataclasses.replace(self.ports, **{name: spare})
+        self.ports_file.write_text(json.dumps(dataclasses.asdict(self.ports)) + "\n")
 
     @property
     def targets_file(self) -> Path:
@@ -130,6 +186,7 @@ class AutoscalingPipeline:
         if not self.targets_file.exists():
             self.targets_file.write_text("[]\n")
         (paths.root / "prometheus.yml").write_text(prometheus_config(self.targets_file))
+        self._claim_ports()
         self._start("prometheus", [
             str(self.tools["prometheus"]), f"--config.file={paths.root / 'prometheus.yml'}",
             f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",

@@ -382,7 +382,9 @@ class LocalCluster:
                 f"--root-ca-file={c.ca_cert}", f"--service-account-private-key-file={c.sa_key}",
                 "--use-service-account-credentials=false", "--leader-elect=false",
                 # KWOK renews leases itself; a late renewal means this host is overloaded, not that a node failed.
-                "--node-monitor-grace-period=300s"]
+                "--node-monitor-grace-period=300s",
+                # HPAs (KEDA's, tests/e2e/test_autoscaling.py) re-read their metrics every 5 s instead of 15 s.
+                "--horizontal-pod-autoscaler-sync-period=5s"]
 
     def _scheduler_command(self) -> list[str]:
         return [str(self.binaries["kube-scheduler"]), f"--kubeconfig={self.paths.kubeconfig}",

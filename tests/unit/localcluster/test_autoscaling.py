@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import socket
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 import yaml
 
-from localcluster.autoscaling import EXTERNAL_METRICS_APISERVICE, AutoscalingPorts, cluster_objects, prometheus_config
-from localcluster.cluster import Ports
+from localcluster.autoscaling import (
+    EXTERNAL_METRICS_APISERVICE,
+    AutoscalingPipeline,
+    AutoscalingPorts,
+    cluster_objects,
+    free_loopback_port,
+    prometheus_config,
+)
+from localcluster.cluster import LocalCluster, Ports
 
 
 def test_the_apiservice_points_at_an_externalname_service_on_loopback(tmp_path: Path) -> None:
@@ -40,3 +50,20 @@ def test_pipeline_ports_do_not_collide_with_the_control_plane(monkeypatch: pytes
     pipeline = list(dataclasses.astuple(AutoscalingPorts.from_env()))
     control_plane = list(dataclasses.astuple(Ports.from_env()))
     assert len(set(pipeline + control_plane)) == len(pipeline) + len(control_plane)
+
+
+def test_a_taken_port_moves_to_a_free_one_and_the_ports_are_remembered(tmp_path: Path) -> None:
+    # A base in the ephemeral range shares ports with client sockets: a taken port must not stop the pipeline.
+    cluster = SimpleNamespace(paths=SimpleNamespace(root=tmp_path, pids=tmp_path / "pids"), log=lambda _: None)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        free = [free_loopback_port() for _ in dataclasses.fields(AutoscalingPorts)]
+        ports = dataclasses.replace(AutoscalingPorts(*free), keda_metrics=taken)
+        pipeline = AutoscalingPipeline(cast(LocalCluster, cluster), ports)
+        pipeline._claim_ports()
+    assert pipeline.ports.keda_metrics != taken
+    assert dataclasses.replace(pipeline.ports, keda_metrics=taken) == ports  # only the taken one moved
+    # A later pipeline (the test's fixture, `hack/cluster autoscaling` again) finds the processes' ports.
+    assert AutoscalingPipeline(cast(LocalCluster, cluster)).ports == pipeline.ports
