@@ -100,7 +100,9 @@ def test_one_acts_and_the_other_takes_over_mid_canary_after_kill_9(
     # Where the dead leader left it, or further on: never back to an earlier step or a restarted timer.
     assert (resumed["step"], resumed["stepStartedAt"]) >= (before["step"], before["stepStartedAt"]), (before, resumed)
     wait_for("the canary promoted by the survivor",
-             lambda: (c := canary_status(kube, MODEL)) and c["phase"] == "Promoted", 120, 1)
+             lambda: (c := canary_status(kube, MODEL)) and c["phase"] == "Promoted", 240, 1,
+             describe=lambda: (canary_status(kube, MODEL),
+                               [f"{e['reason']}: {e['message']}" for e in kube.events(MODEL)][-6:]))
     # One canary, each step passed once, in order: nothing repeated or skipped across the failover.
     in_order = sorted(kube.events(MODEL), key=lambda e: e.get("eventTime") or e.get("firstTimestamp") or "")
     events = [(e["reason"], e["message"]) for e in in_order if e["reason"].startswith("Canary")]

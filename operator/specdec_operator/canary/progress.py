@@ -166,6 +166,7 @@ def _step(
     now: datetime,
     action: ManualAction | None,
     canary_ready: bool,
+    route_percent: int | None = None,
 ) -> CanaryProgress:
     steps = settings.steps
     if status.step >= len(steps):
@@ -217,17 +218,21 @@ def _step(
         # The window just opened: nothing in it can pass or time out yet.
         return CanaryProgress(_with_verdict(status, verdict), plan, restarted)
     elapsed = _elapsed_seconds(status, now)
-
+    # The step's weight must be in the route as read before the step can pass: a route write lost to an
+    # API server outage would otherwise let a step pass that never sent the canary its share.
+    routed = route_percent is None or route_percent >= status.weight
     window_over = elapsed >= step.pause_seconds
     # At 100% the stable serves nothing, so there is no baseline to pass against: the last window
     # only has to finish without a failure (health, errors and restarts still fail it above).
     verdict_ok = (verdict is not None and verdict.outcome == "Pass") or step.weight == FULL_WEIGHT
-    if window_over and canary_ready and verdict_ok:
+    if window_over and canary_ready and routed and verdict_ok:
         return _pass_step(status, steps, label, verdict, now, one_shot)
     if elapsed >= max(step.pause_seconds, timeout):
         detail = verdict.message if verdict is not None else "no analysis verdict"
         if not canary_ready:
             detail = f"canary pods not ready; {detail}"
+        if not routed:
+            detail = f"the HTTPRoute gives the canary {route_percent}%, not {status.weight}%; {detail}"
         event = CanaryEvent(
             "Warning",
             "CanaryTimedOut",
@@ -316,11 +321,13 @@ def advance(
     now: datetime,
     action: ManualAction | None,
     canary_ready: bool,
+    route_percent: int | None = None,
 ) -> CanaryProgress:
     """One reconcile's worth of canary progress for one pool. `now` must be timezone-aware.
 
     `verdict` is the analysis of the current step's window (since stepStartedAt), or None when
-    nothing could be measured yet.
+    nothing could be measured yet. `route_percent`: the canary's share in the HTTPRoute as last read, None
+    without a route; a step does not pass while the route gives the canary less than the step's weight.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -348,4 +355,4 @@ def advance(
             return _start(target, settings.steps, now, current)
         # A rolled-back revision is not retried on its own: the spec (or a new decision) must change first.
         return CanaryProgress(current, _terminal_plan(current, one_shot))
-    return _step(current, settings, rollout.paused, verdict, now, action, canary_ready)
+    return _step(current, settings, rollout.paused, verdict, now, action, canary_ready, route_percent)

@@ -19,7 +19,7 @@ from specdec_operator.api.status import (
 )
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
-from specdec_operator.canary.traffic import reaches_canary
+from specdec_operator.canary.traffic import RouteError, canary_percent, reaches_canary, route_weights
 from specdec_operator.conditions import ConditionFacts, Finding, apply_updates, summarize
 from specdec_operator.decisions.absence import AbsenceDecision, HeldPool, held_message, hold_missing_pools
 from specdec_operator.decisions.placement import plan_placement
@@ -203,7 +203,8 @@ def evaluate(
         decisions.update(rollout_modes(spec, current_pools, observed, usage, previous))
         return plan_rollout(current_pools, live_deployments, canary, spec.rollout, verdicts or {}, action,
                             moment, routed=route is not None, modes=modes_for_rollout(decisions),
-                            last_decision=previous.speculation.last_decision)
+                            last_decision=previous.speculation.last_decision,
+                            route_percent=_route_percent(observed, route))
 
     live_deployments = {body["metadata"]["name"]: body for body in observed.children_of_kind("Deployment")}
     rollout = roll(pools, previous.canary)
@@ -284,6 +285,19 @@ def evaluate(
         route_weight=rollout.route_weight if route is not None else None,
         clear_action=rollout.clear_action or bool(action_events),
     )
+
+
+def _route_percent(observed: ObservedModel, route: ObjectRef | None) -> int | None:
+    """The canary's share of our route as read this pass; None without a route, unread or unparseable (then the
+    step is not held on it: the route's own findings report what is wrong)."""
+    if route is None or not observed.route_read or observed.route is None:
+        return None
+    try:
+        weights = route_weights(dict(observed.route), observed.namespace, service_name(observed.name, "stable"),
+                                service_name(observed.name, "canary"))
+    except RouteError:
+        return None
+    return canary_percent(weights)
 
 
 def _draining_canaries(observed: ObservedModel, route: ObjectRef | None) -> set[tuple[str, str]]:

@@ -142,11 +142,14 @@ def plan_rollout(
     routed: bool,
     modes: Mapping[str, RolloutMode] | None = None,
     last_decision: TuningDecision | None = None,
+    route_percent: int | None = None,
 ) -> RolloutResult:
     """`modes`: each pool's rollout mode (reconcile/capacity.py); a pool without one surges as by default.
-    `last_decision`: the tuner's decision record in status, the K a failed tuner canary returns to."""
+    `last_decision`: the tuner's decision record in status, the K a failed tuner canary returns to.
+    `route_percent`: the canary's share in the HTTPRoute as read this pass (None: no route, or unread)."""
     modes = modes or {}
-    result = _plan_rollout(pools, live, previous, rollout, verdicts, action, now, routed, modes, last_decision)
+    result = _plan_rollout(pools, live, previous, rollout, verdicts, action, now, routed, modes, last_decision,
+                           route_percent)
     result.deployments = [
         with_strategy(body, modes.get(body["metadata"]["labels"][contract.LABEL_POOL])) for body in result.deployments
     ]
@@ -164,6 +167,7 @@ def _plan_rollout(
     routed: bool,
     modes: Mapping[str, RolloutMode],
     last_decision: TuningDecision | None,
+    route_percent: int | None,
 ) -> RolloutResult:
     # With nothing in flight all routed traffic goes to the stable Service.
     result = RolloutResult(canary=previous, route_weight=0 if routed else None)
@@ -185,7 +189,7 @@ def _plan_rollout(
         in_place = pool.name in modes and modes[pool.name].mode == "InPlace"
         budget = modes[pool.name].max_unavailable if in_place else 0
         _canary_pool(result, pool, stable_live, live, previous, rollout, verdicts, action, now, routed, rolling,
-                     last_decision, budget)
+                     last_decision, budget, route_percent)
     return result
 
 
@@ -230,6 +234,7 @@ def _canary_pool(
     rolling: set[str],
     last_decision: TuningDecision | None,
     in_place_budget: int = 0,
+    route_percent: int | None = None,
 ) -> None:
     """`in_place_budget` > 0: the pool is full, so the canary takes that many replicas at a time out of the
     stable set instead of adding its own beside it."""
@@ -252,7 +257,7 @@ def _canary_pool(
                           decision_id=_decision_id(last_decision, pool, current))
     progress = advance(
         current, target=target, rollout=rollout, verdict=verdicts.get(pool.revision), now=now, action=action,
-        canary_ready=canary_ready,
+        canary_ready=canary_ready, route_percent=route_percent,
     )
     result.canary = progress.status if progress.status is not None else previous
     result.clear_action = progress.plan.clear_action

@@ -52,6 +52,7 @@ class Case:
     rollout: Rollout = field(default_factory=rollout)
     target: CanaryTarget = field(default_factory=target)
     message_fragments: tuple[str, ...] = ()
+    route_percent: int | None = None
 
 
 WAITING = canary_status(weight=0)
@@ -143,6 +144,39 @@ CASES = [
         None,
         verdict=PASS,
         ready=False,
+    ),
+    Case(
+        # The step's route write was lost (an API server outage): the route as read still gives the canary 0%.
+        # Passing would skip the 10% step's traffic altogether; the plan writes 10% again instead.
+        "pass-while-route-lags-holds",
+        canary_status(),
+        200,
+        {"step": 0, "weight": 10},
+        RolloutPlan(10, 10, **KEEP),
+        None,
+        verdict=PASS,
+        route_percent=0,
+    ),
+    Case(
+        "pass-once-route-carries-the-weight-advances",
+        canary_status(),
+        200,
+        {"step": 1, "weight": 50},
+        RolloutPlan(50, 50, **KEEP),
+        "CanaryStepPassed",
+        verdict=PASS,
+        route_percent=10,
+    ),
+    Case(
+        "route-lagging-past-timeout-rolls-back-saying-so",
+        canary_status(),
+        901,
+        {"phase": "RolledBack", "weight": 0},
+        ROLL_BACK,
+        "CanaryTimedOut",
+        verdict=PASS,
+        route_percent=0,
+        message_fragments=("the HTTPRoute gives the canary 0%, not 10%",),
     ),
     Case(
         "no-verdict-after-window-holds",
@@ -396,6 +430,7 @@ def test_transition(case: Case) -> None:
         now=at(case.seconds),
         action=case.action,
         canary_ready=case.ready,
+        route_percent=case.route_percent,
     )
     if case.expect_status is None:
         assert result.status is None
