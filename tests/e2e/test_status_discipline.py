@@ -90,7 +90,10 @@ def test_a_hand_corrupted_status_field_is_named_and_nothing_acts_on_it(
     writes = operator_write_entries(cluster.paths.logs / "audit.log", since)
     # A write refused with 409 (the hand edit landed between our read and our write) changed nothing.
     mine = [w for w in writes if w["name"].startswith(name) and w["resource"] != "events" and w["code"] != "409"]
-    assert [(w["resource"], w["subresource"]) for w in mine] == [("speculativemodels", "status")], mine
+    # Status only: the condition naming the field, written once for the hand edit and at most once more for the
+    # spec change's generation (the two kubectl patches can land in one pass or in two).
+    assert mine and all((w["resource"], w["subresource"]) == ("speculativemodels", "status") for w in mine), mine
+    assert len(mine) <= 2, mine
     # Repaired (the field removed): the operator resumes and rolls out the spec change.
     repair = {"status": {"speculation": {"lastDecision": None}}}
     kube.run("patch", "sm", name, "--subresource=status", "--type=merge", "-p", json.dumps(repair))
