@@ -4,7 +4,8 @@ Lanes (pytest-xdist, `-n N`): every worker is a lane with its own session operat
 namespaces (`e2e-<lane>-*`), so lanes share the cluster without acting on each other's models. The fleet driver
 is one per cluster (a kubelet serves every pod): the first lane that needs it starts it. Tests marked
 `exclusive` disturb the whole cluster (a control-plane restart, a CRD upgrade, the chart's cluster-scoped
-objects) and refuse to run in a lane; hack/test runs them in a pass of their own. docs/testing.md.
+objects) and refuse to run in a lane; hack/test runs them one by one on a second cluster of their own, beside
+the lanes. docs/testing.md.
 """
 
 from __future__ import annotations

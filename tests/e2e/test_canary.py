@@ -80,8 +80,15 @@ def settle(kube: Kube, name: str) -> str:
         conditions = kube.get("sm", name).get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
+    def describe() -> object:
+        conditions = kube.get("sm", name).get("status", {}).get("conditions", [])
+        return ([f"{c['type']}={c['status']} {c.get('reason')}: {c.get('message')}" for c in conditions],
+                [f"{p['metadata']['name']} {p['status'].get('phase')} on {p['spec'].get('nodeName')}"
+                 for p in kube.items("pods", f"specdec.io/model={name}")],
+                [f"{e['reason']}: {e['message']}" for e in kube.events(name)][-5:])
+
     # A bound, not a wait: at the start of a lane pass every lane starts pods at once.
-    wait_for(f"{name} Ready", ready, 180)
+    wait_for(f"{name} Ready", ready, 180, describe=describe)
     return stable_revision(kube, name)
 
 
