@@ -22,7 +22,7 @@ import pytest
 
 from localcluster.build import prometheus_operator_crd_files
 from localcluster.cluster import LocalCluster
-from tests.e2e.kube import Kube, wait_for
+from tests.e2e.kube import Kube, reader, wait_for
 from tests.e2e.lanes import LANE, NAMESPACE_PREFIX
 from tests.e2e.operator_process import FleetDriverProcess, OperatorFactory, OperatorProcess
 
@@ -121,7 +121,7 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
     name = f"{NAMESPACE_PREFIX}{base}-{uuid.uuid4().hex[:5]}"
     cluster.kubectl("create", "namespace", name)
     wait_for(f"default ServiceAccount in {name}",
-             lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False), 30)
+             lambda: reader(cluster).get("serviceaccount", "default", name, None), 30)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

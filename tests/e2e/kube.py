@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import yaml
 
 from localcluster.cluster import LocalCluster
+from tests.e2e.apireader import ApiReader
 
 T = TypeVar("T")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -31,6 +32,17 @@ def hub_secret_refs(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return refs
 
 
+_readers: dict[Path, ApiReader] = {}
+
+
+def reader(cluster: LocalCluster) -> ApiReader:
+    """One in-process reader per cluster (its connections are per thread)."""
+    path = cluster.paths.kubeconfig
+    if path not in _readers:
+        _readers[path] = ApiReader(path)
+    return _readers[path]
+
+
 class Kube:
     def __init__(self, cluster: LocalCluster, namespace: str | None = None) -> None:
         self.cluster = cluster
@@ -41,7 +53,11 @@ class Kube:
         return self.cluster.kubectl(*ns, *args, input_text=input_text, check=check)
 
     def get(self, kind: str, name: str | None = None, selector: str | None = None) -> Any:
-        """The object (or list) as JSON; None when a named object does not exist (yet)."""
+        """The object (or list) as JSON; None when a named object does not exist (yet). Read in-process
+        (tests/e2e/apireader.py: a kubectl process per poll cost the lanes a large share of the CPU); a
+        kind kubectl alone can parse (`deployments.apps`, `a,b`) still goes through kubectl."""
+        if not any(mark in kind for mark in "./,"):
+            return reader(self.cluster).get(kind, name, self.namespace, selector)
         args = ["get", kind, "-o", "json"]
         if name:
             args.insert(2, name)

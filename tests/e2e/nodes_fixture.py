@@ -11,7 +11,7 @@ import yaml
 
 from localcluster.cluster import LocalCluster, pod_network_octet
 from localcluster.fleet import Fleet, node_objects
-from tests.e2e.kube import wait_for
+from tests.e2e.kube import reader, wait_for
 from tests.e2e.lanes import MAX_TEST_NODES, first_test_network
 
 FLEET_LABEL = "specdec.io/e2e-fleet"
@@ -46,9 +46,12 @@ def apply_nodes(cluster: LocalCluster, nodes: list[dict[str, Any]]) -> list[str]
     cluster.kubectl("apply", "--server-side", "-f", "-",
                     input_text=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
     names = [node["metadata"]["name"] for node in nodes]
-    wait_for("test nodes Ready", lambda: all(cluster.kubectl(
-        "get", "node", name, "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == "True"
-        for name in names), 60)
+    def ready(name: str) -> bool:
+        node = reader(cluster).get("node", name, None, None)
+        return node is not None and any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in node.get("status", {}).get("conditions", []))
+
+    wait_for("test nodes Ready", lambda: all(ready(name) for name in names), 60)
     return names
 
 
