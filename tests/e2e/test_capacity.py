@@ -85,12 +85,15 @@ class ServingWatch:
         self.started = time.monotonic()
 
     def sample(self) -> int:
-        listed = pods(self.kube, self.name)
-        stable = sum(1 for p in listed if _ready(p) and p["metadata"]["labels"].get("specdec.io/track") == "stable")
-        canary = sum(1 for p in listed if _ready(p) and p["metadata"]["labels"].get("specdec.io/track") == "canary")
+        # The weight first, then the pods: a weight the operator set before the pods were read must be served by
+        # them. (Read the other way round, a weight set between the two reads was charged to pods listed before
+        # the canary pod that earned it was Ready: a failure of the test's own making under load.)
         status = self.kube.get("sm", self.name).get("status", {})
         weight = (status.get("canary") or {}).get("weight", 0) if (status.get("canary") or {}).get(
             "phase") in ("Progressing", "Paused") else 0
+        listed = pods(self.kube, self.name)
+        stable = sum(1 for p in listed if _ready(p) and p["metadata"]["labels"].get("specdec.io/track") == "stable")
+        canary = sum(1 for p in listed if _ready(p) and p["metadata"]["labels"].get("specdec.io/track") == "canary")
         self.samples.append((time.monotonic() - self.started, stable, canary, weight))
         self.fewest = min(self.fewest, stable + canary)
         return stable + canary

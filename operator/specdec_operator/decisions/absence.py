@@ -127,7 +127,9 @@ def hold_missing_pools(
         if now >= until:
             expired.append(gfx)
             continue
-        names = recorded.nodes or missing_names
+        # The nodes missing now: an outage that reaches the pool's nodes one by one grows the record (and a node
+        # that returned leaves it); the clock stays the first one's. A status from before nodeNames has no names.
+        names = missing_names or recorded.nodes
         record = NodesMissing(since=recorded.since, nodes=names)
         why = tuple(why_missing(name, gfx, inventory, spec) for name in names) or (
             skipped[gfx].message if gfx in skipped else f"{gfx}: fewer nodes than the pool's {before.replicas} "

@@ -188,3 +188,22 @@ def test_a_pool_whose_gpus_other_workloads_took_entirely_is_not_held() -> None:
     plan = evaluate(taken, SETTINGS_WITH_GRACE, T_OUTAGE)
     assert "gfx942" not in [p["gfxTarget"] for p in status_wire(plan)["pools"] if p.get("missing")]
     assert condition(plan, "Degraded")[1] == "InsufficientGpus"
+
+
+def test_nodes_that_go_missing_one_after_another_are_all_named_and_the_clock_keeps_the_first() -> None:
+    """An outage that reaches the pool's nodes one by one (a device plugin restarting node after node, a node
+    group replaced in turns): the record grows to name every missing node; its stamp stays the first one's."""
+    first, status = settled()
+    children = live_children(first)
+    one = evaluate(observed(SPEC, nodes=_edit(GFX942[:1], lambda n: None), status=status, children=children),
+                   SETTINGS_WITH_GRACE, T_OUTAGE)
+    assert pool(status_wire(one), "gfx942")["missing"] == {"since": T_OUTAGE, "nodes": list(GFX942[:1])}
+    two = evaluate(observed(SPEC, nodes=_edit(GFX942[:2], lambda n: None), status=status_wire(one), children=children),
+                   SETTINGS_WITH_GRACE, T_STILL)
+    assert pool(status_wire(two), "gfx942")["missing"] == {"since": T_OUTAGE, "nodes": sorted(GFX942[:2])}
+    assert all(name in condition(two, "Degraded")[2] for name in GFX942[:2])
+    assert two.delete == [] and [o for o in two.apply if o["kind"] == "Deployment"] == []
+    # One of them returns while the other is still missing: the record names only the one still missing.
+    back = evaluate(observed(SPEC, nodes=_edit(GFX942[1:2], lambda n: None), status=status_wire(two),
+                             children=children), SETTINGS_WITH_GRACE, T_STILL)
+    assert pool(status_wire(back), "gfx942")["missing"] == {"since": T_OUTAGE, "nodes": [GFX942[1]]}
