@@ -45,7 +45,9 @@ def model(name: str, namespace: str) -> dict[str, Any]:
         "spec": {
             "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
             "drafters": [{"method": "eagle3", "model": EAGLE_A}],
-            "speculation": {"initialK": 3, "minK": 1, "maxK": 8},
+            # Autotune off: the change under test is the drafter's alone (a K the tuner explored meanwhile would
+            # ride in the same canary and be judged with it; test_canary_traffic covers tuner K changes).
+            "speculation": {"initialK": 3, "minK": 1, "maxK": 8, "autotune": {"enabled": False}},
             # On a node of the test's own: the demo fleet's gfx942 nodes are shared by every lane.
             "placement": {"gfxTargets": ["gfx942"], "replicasPerPool": 2, "nodeSelector": {FLEET_LABEL: namespace},
                           "tolerations": [toleration_for_test_nodes(namespace)]},
