@@ -46,11 +46,13 @@ class FakeKubeApi(KubeApi):
         self.objects: dict[Key, dict[str, Any]] = {}
         self.calls: list[Call] = []
         self._versions = itertools.count(100)
+        self.version = 99  # the last resourceVersion handed out: what a LIST now is "as of"
         # (verb, kind) -> a function of the request body that returns an error to raise, or None to accept.
         self.refuse: dict[tuple[str, str], Callable[[Any], KubeApiError | None]] = {}
 
     def _stamp(self, obj: dict[str, Any]) -> None:
-        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        self.version = next(self._versions)
+        obj["metadata"]["resourceVersion"] = str(self.version)
 
     def _check(self, verb: str, kind: str, body: Any) -> None:
         rule = self.refuse.get((verb, kind))
@@ -92,6 +94,12 @@ class FakeKubeApi(KubeApi):
             and all(obj["metadata"].get("labels", {}).get(key) == value for key, value in wanted.items())
         ]
 
+    async def list_versioned(
+        self, kind: str, namespace: str, label_selector: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        self.calls.append(Call("list", kind, label_selector))
+        return await self.list(kind, namespace, label_selector), str(self.version)
+
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         self.calls.append(Call("apply", obj["kind"], meta["name"], copy.deepcopy(dict(obj))))
@@ -120,7 +128,8 @@ class FakeKubeApi(KubeApi):
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         self.calls.append(Call("delete", kind, name))
-        self.objects.pop((kind, namespace, name), None)
+        if self.objects.pop((kind, namespace, name), None) is not None:
+            self.version = next(self._versions)  # a deletion is a point in the server's history too
 
     async def patch_merge(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         self.calls.append(Call("patch", kind, name, copy.deepcopy(dict(patch))))
