@@ -62,6 +62,8 @@ class ReconcilePlan:
     status_unreadable: tuple[str, ...] = ()
     # What the conditions were computed from, so a later fact (a refused write) re-runs the one policy.
     conditions: ConditionFacts | None = None
+    # Why nothing at all may be decided or written this pass (inputs not known yet); the loop retries soon.
+    held: str | None = None
 
 
 def validation_message(error: ValidationError) -> str:
@@ -162,6 +164,10 @@ def evaluate(
 ) -> ReconcilePlan:
     """Render from status: each pool's K is `status.pools[].effectiveK` (the tuner writes its decisions there
     first). `refusals` are the API server's messages for owned objects it refused on earlier attempts."""
+    if not observed.children_known:
+        # Not listed is not absent: a pass that took a lagging cache for the cluster would recreate what runs
+        # (a stable Deployment at the canary's revision) and delete what it has not seen change.
+        return ReconcilePlan(held="owned objects and pods not in the watch cache yet")
     read = read_status(observed.status)
     if read.problems:
         return _unreadable(observed, read, now)

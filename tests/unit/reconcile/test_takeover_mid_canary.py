@@ -10,6 +10,7 @@ Deployment, or without its canary Deployment.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate
@@ -110,3 +111,11 @@ def test_a_held_pool_says_why_and_a_spec_back_at_the_stable_revision_renders_it(
     # The spec that rendered the stable revision can render it again: nothing to wait for.
     reverted = evaluate(observed(SPEC, status=status, children=seen), SETTINGS, T3)
     assert revision(deployments(reverted)[POOL]) == stable
+
+
+def test_a_pass_whose_owned_objects_are_not_known_yet_decides_and_writes_nothing() -> None:
+    children, status, _, _ = at_step_one()
+    unknown = replace(observed(CHANGED, status=status, children=without(children, POOL)), children_known=False)
+    plan = evaluate(unknown, SETTINGS, T3)
+    assert plan.held is not None
+    assert (plan.apply, plan.delete, plan.status, plan.events, plan.route_weight) == ([], [], None, [], None)
