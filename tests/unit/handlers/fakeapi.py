@@ -156,10 +156,28 @@ class FakeKubeApi(KubeApi):
         return None
 
 
+class KopfView:
+    """The objects kopf's indices are built from on a replica that paused: what they were when kopf closed its
+    watches, until its re-list catches up with the API; and, after that too, objects deleted meanwhile, which a
+    re-list never drops from kopf's indices."""
+
+    def __init__(self, api: FakeKubeApi, at_pause: dict[Key, dict[str, Any]]) -> None:
+        self.api = api
+        self.frozen: dict[Key, dict[str, Any]] | None = copy.deepcopy(at_pause)
+        self.ghosts: dict[Key, dict[str, Any]] = {}
+
+    @property
+    def objects(self) -> dict[Key, dict[str, Any]]:
+        return {**(self.api.objects if self.frozen is None else self.frozen), **self.ghosts}
+
+    def catch_up(self) -> None:
+        self.frozen = None
+
+
 class LiveIndex(Mapping[Any, list[dict[str, Any]]]):
     """One kopf index as it stands once kopf's watch has caught up with the fake API's objects."""
 
-    def __init__(self, api: FakeKubeApi, kind: str, handler: Callable[..., Any]) -> None:
+    def __init__(self, api: FakeKubeApi | KopfView, kind: str, handler: Callable[..., Any]) -> None:
         self._api, self._kind, self._handler = api, kind, handler
 
     def _entries(self) -> dict[Any, list[dict[str, Any]]]:
@@ -183,7 +201,7 @@ class LiveIndex(Mapping[Any, list[dict[str, Any]]]):
         return len(self._entries())
 
 
-def live_indices(api: FakeKubeApi) -> dict[str, LiveIndex]:
+def live_indices(api: FakeKubeApi | KopfView) -> dict[str, LiveIndex]:
     """What kopf hands a model loop: every index the operator declares, over the fake API's objects."""
     return {name: LiveIndex(api, kind, handler) for name, (kind, handler) in INDEX_HANDLERS.items()}
 
