@@ -1,4 +1,12 @@
-"""What gather() and the scrape path read instead of LISTs: the kopf indices of handlers/watches.py."""
+"""What gather() and the scrape path read instead of LISTs: the kopf indices of handlers/watches.py.
+
+Kopf fills every index before the first model loop starts, but only once in a process's life. A replica that
+paused for a peer (kopf closes every watch) and resumes re-lists each kind on its own while the model loops
+already run, so for a while an index holds what it held when the replica paused: objects created meanwhile
+are missing and objects deleted meanwhile are still there (kopf never drops an object a re-list no longer
+returns). After a pause a model's loop therefore checks the indices against a LIST before it trusts them
+(handlers/resync.py); the objects a LIST proved deleted are left out of every read here.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +27,24 @@ class WatchCache:
         self._indices: Mapping[str, Any] = {}
         # What last woke each model: its spec generation, labels, annotations and deletion mark.
         self._seen: dict[tuple[str, str], tuple[Any, ...]] = {}
+        # The replica paused since kopf filled the indices: they may lag the cluster (see the module's doc).
+        self.may_lag = False
+        # (kind, uid, resourceVersion) of indexed objects a LIST proved deleted: kopf keeps them, reads skip them.
+        self._gone: set[tuple[str, str, str]] = set()
+
+    def paused(self) -> None:
+        """Kopf closed the watches for a peer: once resumed, each index catches up on its own."""
+        self.may_lag = True
+
+    def bury(self, gone: Iterable[tuple[str, str, str]]) -> None:
+        self._gone.update(gone)
+
+    def _live(self, body: Mapping[str, Any]) -> bool:
+        if not self._gone:
+            return True
+        meta = body.get("metadata", {})
+        return (str(body.get("kind", "")), str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))) \
+            not in self._gone
 
     def bind(self, handler_kwargs: Mapping[str, Any]) -> None:
         if not self._indices:
@@ -34,15 +60,22 @@ class WatchCache:
         found: dict[tuple[str, str], Mapping[str, Any]] = {}
         for kind, index_name in CHILD_INDICES.items():
             for body in _store(self._indices[index_name], (namespace, uid)):
-                found[(kind, body["metadata"]["name"])] = body
+                if self._live(body):
+                    found[(kind, body["metadata"]["name"])] = body
         return found
+
+    def indexed(self, namespace: str, uid: str, model_label: str) -> list[Mapping[str, Any]]:
+        """Everything the indices hold of the model (owned objects and runtime pods), as kopf keeps it."""
+        found = [body for index_name in CHILD_INDICES.values()
+                 for body in _store(self._indices[index_name], (namespace, uid))]
+        return found + list(_store(self._indices["runtime_pods"], (namespace, model_label)))
 
     def count(self) -> int:
         """Objects in the bound indices (owned objects and runtime pods): how big the watched fleet is."""
         return sum(len(store) for index in self._indices.values() for store in index.values())
 
     def pods(self, namespace: str, model_label: str) -> list[Mapping[str, Any]]:
-        return list(_store(self._indices["runtime_pods"], (namespace, model_label)))
+        return [body for body in _store(self._indices["runtime_pods"], (namespace, model_label)) if self._live(body)]
 
     def model_changed(self, key: tuple[str, str], event_type: str | None, body: Mapping[str, Any]) -> bool:
         """Whether this watch event of a model is a change its loop must see (not just a status write)."""

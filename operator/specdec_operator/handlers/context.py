@@ -18,6 +18,7 @@ from specdec_operator.render.names import label_value
 from specdec_operator.settings import OperatorSettings
 
 if TYPE_CHECKING:
+    from specdec_operator.handlers.resync import Listing
     from specdec_operator.handlers.scrapes import ScrapeScheduler
     from specdec_operator.handlers.tuning import ModelTuner
     from specdec_operator.handlers.writes import Refusals
@@ -45,6 +46,9 @@ class ModelMemory:
     # (reason, message) of a Gateway that refuses the model's HTTPRoute as last read: the canary step holds.
     route_rejection: tuple[str, str] | None = None
     route_warning: tuple[str, str] | None = None  # the route problem last posted as an event, posted once
+    # After a pause the watch cache is trusted for this model once it caught up with a LIST (handlers/resync.py).
+    cache_trusted: bool = False
+    listing: Listing | None = None  # the last LIST it was compared with
 
 
 @dataclass

@@ -17,6 +17,7 @@ maintains.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from specdec_operator.metrics import ACTIVE, forget_all_models
 
@@ -28,10 +29,11 @@ _RESUMED_PREFIX = "Resuming operations"
 class LeadershipTracker(logging.Handler):
     """Counts paused peering objects; the replica acts when none is paused."""
 
-    def __init__(self, peerings: int, standalone: bool) -> None:
+    def __init__(self, peerings: int, standalone: bool, on_pause: Callable[[], None] | None = None) -> None:
         super().__init__(level=logging.DEBUG)
         self.peerings = max(peerings, 1)
         self.paused = 0 if standalone else self.peerings
+        self._on_pause = on_pause
         self._publish()
 
     @property
@@ -42,6 +44,8 @@ class LeadershipTracker(logging.Handler):
         message = record.getMessage()
         if message.startswith(_PAUSED_PREFIXES):
             self.paused = min(self.paused + 1, self.peerings)
+            if self._on_pause is not None:
+                self._on_pause()  # kopf closed its watches: once resumed, its indices catch up kind by kind
         elif message.startswith(_RESUMED_PREFIX):
             self.paused = max(self.paused - 1, 0)
         else:
@@ -54,12 +58,15 @@ class LeadershipTracker(logging.Handler):
             forget_all_models()
 
 
-def track_leadership(peerings: int, standalone: bool) -> LeadershipTracker:
-    """Attach a tracker to kopf's peering logger (replacing one attached before) and return it."""
+def track_leadership(
+    peerings: int, standalone: bool, on_pause: Callable[[], None] | None = None
+) -> LeadershipTracker:
+    """Attach a tracker to kopf's peering logger (replacing one attached before) and return it. `on_pause` is
+    called whenever kopf pauses this replica (handlers/cache.py: its indices may lag once it resumes)."""
     logger = logging.getLogger(KOPF_PEERING_LOGGER)
     for handler in [h for h in logger.handlers if isinstance(h, LeadershipTracker)]:
         logger.removeHandler(handler)
-    tracker = LeadershipTracker(peerings, standalone)
+    tracker = LeadershipTracker(peerings, standalone, on_pause)
     logger.addHandler(tracker)
     if logger.getEffectiveLevel() > logging.INFO:
         # The lines we read are INFO and WARNING; keep them flowing even when kopf is configured quieter.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from specdec_operator.conditions import apply_updates, summarize
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.handlers.resync import cache_known
 from specdec_operator.handlers.traffic import clear_manual_action, read_route, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
 from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, write_status
@@ -37,6 +39,7 @@ from specdec_operator.reconcile.tuning_inputs import rolling_pools
 from specdec_operator.render.names import label_value
 
 OWNED_KINDS = ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget")
+LOG = logging.getLogger(__name__)
 # Canary events that end a rollout, and the result label they count under.
 ROLLOUT_RESULTS = {
     "CanaryPromoted": "promoted",
@@ -59,6 +62,7 @@ async def gather(
 ) -> ObservedModel:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    known = await cache_known(ctx, namespace, name, uid, logger or LOG)
     # Owned objects come from the watch cache, already filtered to our labels and indexed by owner uid.
     children = ctx.cache.children(namespace, uid)
     # The HTTPRoute is not ours (no owner reference, no watch): read it, status and all, once per pass.
@@ -77,6 +81,7 @@ async def gather(
         pods=ctx.cache.pods(namespace, label_value(name)),
         route=route,
         route_read=route_read,
+        children_known=known,
     )
 
 
@@ -191,7 +196,10 @@ async def _decision_stored(ctx: OperatorContext, observed: ObservedModel, decisi
 
 
 async def _tune(ctx: OperatorContext, observed: ObservedModel, logger: Logger) -> TuningOutcome:
-    """Tuning needs a valid spec, a readable status and pools that exist; anything else is the plan's to report."""
+    """Tuning needs a valid spec, a readable status, pools that exist and known pods; anything else is the
+    plan's to report."""
+    if not observed.children_known:
+        return TuningOutcome()
     try:
         spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
     except ValidationError:
@@ -226,6 +234,10 @@ async def reconcile(
             observed, ctx.evaluation_settings, utc_now(), speculation=tuning.speculation, verdicts=tuning.verdicts,
             refusals=refusals_of(ctx, key).summary(),
         )
+        if plan.held is not None:
+            logger.debug("reconcile held: %s", plan.held)
+            RECONCILES.labels(result="ok").inc()
+            return plan
         plan.events.extend(tuning.events)
         if plan.status is not None and ctx.settings.shard:
             plan.status.shard = ctx.settings.shard  # which install owns the model, for sharded fleets

@@ -60,7 +60,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     if not operator_settings.standalone:
         await ensure_peering(api, operator_settings)
     # Before kopf's peering starts (it waits for the startup handlers): kopf's first verdict is not missed.
-    track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone)
+    track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone,
+                     on_pause=memo.context.cache.paused)
     if operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))
@@ -176,7 +177,8 @@ async def reconcile_loop(
     gpu_pods: kopf.Index[str, PodGpus] = kwargs["gpu_pods"]
     context: OperatorContext = memo.context
     wakeup = context.wakeup(namespace, name)
-    context.cache.bind(kwargs)  # kopf filled every index before starting this loop
+    # Kopf filled every index before the first loop started; after a pause they may lag (handlers/resync.py).
+    context.cache.bind(kwargs)
     schedule = LoopSchedule(context.settings.reconcile_interval_seconds)
     nudged = True
     try:
@@ -189,7 +191,7 @@ async def reconcile_loop(
                 nodes, claims = context.fleet.read(gpu_nodes, gpu_pods, now)
                 try:
                     plan = await reconcile(context, body, nodes, logger, claims)
-                    schedule.succeeded(time.monotonic(), plan.invalid_spec is not None)
+                    schedule.succeeded(time.monotonic(), plan.invalid_spec is not None, plan.held is not None)
                 except KubeApiError as error:
                     # The API said no (a terminating namespace, a conflict, a missing CRD): back off and retry.
                     delay = schedule.failed(time.monotonic(), error.retry_after_s)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from specdec_operator.kube.retry import Backoff
 
+HELD_RETRY_S = 1.0
+
 
 @dataclass
 class LoopSchedule:
@@ -35,10 +37,11 @@ class LoopSchedule:
         """Call after every full reconcile with the due times as they stand afterwards."""
         self._spent = {t for t in (evaluation_at, retry_at) if t is not None and t <= now}
 
-    def succeeded(self, now: float, invalid_spec: bool) -> None:
+    def succeeded(self, now: float, invalid_spec: bool, held: bool = False) -> None:
         self.failures = 0
-        # An invalid spec cannot heal by retrying: wait for the next change instead of the interval.
-        self.next_full = now + (3600.0 if invalid_spec else self.reconcile_interval_s)
+        # An invalid spec cannot heal by retrying: wait for the next change instead of the interval. A held
+        # pass (its inputs not known yet, e.g. a watch cache catching up) tries again soon.
+        self.next_full = now + (3600.0 if invalid_spec else HELD_RETRY_S if held else self.reconcile_interval_s)
 
     def failed(self, now: float, retry_after_s: float | None = None) -> float:
         delay = self.error_backoff.delay(self.failures, retry_after_s)

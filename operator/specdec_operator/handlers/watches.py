@@ -6,7 +6,8 @@ Now kopf keeps one watch per kind, filtered on the API server by our managed-by 
 (`filter_watches`; pods excepted, as free-GPU counts need every pod), and indexes the objects by
 owning model; gather() and the scrape path read the indices (handlers/cache.py). Kopf fills every
 index before any model loop starts, so a restarted operator never mistakes "not listed yet" for
-"missing".
+"missing"; but only once per process: after a pause for a peer the indices are checked against a LIST
+before a model's loop trusts them (handlers/resync.py).
 
 What wakes a model's loop: a change of its spec, metadata or deletion (not of its status: our own
 status writes must not echo into another reconcile), and any change of an object it owns. Pods do not
@@ -85,7 +86,8 @@ def index_pdb(body: Mapping[str, Any]) -> dict[ChildKey, dict[str, Any]] | None:
 # What the scrape path and the canary read of a runtime pod (reconcile/tuning_inputs.py scrape_targets,
 # canary/evidence.py pod_restarts). The rest, its spec above all, is most of a pod's size, and 2,000 of them
 # held for nothing were both resident memory and, once freed, heap the allocator could not give back.
-POD_METADATA_KEYS = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp")
+# The resourceVersion tells a lagging index from a current one (handlers/resync.py).
+POD_METADATA_KEYS = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "deletionTimestamp")
 
 
 def runtime_pod_view(body: Mapping[str, Any]) -> dict[str, Any]:

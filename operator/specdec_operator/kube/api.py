@@ -161,13 +161,20 @@ class KubeApi:
             raise
         return result
 
-    async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    async def list_versioned(
+        self, kind: str, namespace: str, label_selector: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The items, and the list's own resourceVersion: the point in the API server's history they are from."""
         result = await self._call(
             "GET", self._path(kind, namespace), query=[("labelSelector", label_selector)]
         )
         # List responses omit apiVersion and kind on items; restore them so items compare like single GETs.
         api_version = RESOURCES[kind][0].split("/", 1)[1]
-        return [{"apiVersion": api_version, "kind": kind, **item} for item in result.get("items", [])]
+        items = [{"apiVersion": api_version, "kind": kind, **item} for item in result.get("items", [])]
+        return items, str((result.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return (await self.list_versioned(kind, namespace, label_selector))[0]
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply with force: we are the only writer of the fields we declare."""

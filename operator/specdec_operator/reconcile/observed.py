@@ -31,6 +31,9 @@ class ObservedModel:
     # was read (a model without the ref, or a caller that did not gather it, has nothing to judge).
     route: Mapping[str, Any] | None = None
     route_read: bool = False
+    # False: the watch cache may not hold the model's owned objects and pods yet (a replica that resumed after a
+    # pause, handlers/resync.py); what `children` and `pods` lack is then unknown, not absent.
+    children_known: bool = True
 
     def children_of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         return [body for (child_kind, _), body in sorted(self.children.items()) if child_kind == kind]

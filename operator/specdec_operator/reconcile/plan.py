@@ -62,6 +62,8 @@ class ReconcilePlan:
     status_unreadable: tuple[str, ...] = ()
     # What the conditions were computed from, so a later fact (a refused write) re-runs the one policy.
     conditions: ConditionFacts | None = None
+    # Why nothing at all may be decided or written this pass (inputs not known yet); the loop retries soon.
+    held: str | None = None
 
 
 def validation_message(error: ValidationError) -> str:
@@ -162,6 +164,10 @@ def evaluate(
 ) -> ReconcilePlan:
     """Render from status: each pool's K is `status.pools[].effectiveK` (the tuner writes its decisions there
     first). `refusals` are the API server's messages for owned objects it refused on earlier attempts."""
+    if not observed.children_known:
+        # Not listed is not absent: a pass that took a lagging cache for the cluster would recreate what runs
+        # (a stable Deployment at the canary's revision) and delete what it has not seen change.
+        return ReconcilePlan(held="owned objects and pods not in the watch cache yet")
     read = read_status(observed.status)
     if read.problems:
         return _unreadable(observed, read, now)
@@ -236,12 +242,14 @@ def evaluate(
         obj for obj in desired
         if not covers(observed.children.get((obj["kind"], obj["metadata"]["name"])), obj)
     ]
-    wanted = {(obj["kind"], obj["metadata"]["name"]) for obj in desired}
+    wanted = {(obj["kind"], obj["metadata"]["name"]) for obj in [*desired, *rollout.kept]}
     stable_revisions = {
         obj["metadata"]["labels"][contract.LABEL_POOL]: obj["spec"]["template"]["metadata"]["labels"][
             contract.LABEL_REVISION]
         for obj in rollout.deployments if obj["metadata"]["labels"].get(contract.LABEL_TRACK) == "stable"
     }
+    if rollout.canary is not None:
+        stable_revisions.update({name: rollout.canary.stable_revision for name in rollout.held})
     route_finding = None
     if route is not None and observed.route_read:
         verdict = route_verdict(route.namespace or observed.namespace, route.name, observed.route)
@@ -253,6 +261,8 @@ def evaluate(
     pool_statuses += held_whole
     facts = placement_facts(placement, pools, live_deployments, stable_revisions, held_whole)
     canary_progress, canary_failed = canary_facts(rollout.canary, pools)
+    if canary_progress is not None and rollout.held and rollout.canary is not None:
+        canary_progress = Finding(canary_progress.reason, f"{canary_progress.message}; {_held_message(rollout)}")
     failures = pod_failures(observed.pods, contract.LABEL_POOL)
     # Unschedulable pods are reported as PodsUnschedulable once they waited past a replacement's grace.
     failure_findings = tuple(Finding(reason, message)
@@ -269,7 +279,7 @@ def evaluate(
     )
     status = build_status(observed, previous, pool_statuses, summarize(condition_facts), now, speculation,
                           rollout.canary)
-    referenced = _referenced_config_maps(rollout.deployments)
+    referenced = _referenced_config_maps([*rollout.deployments, *rollout.kept])
     return ReconcilePlan(
         apply=to_apply,
         delete=_stale_children(observed, wanted | referenced | _draining_canaries(observed, route), pools,
@@ -285,6 +295,13 @@ def evaluate(
         route_weight=rollout.route_weight if route is not None else None,
         clear_action=rollout.clear_action or bool(action_events),
     )
+
+
+def _held_message(rollout: RolloutResult) -> str:
+    assert rollout.canary is not None
+    return (f"stable Deployment of {', '.join(rollout.held)} not observed: its revision "
+            f"{rollout.canary.stable_revision} cannot be rendered from the spec, so the pool is held as it is until "
+            f"the Deployment is seen (or the spec asks for {rollout.canary.stable_revision} again)")
 
 
 def _route_percent(observed: ObservedModel, route: ObjectRef | None) -> int | None:
@@ -352,7 +369,7 @@ def _live_revision(deployment: Mapping[str, Any] | None) -> str | None:
     return str(revision) if revision else None
 
 
-def _referenced_config_maps(deployments: list[dict[str, Any]]) -> set[tuple[str, str]]:
+def _referenced_config_maps(deployments: Sequence[Mapping[str, Any]]) -> set[tuple[str, str]]:
     """ConfigMaps a Deployment we keep still mounts (a stable revision held during a canary)."""
     names = set()
     for deployment in deployments:

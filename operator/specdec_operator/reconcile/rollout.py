@@ -45,6 +45,10 @@ class RolloutResult:
     # A tuner K change whose canary failed in this pass: the record the tuner reads before it decides again.
     rejected: RejectedK | None = None
     clear_action: bool = False
+    # Pools held as they are: their canary is in flight but their stable Deployment was not observed, so
+    # nothing is written for their Deployments (the live ones here are kept) and the route is left alone.
+    held: list[str] = field(default_factory=list)
+    kept: list[Mapping[str, Any]] = field(default_factory=list)  # live Deployments of held pools, untouched
 
 
 def _template_revision(deployment: Mapping[str, Any] | None) -> str | None:
@@ -124,11 +128,25 @@ def _with(deployment: Mapping[str, Any], template: Mapping[str, Any], replicas: 
 def stable_revision(
     live: Mapping[str, Any] | None, previous: CanaryStatus | None, pool: str, rolling: set[str]
 ) -> str | None:
-    """The revision the stable Deployment is ready at; while it rolls (a promotion), the one it left."""
-    revision = _template_revision(live)
-    if pool in rolling and previous is not None and previous.pool == pool:
+    """The revision the stable Deployment serves.
+
+    While the pool's canary is in flight, status.canary.stableRevision says it: the one source of truth for
+    that fact, so a live template read from a cache that lags (a replica that just took over), edited by hand
+    or rolled by mistake never turns into "the desired revision is the stable one again". While the stable
+    rolls (a promotion), the revision it left; otherwise the live template's.
+    """
+    if previous is not None and previous.pool == pool and (previous.phase in IN_FLIGHT_PHASES or pool in rolling):
         return previous.stable_revision
-    return revision
+    return _template_revision(live)
+
+
+def _stable_unrenderable(pool: DesiredPool, previous: CanaryStatus | None, rollout: Rollout) -> bool:
+    """The pool's canary is in flight and its stable revision is not the desired one: the spec renders only the
+    desired (the canary's) revision, so a stable Deployment rendered now would roll the canary out unanalysed."""
+    return (
+        rollout.strategy == "Canary" and previous is not None and previous.pool == pool.name
+        and previous.phase in IN_FLIGHT_PHASES and previous.stable_revision != pool.revision
+    )
 
 
 def plan_rollout(
@@ -175,6 +193,14 @@ def _plan_rollout(
     canary_pool = _canary_candidate(pools, live, previous, rollout, rolling)
     for pool in pools:
         stable_live = live.get(pool.name)
+        if stable_live is None and _stable_unrenderable(pool, previous, rollout):
+            # Not observed is not absent: a replica that took over may read its watch cache before the
+            # Deployments are listed again. Hold the pool until its stable Deployment is seen.
+            result.held.append(pool.name)
+            result.kept += [body for name in (pool.name, deployment_name(pool.name, "canary"))
+                            if (body := live.get(name)) is not None]
+            result.route_weight = None
+            continue
         if rollout.strategy == "Rolling" or stable_live is None or pool.name != canary_pool:
             held = canary_pool is not None and rollout.strategy == "Canary"
             if held and stable_live is not None and _template_revision(stable_live) != pool.revision:

@@ -46,11 +46,13 @@ class FakeKubeApi(KubeApi):
         self.objects: dict[Key, dict[str, Any]] = {}
         self.calls: list[Call] = []
         self._versions = itertools.count(100)
+        self.version = 99  # the last resourceVersion handed out: what a LIST now is "as of"
         # (verb, kind) -> a function of the request body that returns an error to raise, or None to accept.
         self.refuse: dict[tuple[str, str], Callable[[Any], KubeApiError | None]] = {}
 
     def _stamp(self, obj: dict[str, Any]) -> None:
-        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        self.version = next(self._versions)
+        obj["metadata"]["resourceVersion"] = str(self.version)
 
     def _check(self, verb: str, kind: str, body: Any) -> None:
         rule = self.refuse.get((verb, kind))
@@ -92,6 +94,12 @@ class FakeKubeApi(KubeApi):
             and all(obj["metadata"].get("labels", {}).get(key) == value for key, value in wanted.items())
         ]
 
+    async def list_versioned(
+        self, kind: str, namespace: str, label_selector: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        self.calls.append(Call("list", kind, label_selector))
+        return await self.list(kind, namespace, label_selector), str(self.version)
+
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         self.calls.append(Call("apply", obj["kind"], meta["name"], copy.deepcopy(dict(obj))))
@@ -120,7 +128,8 @@ class FakeKubeApi(KubeApi):
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         self.calls.append(Call("delete", kind, name))
-        self.objects.pop((kind, namespace, name), None)
+        if self.objects.pop((kind, namespace, name), None) is not None:
+            self.version = next(self._versions)  # a deletion is a point in the server's history too
 
     async def patch_merge(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         self.calls.append(Call("patch", kind, name, copy.deepcopy(dict(patch))))
@@ -147,10 +156,28 @@ class FakeKubeApi(KubeApi):
         return None
 
 
+class KopfView:
+    """The objects kopf's indices are built from on a replica that paused: what they were when kopf closed its
+    watches, until its re-list catches up with the API; and, after that too, objects deleted meanwhile, which a
+    re-list never drops from kopf's indices."""
+
+    def __init__(self, api: FakeKubeApi, at_pause: dict[Key, dict[str, Any]]) -> None:
+        self.api = api
+        self.frozen: dict[Key, dict[str, Any]] | None = copy.deepcopy(at_pause)
+        self.ghosts: dict[Key, dict[str, Any]] = {}
+
+    @property
+    def objects(self) -> dict[Key, dict[str, Any]]:
+        return {**(self.api.objects if self.frozen is None else self.frozen), **self.ghosts}
+
+    def catch_up(self) -> None:
+        self.frozen = None
+
+
 class LiveIndex(Mapping[Any, list[dict[str, Any]]]):
     """One kopf index as it stands once kopf's watch has caught up with the fake API's objects."""
 
-    def __init__(self, api: FakeKubeApi, kind: str, handler: Callable[..., Any]) -> None:
+    def __init__(self, api: FakeKubeApi | KopfView, kind: str, handler: Callable[..., Any]) -> None:
         self._api, self._kind, self._handler = api, kind, handler
 
     def _entries(self) -> dict[Any, list[dict[str, Any]]]:
@@ -174,7 +201,7 @@ class LiveIndex(Mapping[Any, list[dict[str, Any]]]):
         return len(self._entries())
 
 
-def live_indices(api: FakeKubeApi) -> dict[str, LiveIndex]:
+def live_indices(api: FakeKubeApi | KopfView) -> dict[str, LiveIndex]:
     """What kopf hands a model loop: every index the operator declares, over the fake API's objects."""
     return {name: LiveIndex(api, kind, handler) for name, (kind, handler) in INDEX_HANDLERS.items()}
 

@@ -58,3 +58,12 @@ def test_failures_back_off_exponentially_and_a_nudge_does_not_cut_the_wait() -> 
 def test_retry_after_sets_the_floor_of_a_failure_backoff() -> None:
     schedule = LoopSchedule(reconcile_interval_s=30.0, error_backoff=Backoff(base_s=0.1, cap_s=60.0))
     assert schedule.failed(0.0, retry_after_s=5.0) == 5.0
+
+
+def test_a_held_pass_tries_again_soon_without_counting_as_a_failure() -> None:
+    schedule = LoopSchedule(reconcile_interval_s=30.0)
+    schedule.succeeded(0.0, invalid_spec=False, held=True)
+    schedule.ran_full(0.0, evaluation_at=None, retry_at=None)
+    assert schedule.failures == 0
+    assert not schedule.full_due(now=0.5, nudged=False, evaluation_at=None, retry_at=None)
+    assert schedule.full_due(now=1.0, nudged=False, evaluation_at=None, retry_at=None)

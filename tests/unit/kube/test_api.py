@@ -130,3 +130,19 @@ async def test_a_stuck_connection_times_out_and_is_retried(server: tuple[Server,
     assert raised.value.status == 0 and not raised.value.refused
     assert len(state.requests) == 2 and len(sleeps) == 1
     assert loop.time() - started < 1.5  # two timed-out tries, not one 2 s hang
+
+
+async def test_a_list_keeps_the_lists_resource_version_and_names_its_items(server: tuple[Server, str]) -> None:
+    state, host = server
+    state.answers = [reply(200, json.dumps({"kind": "DeploymentList", "apiVersion": "apps/v1",
+                                            "metadata": {"resourceVersion": "912"},
+                                            "items": [{"metadata": {"name": "d", "resourceVersion": "880"}}]}))]
+    api = api_for(host, [])
+    try:
+        items, version = await api.list_versioned("Deployment", "ns", "a=b")
+    finally:
+        await api.close()
+    assert version == "912"
+    assert items == [{"apiVersion": "apps/v1", "kind": "Deployment",
+                      "metadata": {"name": "d", "resourceVersion": "880"}}]
+    assert state.requests[-1][:2] == ("GET", "/apis/apps/v1/namespaces/ns/deployments?labelSelector=a%3Db")

@@ -14,6 +14,7 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.structs import references
 from kopf._core.engines import peering
 
+from specdec_operator.handlers.cache import WatchCache
 from specdec_operator.handlers.leadership import KOPF_PEERING_LOGGER, LeadershipTracker, track_leadership
 from specdec_operator.metrics import ACTIVE, EFFECTIVE_K, REGISTRY
 
@@ -127,3 +128,18 @@ def test_pausing_drops_every_model_series() -> None:
     assert REGISTRY.get_sample_value("specdec_effective_k", {"namespace": "team-a", "model": "llama",
                                                              "pool": "gfx942"}) is None
     assert ACTIVE is not None
+
+
+async def test_a_pause_after_acting_marks_the_watch_cache_as_lagging() -> None:
+    # Kopf fills its indices once; a replica that acted, paused for a peer and resumes reads them while
+    # kopf lists every kind again (handlers/resync.py). A standby that never acted gets kopf's first fill.
+    cache = WatchCache()
+    track_leadership(1, standalone=False, on_pause=cache.paused)
+    kopf_peering = KopfPeering()
+    toggle = await kopf_peering.add_peering_object()
+    await kopf_peering.observe(toggle, {"operator-b": _peer(MY_PRIORITY + 1)})  # a standby from the start
+    assert not cache.may_lag
+    await kopf_peering.observe(toggle, {"operator-b": _peer(MY_PRIORITY + 1, seconds_ago=120)})  # it died
+    assert kopf_peering.kopf_says_active and not cache.may_lag
+    await kopf_peering.observe(toggle, {"operator-c": _peer(MY_PRIORITY + 7)})  # a higher one joins: pause
+    assert not kopf_peering.kopf_says_active and cache.may_lag
