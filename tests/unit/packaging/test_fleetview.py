@@ -324,16 +324,23 @@ def _sigint_as_at_a_terminal() -> None:
 
 
 def _wait_for_line(process: subprocess.Popen[str], pattern: str) -> None:
+    """Read the plugin's lines until one matches; fail on EOF, or after 30 s of lines that do not match.
+
+    The 30 s run from the first line read, not from the call: a plugin that needs longer than that to import
+    and connect (50 s on a loaded CI machine) writes its first frame's leading newline after the old deadline,
+    and the frame's header, the very next line, was never read. pytest-timeout bounds a plugin that never writes.
+    """
     assert process.stdout is not None
-    seen = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    seen: list[str] = []
+    deadline: float | None = None
+    while deadline is None or time.monotonic() < deadline:
         line = process.stdout.readline()
         if not line:
             break
         seen.append(line)
         if re.search(pattern, line):
             return
+        deadline = deadline or time.monotonic() + 30
     raise AssertionError(f"no line matches {pattern!r} in:\n{''.join(seen[-40:])}")
 
 
