@@ -50,6 +50,24 @@ K_CHANGES = Counter("specdec_k_changes", "Changes of a pool's effective K.", _PO
 TUNER_DECISIONS = Counter(
     "specdec_tuner_decisions", "Tuner decisions by action.", (*_POOL, "action"), registry=REGISTRY
 )
+TUNER_SAMPLES = Gauge(
+    "specdec_tuner_samples", "Samples (drafts; engine steps at K=0) at the pool's current K in its decision window.",
+    _POOL, registry=REGISTRY,
+)
+TUNER_MIN_SAMPLES = Gauge(
+    "specdec_tuner_min_samples", "Samples a decision window needs before the tuner weighs a change (minSamples).",
+    _POOL, registry=REGISTRY,
+)
+TUNER_WINDOW_START = Gauge(
+    "specdec_tuner_window_start_timestamp_seconds",
+    "Unix time the pool's decision window last started (it moves on while the pool's pods roll).",
+    _POOL, registry=REGISTRY,
+)
+TUNER_WINDOW_RESTARTS = Counter(
+    "specdec_tuner_window_restarts",
+    "Restarts of a pool's decision window by cause: resize, k_change, drafter, rollout.",
+    (*_POOL, "cause"), registry=REGISTRY,
+)
 CANARY_WEIGHT = Gauge("specdec_canary_weight", "Percent of traffic on the canary.", _POOL, registry=REGISTRY)
 ROLLOUTS = Counter(
     "specdec_rollouts", "Finished canary rollouts by result.", (*_POOL, "result"), registry=REGISTRY
@@ -85,7 +103,8 @@ MODEL_CONDITION = Gauge(
 # when this replica stops acting for it (standby), so dashboards and alerts never read a stale number.
 MODEL_METRICS: tuple[Gauge | Counter, ...] = (
     EFFECTIVE_K, RECOMMENDED_K, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH, POSITION_ACCEPTANCE, TOKENS_PER_SECOND,
-    K_CHANGES, TUNER_DECISIONS, CANARY_WEIGHT, ROLLOUTS,
+    K_CHANGES, TUNER_DECISIONS, TUNER_SAMPLES, TUNER_MIN_SAMPLES, TUNER_WINDOW_START, TUNER_WINDOW_RESTARTS,
+    CANARY_WEIGHT, ROLLOUTS,
 )
 # The condition series each model has, so a changed reason replaces its old series instead of adding one.
 _CONDITION_SERIES: dict[tuple[str, str], set[tuple[str, str, str]]] = {}

@@ -41,6 +41,8 @@ class ModelTuner:
     next_scrape_at: float = 0.0  # monotonic
     next_evaluation_at: float = 0.0  # monotonic
     canary: CanaryWindows = field(default_factory=CanaryWindows)
+    # Pools the last full reconcile saw rolling: a scrape between reconciles keeps their windows closed too.
+    rolling: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ async def scrape_tick(ctx: OperatorContext, session: aiohttp.ClientSession, body
     read = read_status(body.get("status") or {})
     if read.problems:
         return
-    contexts = pool_contexts(read.status.pools, spec.model.tensor_parallel_size, set())
+    contexts = pool_contexts(read.status.pools, spec.model.tensor_parallel_size, tuner.rolling)
     await _observe_round(ctx, session, tuner, meta["namespace"], meta["name"], read.status, contexts)
 
 
@@ -181,6 +183,7 @@ async def tuning_step(
         # No K decision while a canary is in flight: its verdict (and a rollback to the K the decision record
         # says it left) must concern one decision only.
         rolling = rolling | {pool.name for pool in previous.pools}
+    tuner.rolling = set(rolling)
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling,
                              previous.speculation.rejected_ks)
     if now >= tuner.next_scrape_at:

@@ -30,6 +30,9 @@ from specdec_operator.tuner.window import CounterWindows, WindowDelta, WindowRep
 ACCEPTANCE_HALF_LIFE_S = 180.0
 # Step costs depend on hardware and batch size only, so they are remembered much longer.
 COST_HALF_LIFE_S = 7200.0
+# Why a pool's decision window started afresh (specdec_tuner_window_restarts_total): its size changed, its K
+# changed, its drafter changed, or its pods began to roll (the window stays closed until they are all up).
+RESTART_CAUSES = ("resize", "k_change", "drafter", "rollout")
 
 
 @dataclass(frozen=True)
@@ -51,12 +54,23 @@ class PoolContext:
 
 
 @dataclass(frozen=True)
+class PoolWindow:
+    """What a pool's next decision rests on: the samples at its current K since its window last started."""
+
+    samples: float  # drafts (engine steps at K=0) counted in the window; the policy needs minSamples of them
+    started_at: float  # monotonic: when the window last started (it moves on while the pool's pods roll)
+    restarts: Mapping[str, int] = field(default_factory=dict)  # cause -> restarts since the previous report
+
+
+@dataclass(frozen=True)
 class TunerReport:
     stats: tuple[PoolSpeculationStats, ...]
     decisions: tuple[TuningDecision, ...]  # one per pool, holds included, each with its evidence
     decision: TuningDecision | None  # the single Change or Explore to carry out now, if any
     scrape_events: Mapping[str, int]  # outcomes and window events since the last evaluation
     effective_k: Mapping[str, int] = field(default_factory=dict)  # pool -> the K its stats were measured at
+    windows: Mapping[str, PoolWindow] = field(default_factory=dict)  # pool -> its decision window
+    min_samples: int | None = None  # samples a window needs before the policy weighs a change
 
 
 @dataclass
@@ -64,12 +78,17 @@ class _PoolHistory:
     drafter: tuple[str, str | None]
     cost: StepCostModel
     by_k: dict[int, WindowDelta] = field(default_factory=dict)  # decayed acceptance evidence
-    recent: dict[int, WindowDelta] = field(default_factory=dict)  # since the last evaluation
+    recent: dict[int, WindowDelta] = field(default_factory=dict)  # since the last evaluation (stats)
+    fresh: dict[int, WindowDelta] = field(default_factory=dict)  # since the last evaluation, inside the window
     k: int | None = None  # effective K the samples below belong to
-    samples: float = 0.0  # drafts (engine steps at K=0) at `k` since it took effect
+    samples: float = 0.0  # drafts (engine steps at K=0) at `k` inside the window
     previous_k: int | None = None
     decayed_at: float | None = None
     replicas: int | None = None  # the pool's size the samples above were taken at
+    window_started: float = 0.0  # monotonic; only scrape intervals that begin at or after it count
+    round_at: float | None = None  # the pool's previous scrape round: where the next round's increases begin
+    held: bool = False  # its pods were rolling at the last look: the window stays closed
+    restarts: Counter[str] = field(default_factory=Counter)  # window restarts by cause, not yet reported
 
 
 class TunerState:
@@ -113,37 +132,51 @@ class TunerState:
         if self._recent_since is None:
             self._recent_since = min(result.at for result in results)
         contexts = {pool.name: pool for pool in pools}
+        # A round's increases begin at the pool's previous round: they count towards a decision only when that
+        # round was inside the pool's current window, so no increase that straddles a restart ever does.
+        fresh: dict[str, bool] = {}
+        for name in sorted({result.target.pool for result in results} & contexts.keys()):
+            history = self._history(contexts[name], at)
+            fresh[name] = history.round_at is not None and history.round_at >= history.window_started
         for key, delta in sorted(report.deltas.items()):
             context = contexts.get(key.pool)
             if context is None:
                 self._events["unknown_pool"] += 1
                 continue
-            history = self._history(context)
+            history = self._history(context, at)
             self._forget(history, at)
             history.by_k[key.k] = history.by_k[key.k].plus(delta) if key.k in history.by_k else delta
             history.recent[key.k] = history.recent[key.k].plus(delta) if key.k in history.recent else delta
             if delta.mean_batch is not None and delta.mean_step_s is not None:
                 history.cost.observe(at, key.k, delta.mean_batch, delta.mean_step_s)
+            if not fresh.get(key.pool, False):
+                continue
+            history.fresh[key.k] = history.fresh[key.k].plus(delta) if key.k in history.fresh else delta
             if key.k == history.k:
                 history.samples += delta.drafts if key.k > 0 else delta.itl_count
+        for name in fresh:
+            self._pools[name].round_at = at
         return report
 
     def evaluate(self, now: float, pools: Sequence[PoolContext], speculation: Speculation) -> TunerReport:
         """Per-pool stats and at most one proposed decision; nothing about K is remembered until `commit`."""
-        evidence = [self._evidence(pool, speculation) for pool in pools]
+        evidence = [self._evidence(pool, speculation, now) for pool in pools]
         outcome = decide(evidence, speculation, now=now, last_change_at=self.last_change_at)
         recommended = {a.pool: a.recommended_k for a in outcome.assessments}
         span = now - self._recent_since if self._recent_since is not None else 0.0
-        stats = tuple(self._stats(pool, recommended.get(pool.name), span) for pool in pools)
+        stats = tuple(self._stats(pool, recommended.get(pool.name), span, now) for pool in pools)
+        windows = {pool.name: self._window(pool.name) for pool in pools}
         report = TunerReport(
             stats=stats,
             decisions=tuple(a.decision for a in outcome.assessments),
             decision=outcome.decision,
             scrape_events=dict(self._events),
             effective_k={pool.name: pool.effective_k for pool in pools},
+            windows=windows,
+            min_samples=speculation.autotune.min_samples,
         )
         for history in self._pools.values():
-            history.recent = {}
+            history.recent, history.fresh = {}, {}
         self._events = Counter()
         self._recent_since = now
         return report
@@ -154,26 +187,42 @@ class TunerState:
         self.last_change_at = now
         self._previous_k[decision.pool] = decision.from_k
         if history is not None:
-            history.previous_k, history.k, history.samples = decision.from_k, decision.to_k, 0.0
+            history.previous_k, history.k = decision.from_k, decision.to_k
+            _restart(history, "k_change", now)
 
-    def _history(self, pool: PoolContext) -> _PoolHistory:
+    def _history(self, pool: PoolContext, at: float) -> _PoolHistory:
+        """The pool's history, its window restarted first if the pool changed since the last look at `at`."""
         drafter = (pool.drafter_method, pool.drafter_model)
         history = self._pools.get(pool.name)
         if history is None or history.drafter != drafter:
             # A different drafter accepts differently and costs differently: start over.
             cost = StepCostModel(pool.gfx_target, pool.drafter_method, half_life_s=self._cost_half_life_s)
-            history = self._pools[pool.name] = _PoolHistory(drafter, cost, k=pool.effective_k)
+            fresh = _PoolHistory(drafter, cost, k=pool.effective_k, replicas=pool.replicas, window_started=at)
+            if history is not None:
+                fresh.restarts = history.restarts
+                fresh.restarts["drafter"] += 1
+            history = self._pools[pool.name] = fresh
         if history.k != pool.effective_k:
             # K changed outside our decisions (a spec edit, or status restored after a restart).
-            history.previous_k, history.k, history.samples = history.k, pool.effective_k, 0.0
+            history.previous_k, history.k = history.k, pool.effective_k
+            _restart(history, "k_change", at)
         if history.replicas != pool.replicas:
-            # A resize moves the batch each pod runs, and with it the best K: windows start afresh at the new
+            # A resize moves the batch each pod runs, and with it the best K: the window starts afresh at the new
             # size, so no decision rests on samples that straddle the resize.
-            history.replicas, history.samples, history.recent = pool.replicas, 0.0, {}
-        elif pool.rolling:
-            # Pods still starting or being replaced: what is counted now is not the settled pool's load.
-            history.samples = 0.0
+            history.replicas = pool.replicas
+            _restart(history, "resize", at)
+        if pool.rolling:
+            # Pods still starting or being replaced: what is counted now is not the settled pool's load. The
+            # window stays closed (restarting at every look) until they are all up; the episode counts once.
+            _restart(history, "rollout", at, count=not history.held)
+        history.held = pool.rolling
         return history
+
+    def _window(self, pool: str) -> PoolWindow:
+        history = self._pools[pool]
+        window = PoolWindow(history.samples, history.window_started, dict(history.restarts))
+        history.restarts = Counter()
+        return window
 
     def _forget(self, history: _PoolHistory, at: float) -> None:
         if history.decayed_at is not None and at > history.decayed_at:
@@ -182,9 +231,12 @@ class TunerState:
         if history.decayed_at is None or at > history.decayed_at:
             history.decayed_at = at
 
-    def _evidence(self, pool: PoolContext, speculation: Speculation) -> PoolEvidence:
-        history = self._history(pool)
-        recent = _sum(history.recent.values())
+    def _evidence(self, pool: PoolContext, speculation: Speculation, now: float) -> PoolEvidence:
+        history = self._history(pool, now)
+        # The batch comes from the window. With nothing fresh since the last evaluation but something recent, the
+        # window restarted since then, so it has no samples yet and the policy holds on that: the straddling batch
+        # only fills in the hold's evidence.
+        recent = _sum((history.fresh or history.recent).values())
         batch = recent.mean_batch if recent is not None else None
         k_range = range(speculation.min_k, speculation.max_k + 1)
         steps = history.cost.predict(batch, k_range) if batch is not None else {}
@@ -203,8 +255,8 @@ class TunerState:
             rejected=dict(pool.rejected),
         )
 
-    def _stats(self, pool: PoolContext, recommended_k: int | None, span: float) -> PoolSpeculationStats:
-        history = self._history(pool)
+    def _stats(self, pool: PoolContext, recommended_k: int | None, span: float, now: float) -> PoolSpeculationStats:
+        history = self._history(pool, now)
         k = pool.effective_k
         at_k = history.recent.get(k) or history.by_k.get(k)
         everything = _sum(history.recent.values())
@@ -225,6 +277,13 @@ class TunerState:
             tokens_per_second=_round(tokens_per_second),
             recommended_k=recommended_k,
         )
+
+
+def _restart(history: _PoolHistory, cause: str, at: float, *, count: bool = True) -> None:
+    """Start the pool's decision window afresh at `at`: nothing counted before it feeds a decision."""
+    history.samples, history.fresh, history.window_started = 0.0, {}, at
+    if count:
+        history.restarts[cause] += 1
 
 
 def _sum(deltas: Iterable[WindowDelta]) -> WindowDelta | None:

@@ -5,6 +5,8 @@ These gauges are the fresh numbers: status carries the same statistics refreshed
 
 from __future__ import annotations
 
+import time
+
 from specdec_operator.api.status import TuningDecision
 from specdec_operator.metrics import (
     ACCEPTANCE_RATE,
@@ -15,14 +17,19 @@ from specdec_operator.metrics import (
     RECOMMENDED_K,
     TOKENS_PER_SECOND,
     TUNER_DECISIONS,
+    TUNER_MIN_SAMPLES,
+    TUNER_SAMPLES,
+    TUNER_WINDOW_RESTARTS,
+    TUNER_WINDOW_START,
     forget_pools_except,
     pool_series,
 )
-from specdec_operator.tuner.engine import TunerReport
+from specdec_operator.tuner.engine import RESTART_CAUSES, TunerReport
 
 
 def publish(namespace: str, model: str, report: TunerReport) -> None:
-    """Set the per-pool gauges from the stats and count the decisions; a Change or Explore counts as a K change.
+    """Set the per-pool gauges from the stats and the decision windows, count the windows' restarts and the
+    decisions; a Change or Explore counts as a K change.
 
     The report covers every pool the model has now: series of pools that are gone leave /metrics.
     """
@@ -41,6 +48,18 @@ def publish(namespace: str, model: str, report: TunerReport) -> None:
             pool_series(TOKENS_PER_SECOND, *labels).set(stats.tokens_per_second)
         for position, rate in enumerate(stats.per_position_acceptance):
             pool_series(POSITION_ACCEPTANCE, *labels, str(position)).set(rate)
+    # Each pool's decision window as the decisions below saw it: samples below the minimum mean they held for
+    # samples. Every cause's series exists from the first report on, so an increase from 0 is seen as one.
+    # The engine's times are monotonic; the two clocks read back to back give the same start at every report.
+    wall_offset = time.time() - time.monotonic()
+    for pool, window in report.windows.items():
+        labels = (namespace, model, pool)
+        for cause in RESTART_CAUSES:
+            pool_series(TUNER_WINDOW_RESTARTS, *labels, cause).inc(window.restarts.get(cause, 0))
+        pool_series(TUNER_SAMPLES, *labels).set(window.samples)
+        pool_series(TUNER_WINDOW_START, *labels).set(round(wall_offset + window.started_at, 3))
+        if report.min_samples is not None:
+            pool_series(TUNER_MIN_SAMPLES, *labels).set(report.min_samples)
     for decision in report.decisions:
         pool_series(TUNER_DECISIONS, namespace, model, decision.pool, decision.action).inc()
 

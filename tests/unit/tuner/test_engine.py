@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,125 @@ def test_a_resize_holds_k_and_the_tuner_decides_again_only_from_windows_at_the_n
         state.observe([_sized(3, 4)], [_scrape(replica, float(t), 3)])
     after = state.evaluate(380.0, [_sized(3, 4)], spec)
     assert after.decision is not None and after.decision.to_k == 2
+
+
+# The decision window (PoolWindow, published as specdec_tuner_samples / _window_restarts_total): what counts
+# towards the next decision, and when and why it started afresh.
+WINDOW_SPEC = Speculation(initial_k=5, min_k=0, max_k=10,
+                          autotune=QUICK.model_copy(update={"min_samples": 50_000}))
+
+
+def _holds_for_samples(report_decision: TuningDecision) -> bool:
+    return report_decision.action == "Hold" and "of 50000 samples at K=3" in report_decision.reason
+
+
+def test_a_resize_restarts_the_window_and_the_tuner_weighs_k_again_after_min_samples_fresh_ones() -> None:
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 125, 5):
+        state.observe([_sized(3, 2)], [_scrape(replica, float(t), 3)])
+    before = state.evaluate(125.0, [_sized(3, 2)], WINDOW_SPEC)
+    assert before.windows["p"].samples >= 50_000 and before.windows["p"].restarts == {}
+    assert before.decision is not None and not _holds_for_samples(before.decisions[0])
+
+    # Scaled to 4 (the pods came up between two looks): the window restarts at the first look at the new size.
+    state.observe([_sized(3, 4)], [_scrape(replica, 130.0, 3)])
+    restarted = state.evaluate(131.0, [_sized(3, 4)], WINDOW_SPEC)
+    assert restarted.windows["p"].restarts == {"resize": 1}
+    assert restarted.windows["p"].samples == 0 and restarted.windows["p"].started_at == 130.0
+    assert restarted.decision is None and _holds_for_samples(restarted.decisions[0]), restarted.decisions[0]
+
+    # Fresh samples accumulate; below minSamples the tuner holds for them, at minSamples it weighs K again.
+    reports = []
+    for t in range(135, 260, 5):
+        state.observe([_sized(3, 4)], [_scrape(replica, float(t), 3)])
+        reports.append(state.evaluate(float(t), [_sized(3, 4)], WINDOW_SPEC))
+        if reports[-1].windows["p"].samples >= 50_000:
+            break
+    counted = [r.windows["p"].samples for r in reports]
+    assert counted == sorted(counted) and 0 < counted[0] < 50_000 <= counted[-1], counted
+    assert all(_holds_for_samples(r.decisions[0]) for r in reports[:-1])
+    assert all(r.windows["p"].restarts == {} for r in reports)  # one resize, one restart
+    weighed = reports[-1]
+    assert not _holds_for_samples(weighed.decisions[0]) and weighed.decision is not None
+    assert weighed.decision.to_k == 2
+
+
+def test_increases_that_straddle_a_resize_never_count_towards_a_decision() -> None:
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 125, 5):
+        state.observe([_sized(3, 2)], [_scrape(replica, float(t), 3)])
+    state.evaluate(125.0, [_sized(3, 2)], WINDOW_SPEC)
+    # The next look comes 5 minutes later, at the new size: its increases (about 400,000 drafts) began at 2
+    # replicas and end at 4. Alone they are many times minSamples, and none of them counts.
+    state.observe([_sized(3, 4)], [_scrape(replica, 425.0, 3)])
+    after = state.evaluate(426.0, [_sized(3, 4)], WINDOW_SPEC)
+    assert after.windows["p"].samples == 0 and after.windows["p"].restarts == {"resize": 1}
+    assert after.decision is None and _holds_for_samples(after.decisions[0]), after.decisions[0]
+    # The stats still show what was served (they are not a decision).
+    assert after.stats[0].tokens_per_second is not None and after.stats[0].tokens_per_second > 0
+
+
+def test_pods_rolling_keep_the_window_closed_and_count_one_restart_per_rollout() -> None:
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 65, 5):
+        state.observe([_sized(3, 2)], [_scrape(replica, float(t), 3)])
+    state.evaluate(65.0, [_sized(3, 2)], WINDOW_SPEC)
+    restarts: Counter[str] = Counter()
+    for t in range(70, 130, 5):  # a scale-out: the size changes, then its new pods start for a minute
+        state.observe([_sized(3, 4, rolling=True)], [_scrape(replica, float(t), 3)])
+        if t % 15 == 0:
+            report = state.evaluate(float(t), [_sized(3, 4, rolling=True)], WINDOW_SPEC)
+            restarts.update(report.windows["p"].restarts)
+            assert report.windows["p"].samples == 0 and report.windows["p"].started_at == t
+    assert restarts == {"resize": 1, "rollout": 1}
+    # Up: the first look after the rollout began inside it, the next ones count.
+    for t in range(130, 145, 5):
+        state.observe([_sized(3, 4)], [_scrape(replica, float(t), 3)])
+    settled = state.evaluate(145.0, [_sized(3, 4)], WINDOW_SPEC)
+    assert settled.windows["p"].restarts == {} and 0 < settled.windows["p"].samples < 50_000
+    assert settled.windows["p"].started_at == 125.0  # the last look while rolling
+
+
+def test_a_k_change_and_a_drafter_change_restart_the_window_too() -> None:
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 125, 5):
+        state.observe([_sized(3, 1)], [_scrape(replica, float(t), 3)])
+    proposal = state.evaluate(125.0, [_sized(3, 1)], WINDOW_SPEC).decision
+    assert proposal is not None and proposal.to_k == 2
+    state.commit(proposal, 125.0)
+    changed = state.evaluate(126.0, [_sized(2, 1)], WINDOW_SPEC)
+    assert changed.windows["p"].restarts == {"k_change": 1} and changed.windows["p"].samples == 0
+    medusa = PoolContext(name="p", gfx_target="gfx942", drafter_method="medusa", effective_k=2, replicas=1)
+    swapped = state.evaluate(127.0, [medusa], WINDOW_SPEC)
+    assert swapped.windows["p"].restarts == {"drafter": 1} and swapped.windows["p"].samples == 0
+
+
+def test_the_window_is_published_with_its_restarts_by_cause() -> None:
+    from specdec_operator.metrics import REGISTRY
+    from specdec_operator.tuner.exporter import publish
+
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 125, 5):
+        state.observe([_sized(3, 2)], [_scrape(replica, float(t), 3)])
+    publish("ns-window", "m", state.evaluate(125.0, [_sized(3, 2)], WINDOW_SPEC))
+    labels = {"namespace": "ns-window", "model": "m", "pool": "p"}
+
+    def restarts(cause: str) -> float | None:
+        return REGISTRY.get_sample_value("specdec_tuner_window_restarts_total", {**labels, "cause": cause})
+
+    before = REGISTRY.get_sample_value("specdec_tuner_samples", labels)
+    assert before is not None and before >= 50_000
+    assert REGISTRY.get_sample_value("specdec_tuner_min_samples", labels) == 50_000
+    # Every cause is a series from the first report on, at 0.
+    assert [restarts(cause) for cause in ("resize", "k_change", "drafter", "rollout")] == [0, 0, 0, 0]
+    start_before = REGISTRY.get_sample_value("specdec_tuner_window_start_timestamp_seconds", labels)
+
+    state.observe([_sized(3, 4)], [_scrape(replica, 130.0, 3)])
+    publish("ns-window", "m", state.evaluate(130.0, [_sized(3, 4)], WINDOW_SPEC))
+    assert restarts("resize") == 1 and restarts("rollout") == 0
+    assert REGISTRY.get_sample_value("specdec_tuner_samples", labels) == 0
+    start_after = REGISTRY.get_sample_value("specdec_tuner_window_start_timestamp_seconds", labels)
+    assert start_before is not None and start_after is not None and start_after > start_before
+    # A report without a restart adds nothing.
+    publish("ns-window", "m", state.evaluate(131.0, [_sized(3, 4)], WINDOW_SPEC))
+    assert restarts("resize") == 1
