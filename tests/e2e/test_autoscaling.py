@@ -5,7 +5,9 @@ The whole pipeline runs (docs/autoscaling.md, "The local pipeline"): open-loop l
 e2e-autoscale: no virtual load, a running batch of 4), Prometheus scrapes `vllm:num_requests_waiting` from the
 pods, KEDA's prometheus scaler serves the sum as an external metric through the aggregator, and the HPA KEDA made
 writes `/scale`. The operator spreads the count over the pools, never writes it back, rolls nothing, and its tuner
-takes no K decision while a resize is in progress.
+takes no K decision while a resize is in progress. Each resize restarts the pool's decision window, and after the
+scale-out the tuner weighs K again on samples taken at the new size alone (the operator's /metrics:
+specdec_tuner_window_restarts_total, specdec_tuner_samples, specdec_tuner_decisions_total; docs/metrics.md).
 
 Prometheus finds the pods through file_sd: a thread here lists the model's runtime pods (label specdec.io/model)
 and writes their IP:8000 to the targets file. It stands in for what a cluster does with the chart's PodMonitor (the
@@ -16,7 +18,9 @@ this way.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
+import math
 import os
 import threading
 import time
@@ -50,8 +54,13 @@ THRESHOLD = 4
 # with the surge on top the queue grows by about 3 requests a second until more pods serve.
 BASE_RATE, SURGE_RATE = 1.5, 5.0
 # The HPA keeps the highest recommendation of this window before it scales in: long enough that a queue that
-# empties between two scrapes does not shrink the model while the load still runs.
-SCALE_DOWN_WINDOW_S = 15
+# empties between two scrapes does not shrink the model while the load still runs, and that the tuner fills a
+# window at the new size (MIN_SAMPLES below) before the model shrinks again.
+SCALE_DOWN_WINDOW_S = 30
+# Samples (drafts) a decision window needs. Three saturated pods draft at most about 120 a second and the tuner
+# evaluates every 5 s, so the first evaluation after a window restart always holds for samples; the surge on
+# three pods fills a window in about 10 s.
+MIN_SAMPLES = 600
 AUTOSCALING_COMPONENTS = ("prometheus", "keda-operator", "keda-adapter")
 
 
@@ -160,7 +169,7 @@ def model() -> dict[str, Any]:
             "drafters": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}],
             # The tuner runs (every 5 s, on few samples) and could act; K=3 is the profile's best below maxK 3.
             "speculation": {"initialK": 3, "minK": 1, "maxK": 3,
-                            "autotune": {"intervalSeconds": 5, "minSamples": 300}},
+                            "autotune": {"intervalSeconds": 5, "minSamples": MIN_SAMPLES}},
             "placement": {"gfxTargets": ["gfx942"], "totalReplicas": 1,
                           "minReplicasPerPool": 1, "maxReplicasPerPool": MAX_REPLICAS},
             "runtime": {"simulatorProfile": "e2e-autoscale"},
@@ -201,6 +210,37 @@ def parse_time(text: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+@dataclass(frozen=True)
+class TunerWindow:
+    """The pool's decision window on the operator's /metrics, as its last evaluation published it."""
+
+    samples: float
+    min_samples: float
+    started: float  # Unix time
+    restarts: dict[str, float]  # cause -> restarts so far
+    decisions: float  # evaluations so far (specdec_tuner_decisions_total over its actions)
+
+    @classmethod
+    def read(cls, operator: OperatorProcess, namespace: str) -> TunerWindow | None:
+        metrics = operator.metrics() or {}
+        labels = f"model={NAME},namespace={namespace},pool={POOL}"
+        samples = metrics.get(f"specdec_tuner_samples{{{labels}}}")
+        if samples is None:
+            return None  # not evaluated yet
+        restarts = {key.split("cause=")[1].split(",")[0]: value for key, value in metrics.items()
+                    if key.startswith("specdec_tuner_window_restarts_total{") and key.endswith(f",{labels}}}")}
+        decisions = sum(value for key, value in metrics.items()
+                        if key.startswith("specdec_tuner_decisions_total{") and key.endswith(f",{labels}}}"))
+        return cls(samples, metrics.get(f"specdec_tuner_min_samples{{{labels}}}", math.nan),
+                   metrics.get(f"specdec_tuner_window_start_timestamp_seconds{{{labels}}}", math.nan), restarts,
+                   decisions)
+
+    def line(self, started: float) -> str:
+        restarts = ",".join(f"{cause}={value:.0f}" for cause, value in sorted(self.restarts.items()) if value)
+        return (f"tuner: samples={self.samples:.0f}/{self.min_samples:.0f} window from "
+                f"{self.started - started:.1f}s restarts={restarts or 0} evaluations={self.decisions:.0f}")
+
+
 @dataclass
 class Sample:
     began: str  # UTC, RFC 3339 with microseconds: everything below was read after this...
@@ -211,6 +251,7 @@ class Sample:
     terminating: int
     waiting: float | None  # Prometheus's sum of vllm:num_requests_waiting
     serving: int  # the model's targets Prometheus scraped successfully last (`up == 1`)
+    tuner: TunerWindow | None  # the operator's /metrics
 
     @property
     def settled(self) -> bool:
@@ -220,15 +261,17 @@ class Sample:
         return self.total == self.placed == len(self.ready_uids) == self.serving and self.terminating == 0
 
     def line(self, started: float) -> str:
+        tuner = self.tuner.line(started) if self.tuner is not None else "tuner: not evaluated yet"
         return (f"{(parse_time(self.at).timestamp() - started):6.1f}s  total={self.total} placed={self.placed} "
                 f"ready={len(self.ready_uids)} serving={self.serving} terminating={self.terminating} "
-                f"waiting={self.waiting}")
+                f"waiting={self.waiting}  {tuner}")
 
 
 @dataclass
 class Timeline:
     kube: Kube
     autoscaling: Autoscaling
+    operator: OperatorProcess
     namespace: str
     samples: list[Sample] = field(default_factory=list)
 
@@ -245,9 +288,11 @@ class Timeline:
             serving = self.autoscaling.query(f'count(up{{namespace="{self.namespace}", model="{NAME}"}} == 1)')
         except OSError:
             waiting = serving = None
+        tuner = TunerWindow.read(self.operator, self.namespace)
         sample = Sample(began, utc_now(), sm.get("spec", {}).get("placement", {}).get("totalReplicas"),
                         sm.get("status", {}).get("replicas"), ready,
-                        sum(1 for p in pods if p["metadata"].get("deletionTimestamp")), waiting, int(serving or 0))
+                        sum(1 for p in pods if p["metadata"].get("deletionTimestamp")), waiting, int(serving or 0),
+                        tuner)
         self.samples.append(sample)
         return sample
 
@@ -291,12 +336,48 @@ def resize_windows(scale_writes: list[AuditEntry], samples: list[Sample]) -> lis
     return windows
 
 
+@dataclass(frozen=True)
+class ReDecision:
+    """From the operator's /metrics: a resize restarted the pool's window, an evaluation in the window that
+    followed held for samples, and a later one in that same window weighed K on minSamples or more."""
+
+    restart: TunerWindow  # the first evaluation that showed the restart (the HPA may resize in steps: the last)
+    filling: TunerWindow  # an evaluation in the window with fewer than minSamples
+    full: TunerWindow  # the first evaluation of that window with at least minSamples
+
+
+def evaluations(samples: list[Sample]) -> list[TunerWindow]:
+    """The windows of the evaluations the samples saw: each published window whose evaluation count rose. The
+    exporter sets the window before it counts the evaluation, so a window read with a risen count is that
+    evaluation's."""
+    windows = [s.tuner for s in samples if s.tuner is not None]
+    return [window for before, window in itertools.pairwise(windows) if window.decisions > before.decisions]
+
+
+def re_decision(samples: list[Sample], resizes_before: float) -> ReDecision | None:
+    """The first window after a resize (past `resizes_before` restarts for it) that held for samples and then
+    filled, without another resize in between."""
+    restarted = [w for w in evaluations(samples) if w.restarts.get("resize", 0) > resizes_before]
+    for index, filling in enumerate(restarted):
+        if filling.samples >= filling.min_samples:
+            continue
+        resizes = filling.restarts.get("resize", 0)
+        # The same window: the same resize count and the same start, which the exporter publishes identically
+        # at every evaluation to the millisecond.
+        full = next((w for w in restarted[index + 1:] if w.restarts.get("resize", 0) == resizes
+                     and abs(w.started - filling.started) < 0.01 and w.samples >= w.min_samples), None)
+        if full is not None:
+            restart = next(w for w in restarted if w.restarts.get("resize", 0) == resizes)
+            return ReDecision(restart, filling, full)
+    return None
+
+
 def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
     cluster: LocalCluster, kube: Kube, namespace: str, operator: OperatorProcess, fleet_driver: FleetDriverProcess,
     autoscaling: Autoscaling, service_proxy: GatewayStandIn,
 ) -> None:
     autoscaling.targets.namespaces.add(namespace)
-    timeline = Timeline(kube, autoscaling, namespace)
+    timeline = Timeline(kube, autoscaling, operator, namespace)
     started = time.time()
     kube.apply(model())
     first = timeline.until(f"{NAME} settled at 1 replica", lambda s: s.settled and s.placed == 1, 180)
@@ -313,15 +394,27 @@ def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
             # The rise: the base load alone first, until Prometheus has seen the pod finish some of it.
             wait_for("the base load served", lambda: (autoscaling.query(
                 f'sum(vllm:request_success_total{{namespace="{namespace}", model_name="{NAME}"}})') or 0) > 0, 60)
+            before = TunerWindow.read(operator, namespace)
+            resizes_before = before.restarts.get("resize", 0) if before is not None else 0.0
             with BackgroundLoad(service_proxy.url, host, seed=22, model=NAME, rate=SURGE_RATE) as surge:
                 grown = timeline.until("KEDA scaled the model out", lambda s: (s.total or 0) > 1, 150)
                 out = timeline.until("the new pods ready", lambda s: s.settled and (s.placed or 0) > 1, 120)
+                # The load goes on until the tuner has filled a window at the new size and weighed K on it.
+                timeline.until("the tuner weighed K again on a window at the new size",
+                               lambda s: re_decision(timeline.samples, resizes_before) is not None, 90)
+                redecided = re_decision(timeline.samples, resizes_before)
         peak = max(s.placed or 0 for s in timeline.samples)
         # The pod that served before the resize still serves: a resize changes counts, not pods.
         assert set(first.ready_uids) <= set(out.ready_uids), "a pod that served before the scale-out was replaced"
         assert pods_restarted(kube) == {}, pods_restarted(kube)
 
         back = timeline.until("KEDA scaled the model back in", lambda s: s.settled and s.placed == 1, 180)
+        # The scale-in restarts the window too, published at the tuner's next evaluation.
+        assert redecided is not None
+        resized_in = timeline.until(
+            "the tuner's window restart for the scale-in",
+            lambda s: s.tuner is not None
+            and s.tuner.restarts.get("resize", 0) > redecided.full.restarts.get("resize", 0), 30)
         seen = {uid for s in timeline.samples for uid in s.ready_uids}
         assert set(back.ready_uids) <= seen and pods_restarted(kube) == {}, "scale-in started or restarted a pod"
     finally:
@@ -366,6 +459,15 @@ def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
     ks = {key.split("{")[0]: value for key, value in mine.items()
           if key.startswith(("specdec_effective_k{", "specdec_recommended_k{"))}
     print(f"  tuner evaluations by action: {tuner}; at the end {ks} (operator /metrics)")
+    assert redecided is not None and resized_in.tuner is not None
+    scaled_out_at = parse_time(scale_writes[0].received).timestamp()
+    print(f"  tuner window (operator /metrics): resize restarts {resizes_before:.0f} before the scale-out, "
+          f"{redecided.restart.restarts.get('resize', 0):.0f} at the first evaluation after it "
+          f"({redecided.restart.samples:.0f} samples), {resized_in.tuner.restarts.get('resize', 0):.0f} after the "
+          f"scale-in; the window after the scale-out began {redecided.full.started - scaled_out_at:.1f}s after "
+          f"the first /scale write, held at {redecided.filling.samples:.0f} of {redecided.full.min_samples:.0f} "
+          f"samples, weighed K at {redecided.full.samples:.0f} (evaluation {redecided.full.decisions:.0f}, "
+          f"{redecided.full.decisions - redecided.restart.decisions:.0f} after the restart)")
     # A 503 (loading) or 502 (not listening yet) is a request the stand-in sent to a new pod KWOK marked Ready
     # before its simulator served: the local fleet's known limit (docs/local-traffic.md).
     print("  answers by HTTP status: " + ", ".join(
@@ -381,3 +483,12 @@ def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
     assert rollouts(entries, POOL, baseline=baseline["spec"]["template"]) == []
     # No K decision recorded while a resize was in progress.
     assert during == [], (during, windows)
+    # Each resize restarted the pool's decision window: the scale-out once or more (the HPA may step), the
+    # scale-in again, and never without a /scale write behind it.
+    resize_restarts = resized_in.tuner.restarts.get("resize", 0) - resizes_before
+    assert 2 <= resize_restarts <= len(scale_writes), (resize_restarts, len(scale_writes))
+    # After the scale-out the tuner re-decided from a fresh window: it began after the first /scale write, held
+    # while it had fewer than minSamples, and was weighed on at least minSamples.
+    assert redecided.full.started > scaled_out_at, (redecided, scale_writes[0].received)
+    assert redecided.filling.samples < MIN_SAMPLES <= redecided.full.samples
+    assert redecided.full.min_samples == MIN_SAMPLES
