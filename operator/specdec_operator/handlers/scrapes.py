@@ -63,7 +63,9 @@ class ScrapeScheduler:
         concurrency: int,
         allow_non_loopback: bool,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.time,
+        # The tuner's clock: it compares when a pod was scraped with the times a reconcile hands it
+        # (tuner/engine.py), so results are stamped on the same monotonic clock.
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
         self.interval_s = interval_s

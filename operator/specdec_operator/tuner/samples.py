@@ -128,7 +128,7 @@ class ScrapeResult:
     """What one scrape produced. `sample` is set for outcomes ok and incomplete only."""
 
     target: ScrapeTarget
-    at: float
+    at: float  # when it was scraped, seconds on the scraper's clock (the operator's scheduler: monotonic)
     outcome: ScrapeOutcome
     sample: PodSample | None = None
     error: str = ""

@@ -65,6 +65,19 @@ def scheduler(session: object, interval_s: float = 0.5, concurrency: int = 8) ->
                            allow_non_loopback=False)
 
 
+async def test_results_are_stamped_on_the_monotonic_clock_the_tuner_keeps(pod: tuple[Pod, int]) -> None:
+    # The tuner compares scrape times with the monotonic times a reconcile hands it (its windows' starts).
+    _, port = pod
+    async with scrape_session(pool_size=4) as session:
+        scrapes = scheduler(session)
+        scrapes.want(("ns", "a"), targets(port, "a", 2))
+        before = time.monotonic()
+        await scrapes.run_round()
+        after = time.monotonic()
+        ((first, second),) = scrapes.take(("ns", "a"))
+        assert before <= first.at <= after and before <= second.at <= after
+
+
 async def test_each_wanted_pod_is_scraped_once_per_round_and_results_go_to_their_model(
     pod: tuple[Pod, int],
 ) -> None:
