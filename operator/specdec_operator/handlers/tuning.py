@@ -92,7 +92,7 @@ async def _observe_round(
     ctx.scrapes.want(key, targets)
     allow = not ctx.settings.scrape_loopback_only
     for results in ctx.scrapes.take(key):
-        report = tuner.state.observe(contexts, results)
+        report = tuner.state.observe(contexts, results, time.monotonic())
         if tuner.canary.step is not None and previous.canary is not None:
             compared = {previous.canary.canary_revision, previous.canary.stable_revision}
             watched = [target for target in targets if target.revision in compared]

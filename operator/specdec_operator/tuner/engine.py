@@ -86,7 +86,8 @@ class _PoolHistory:
     decayed_at: float | None = None
     replicas: int | None = None  # the pool's size the samples above were taken at
     window_started: float = 0.0  # monotonic; only scrape intervals that begin at or after it count
-    round_at: float | None = None  # the pool's previous scrape round: where the next round's increases begin
+    round_began: float | None = None  # the first scrape of the pool's previous round: where the next round's
+    # increases begin
     held: bool = False  # its pods were rolling at the last look: the window stays closed
     restarts: Counter[str] = field(default_factory=Counter)  # window restarts by cause, not yet reported
 
@@ -121,8 +122,14 @@ class TunerState:
         previous = {decision.pool: decision.from_k} if decision and decision.action != "Hold" else {}
         return cls(last_change_at=last_change, previous_k=previous)
 
-    def observe(self, pools: Sequence[PoolContext], results: Sequence[ScrapeResult]) -> WindowReport:
-        """Take one round of scrapes. Bad scrapes are counted and otherwise ignored."""
+    def observe(
+        self, pools: Sequence[PoolContext], results: Sequence[ScrapeResult], now: float | None = None
+    ) -> WindowReport:
+        """Take one round of scrapes. Bad scrapes are counted and otherwise ignored.
+
+        `now` is when the caller looks (default: the newest scrape). A change of a pool seen now restarts its
+        window now: the round may have been scraped before the change and taken after it.
+        """
         report = self._windows.observe(results)
         self._events.update(report.events)
         self._windows.forget_except(result.target.uid for result in results)
@@ -131,19 +138,24 @@ class TunerState:
         at = max(result.at for result in results)
         if self._recent_since is None:
             self._recent_since = min(result.at for result in results)
+        looked = at if now is None else max(now, at)
         contexts = {pool.name: pool for pool in pools}
-        # A round's increases begin at the pool's previous round: they count towards a decision only when that
-        # round was inside the pool's current window, so no increase that straddles a restart ever does.
+        # A round's increases begin where the pool's previous round scraped: they count towards a decision only
+        # when all of that round was inside the pool's current window, so no increase that straddles a restart does.
         fresh: dict[str, bool] = {}
-        for name in sorted({result.target.pool for result in results} & contexts.keys()):
-            history = self._history(contexts[name], at)
-            fresh[name] = history.round_at is not None and history.round_at >= history.window_started
+        began: dict[str, float] = {}
+        for result in results:
+            if result.target.pool in contexts:
+                began[result.target.pool] = min(result.at, began.get(result.target.pool, result.at))
+        for name in sorted(began):
+            history = self._history(contexts[name], looked)
+            fresh[name] = history.round_began is not None and history.round_began >= history.window_started
         for key, delta in sorted(report.deltas.items()):
             context = contexts.get(key.pool)
             if context is None:
                 self._events["unknown_pool"] += 1
                 continue
-            history = self._history(context, at)
+            history = self._history(context, looked)
             self._forget(history, at)
             history.by_k[key.k] = history.by_k[key.k].plus(delta) if key.k in history.by_k else delta
             history.recent[key.k] = history.recent[key.k].plus(delta) if key.k in history.recent else delta
@@ -154,8 +166,8 @@ class TunerState:
             history.fresh[key.k] = history.fresh[key.k].plus(delta) if key.k in history.fresh else delta
             if key.k == history.k:
                 history.samples += delta.drafts if key.k > 0 else delta.itl_count
-        for name in fresh:
-            self._pools[name].round_at = at
+        for name, first in began.items():
+            self._pools[name].round_began = first
         return report
 
     def evaluate(self, now: float, pools: Sequence[PoolContext], speculation: Speculation) -> TunerReport:

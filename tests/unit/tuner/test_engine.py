@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from specdec_operator.api.spec import Autotune, Speculation
 from specdec_operator.api.status import SpeculationStatus, TuningDecision
 from specdec_operator.bench.closedloop import BenchOptions, run_tuner, settings_for
-from specdec_operator.tuner.engine import PoolContext, TunerState
+from specdec_operator.tuner.engine import PoolContext, TunerReport, TunerState
 from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, parse_metrics
 from specdec_runtime.simulator.profile import load_profile
 from specdec_runtime.simulator.virtual import VirtualReplica
@@ -296,3 +296,22 @@ def test_the_window_is_published_with_its_restarts_by_cause() -> None:
     # A report without a restart adds nothing.
     publish("ns-window", "m", state.evaluate(131.0, [_sized(3, 4)], WINDOW_SPEC))
     assert restarts("resize") == 1
+
+
+def test_a_round_scraped_before_a_resize_but_taken_after_it_starts_the_window_when_it_is_taken() -> None:
+    def run(taken_at: float | None) -> TunerReport:
+        state, replica = TunerState(), _replica(3)
+        for t in range(5, 125, 5):
+            state.observe([_sized(3, 2)], [_scrape(replica, float(t), 3)])
+        state.evaluate(125.0, [_sized(3, 2)], WINDOW_SPEC)
+        # Scraped at 130, at 2 replicas; the reconcile takes it at `taken_at`, after status showed 4.
+        state.observe([_sized(3, 4)], [_scrape(replica, 130.0, 3)], taken_at)
+        for t in (135.0, 140.0):
+            state.observe([_sized(3, 4)], [_scrape(replica, t, 3)], t)
+        return state.evaluate(141.0, [_sized(3, 4)], WINDOW_SPEC)
+
+    late, on_time = run(133.0), run(None)
+    assert late.windows["p"].started_at == 133.0 and on_time.windows["p"].started_at == 130.0
+    # 130 -> 135 began before the window that started at 133: only 135 -> 140 counts.
+    assert 0 < late.windows["p"].samples < on_time.windows["p"].samples
+    assert late.windows["p"].samples == pytest.approx(on_time.windows["p"].samples / 2, rel=0.2)
