@@ -344,6 +344,7 @@ class ReDecision:
     restart: TunerWindow  # the first evaluation that showed the restart (the HPA may resize in steps: the last)
     filling: TunerWindow  # an evaluation in the window with fewer than minSamples
     full: TunerWindow  # the first evaluation of that window with at least minSamples
+    counts: tuple[float, ...]  # the samples of every evaluation of that window, up to `full`
 
 
 def evaluations(samples: list[Sample]) -> list[TunerWindow]:
@@ -368,7 +369,9 @@ def re_decision(samples: list[Sample], resizes_before: float) -> ReDecision | No
                      and abs(w.started - filling.started) < 0.01 and w.samples >= w.min_samples), None)
         if full is not None:
             restart = next(w for w in restarted if w.restarts.get("resize", 0) == resizes)
-            return ReDecision(restart, filling, full)
+            counts = tuple(w.samples for w in restarted[index:restarted.index(full) + 1]
+                           if abs(w.started - filling.started) < 0.01)
+            return ReDecision(restart, filling, full, counts)
     return None
 
 
@@ -467,7 +470,8 @@ def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
           f"scale-in; the window after the scale-out began {redecided.full.started - scaled_out_at:.1f}s after "
           f"the first /scale write, held at {redecided.filling.samples:.0f} of {redecided.full.min_samples:.0f} "
           f"samples, weighed K at {redecided.full.samples:.0f} (evaluation {redecided.full.decisions:.0f}, "
-          f"{redecided.full.decisions - redecided.restart.decisions:.0f} after the restart)")
+          f"{redecided.full.decisions - redecided.restart.decisions:.0f} after the restart); samples at the "
+          f"window's evaluations: {', '.join(f'{count:.0f}' for count in redecided.counts)}")
     # A 503 (loading) or 502 (not listening yet) is a request the stand-in sent to a new pod KWOK marked Ready
     # before its simulator served: the local fleet's known limit (docs/local-traffic.md).
     print("  answers by HTTP status: " + ", ".join(
