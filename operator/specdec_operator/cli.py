@@ -46,7 +46,8 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = OperatorSettings()
     namespaces = settings.namespaces
-    log_format = kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN
+    log_format = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[
+        settings.log_format]
     kopf.configure(verbose=args.verbose, log_format=log_format)
     # kopf.run(), with SIGTERM and SIGINT handled by the operator so that a stop is prompt (handlers/shutdown.py).
     asyncio.run(run_operator(

@@ -138,6 +138,8 @@ class OperatorSettings(BaseSettings):
         "Applied by the API server to the watch, so other shards' models are never seen.",
     )
     shard: str = Field(default="", description="This install's shard name, written to each model's status.")
-    log_format: Literal["plain", "json"] = Field(
-        default="plain", description="Log lines as plain text or as JSON objects (kopf's JSON formatter)."
+    log_format: Literal["plain", "full", "json"] = Field(
+        default="plain",
+        description="Log lines as plain text, as text with a timestamp, logger and the object they concern "
+        "(full), or as JSON objects (kopf's formatters).",
     )

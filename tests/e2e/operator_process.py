@@ -25,6 +25,8 @@ E2E_SETTINGS = {
     "SPECDEC_SCRAPE_LOOPBACK_ONLY": "true",
     # Refused owned objects are retried after 2, 4, 8, ... s (production: 10 s doubling to 10 min).
     "SPECDEC_REFUSED_WRITE_BACKOFF_SECONDS": "2",
+    # Timestamps and the object on every line: a failed run's logs must say when and about what.
+    "SPECDEC_LOG_FORMAT": "full",
 }
 
 
