@@ -41,6 +41,7 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     import specdec_operator.handlers.register  # noqa: F401  (registers the handlers)
+    from specdec_operator.handlers.namespace_discovery import notice_namespaces_listed_at_watch_start
     from specdec_operator.handlers.shutdown import run_operator
     from specdec_operator.settings import OperatorSettings
 
@@ -49,6 +50,7 @@ def _run(args: argparse.Namespace) -> int:
     log_format = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[
         settings.log_format]
     kopf.configure(verbose=args.verbose, log_format=log_format)
+    notice_namespaces_listed_at_watch_start()
     # kopf.run(), with SIGTERM and SIGINT handled by the operator so that a stop is prompt (handlers/shutdown.py).
     asyncio.run(run_operator(
         settings.shutdown_grace_seconds,

@@ -1,0 +1,53 @@
+"""A namespace created between kopf's namespace LIST and the start of its namespace watch is still watched.
+
+Found in the e2e lanes: a model created in a new namespace moments after its operator started went unhandled
+until a label on the namespace woke kopf up (handlers/namespace_discovery.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kopf._cogs.structs import bodies, references
+from kopf._core.reactor import observation
+
+from specdec_operator.handlers import namespace_discovery
+from specdec_operator.handlers.namespace_discovery import process_namespace_event
+
+PATTERNS: list[references.NamespacePattern] = ["team-*"]
+
+
+def listed(name: str, **meta: Any) -> bodies.RawEvent:
+    """A namespace as the watch stream's own initial LIST yields it (kopf: an event of type None)."""
+    return bodies.RawEvent(type=None, object={"metadata": {"name": name, **meta}})  # type: ignore[typeddict-item]
+
+
+async def test_kopf_alone_drops_what_its_watch_lists_at_start() -> None:
+    """The behaviour the processor corrects: if kopf fixes it, this fails and the module can go."""
+    insights = references.Insights()
+    await namespace_discovery._KOPF_PROCESSOR(raw_event=listed("team-new"), namespaces=PATTERNS, insights=insights)
+    assert "team-new" not in insights.namespaces
+
+
+async def test_a_namespace_first_seen_in_the_watchs_listing_is_watched() -> None:
+    insights = references.Insights()
+    await process_namespace_event(raw_event=listed("team-new"), namespaces=PATTERNS, insights=insights)
+    await process_namespace_event(raw_event=listed("other"), namespaces=PATTERNS, insights=insights)
+    assert insights.namespaces == {"team-new"}
+
+
+async def test_watch_events_still_go_through_kopf() -> None:
+    insights = references.Insights()
+    added = bodies.RawEvent(type="ADDED", object={"metadata": {"name": "team-b"}})
+    await process_namespace_event(raw_event=added, namespaces=PATTERNS, insights=insights)
+    assert insights.namespaces == {"team-b"}
+
+
+def test_installed_where_kopfs_namespace_observer_looks_it_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    kopfs = observation.process_discovered_namespace_event
+    monkeypatch.setattr(observation, "process_discovered_namespace_event", kopfs)  # undone after the test
+    namespace_discovery.notice_namespaces_listed_at_watch_start()
+    assert observation.process_discovered_namespace_event is process_namespace_event
+    # The observer reads the module global when it starts its watch (not a reference bound at import).
+    assert "process_discovered_namespace_event" in observation.namespace_observer.__code__.co_names
