@@ -14,14 +14,12 @@ from specdec_operator.reconcile.observed import EventRecord, ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan
 from specdec_operator.tuner.engine import TunerState
 from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents
-from tests.unit.handlers.test_reconciler import (  # noqa: F401 (fixtures)
+from tests.unit.handlers.test_reconciler import (
     LOG,
     NAME,
     NAMESPACE,
     POOL,
     context,
-    events,
-    http,
     observed_of,
     proposal,
     settled,
@@ -35,7 +33,7 @@ def changes() -> float:
 
 
 async def test_a_decision_that_rolls_out_through_a_canary_is_not_counted_when_recorded(
-    http: aiohttp.ClientSession, events: PostedEvents  # noqa: F811
+    http: aiohttp.ClientSession, events: PostedEvents
 ) -> None:
     api = FakeKubeApi()
     ctx = context(api, http)
@@ -52,7 +50,7 @@ async def test_a_decision_that_rolls_out_through_a_canary_is_not_counted_when_re
     assert events.drain() == [("Normal", "KProposed", "K 3 -> 5 (decision d1)")]
 
 
-def test_the_promotion_event_counts_the_k_change_once(events: PostedEvents) -> None:  # noqa: F811
+def test_the_promotion_event_counts_the_k_change_once(events: PostedEvents) -> None:
     canary = CanaryStatus(pool=POOL, stable_revision="a", canary_revision="b", phase="Promoted", weight=100,
                           step_started_at="2026-11-30T12:00:00Z", canary_k=5, decision_id="d1")
     plan = ReconcilePlan(status=SpeculativeModelStatus(canary=canary), events=[

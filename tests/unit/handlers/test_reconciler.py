@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -25,7 +24,7 @@ from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, Ope
 from specdec_operator.tuner.engine import TunerState
 from specdec_runtime import contract
 from tests.unit.api.specfactories import drafter_wire, spec_wire
-from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents, kopf_events, live_indices
+from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents, live_indices
 from tests.unit.reconcile.reconcilefactories import FLEET, NAMESPACE
 
 NAME = "llama8b"
@@ -42,18 +41,6 @@ def settings(**overrides: Any) -> OperatorSettings:
         "refused_write_backoff_max_seconds": 1.0, **overrides,
     }
     return OperatorSettings.model_validate(values)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-async def events() -> AsyncIterator[PostedEvents]:
-    with kopf_events() as posted:
-        yield posted
 
 
 def context(api: FakeKubeApi, http: aiohttp.ClientSession, **overrides: Any) -> OperatorContext:

@@ -3,37 +3,23 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import kopf
-import pytest
 
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.scrapes import ScrapeScheduler
 from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
 from tests.unit.api.specfactories import drafter_wire, spec_wire
-from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents, kopf_events, live_indices
+from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents, live_indices
 from tests.unit.reconcile.reconcilefactories import FLEET, NAMESPACE
 
 LOG = logging.getLogger("test")
 MESSAGE = "Cannot reference Service other/llama8b-stable: missing ReferenceGrant"
 SPEC = spec_wire(drafters=[drafter_wire("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")],
                  rollout={"strategy": "Canary", "canary": {"traffic": {"httpRouteRef": {"name": "llama8b"}}}})
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-async def events() -> AsyncIterator[PostedEvents]:
-    with kopf_events() as posted:
-        yield posted
 
 
 def context(api: FakeKubeApi, http: aiohttp.ClientSession) -> OperatorContext:

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
 
 from specdec_operator.handlers.cache import WatchCache
 from specdec_operator.handlers.context import OperatorContext
@@ -19,7 +17,7 @@ from specdec_operator.handlers.resync import Listing, compare
 from specdec_operator.handlers.scrapes import ScrapeScheduler
 from specdec_runtime import contract
 from tests.unit.api.specfactories import drafter_wire, spec_wire
-from tests.unit.handlers.fakeapi import FakeKubeApi, KopfView, PostedEvents, kopf_events, live_indices
+from tests.unit.handlers.fakeapi import FakeKubeApi, KopfView, PostedEvents, live_indices
 from tests.unit.handlers.test_reconciler import NAME, POOL, context, current, model_body, settings
 from tests.unit.reconcile.reconcilefactories import FLEET, NAMESPACE
 
@@ -31,18 +29,6 @@ SPEC = spec_wire(drafters=[drafter_wire("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instr
                  rollout=ROLLOUT)
 CHANGED = spec_wire(drafters=[drafter_wire("eagle3", "example-org/EAGLE3-v2")], placement=PLACEMENT, rollout=ROLLOUT)
 LOG = logging.getLogger("test")
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-async def events() -> AsyncIterator[PostedEvents]:
-    with kopf_events() as posted:
-        yield posted
 
 
 def revision(api: FakeKubeApi, name: str) -> str:
