@@ -79,8 +79,10 @@ def test_a_hand_corrupted_status_field_is_named_and_nothing_acts_on_it(
 
     found = wait_for("Degraded=StatusUnreadable", degraded, 30)
     assert found["status"] == "True" and "status.speculation.lastDecision.time" in found["message"], found
-    warnings = [e for e in kube.events(name) if e["reason"] == "StatusUnreadable"]
-    assert warnings and warnings[0]["type"] == "Warning" and "lastDecision.time" in warnings[0]["message"]
+    # The event is posted after the status write that carries the condition: wait for it, do not race it.
+    warnings = wait_for("a StatusUnreadable event", lambda: [
+        e for e in kube.events(name) if e["reason"] == "StatusUnreadable"], 30)
+    assert warnings[0]["type"] == "Warning" and "lastDecision.time" in warnings[0]["message"]
     time.sleep(3 * 5 + 2)  # three reconcile intervals of the e2e settings
     held = kube.get("sm", name)["status"]
     assert held["speculation"]["lastDecision"]["time"] == "last tuesday"  # kept for the human to repair
