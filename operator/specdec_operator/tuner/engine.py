@@ -194,13 +194,17 @@ class TunerState:
         return report
 
     def commit(self, decision: TuningDecision, now: float) -> None:
-        """The decision is durable (in status): start its cooldown and remember the K it left."""
+        """The decision is durable (in status): start its cooldown and remember the K it left.
+
+        The window is not restarted here: the pool still runs the K it left until the decision rolls out (at
+        once with strategy Rolling, at the canary's promotion with Canary, never after a rollback). `_history`
+        restarts it, once, when the pool's effective K changes.
+        """
         history = self._pools.get(decision.pool)
         self.last_change_at = now
         self._previous_k[decision.pool] = decision.from_k
         if history is not None:
-            history.previous_k, history.k = decision.from_k, decision.to_k
-            _restart(history, "k_change", now)
+            history.previous_k = decision.from_k
 
     def _history(self, pool: PoolContext, at: float) -> _PoolHistory:
         """The pool's history, its window restarted first if the pool changed since the last look at `at`."""
@@ -215,7 +219,8 @@ class TunerState:
                 fresh.restarts["drafter"] += 1
             history = self._pools[pool.name] = fresh
         if history.k != pool.effective_k:
-            # K changed outside our decisions (a spec edit, or status restored after a restart).
+            # The pool's K changed: a decision rolled out (or its canary promoted), the spec was edited, or a
+            # canary rolled back.
             history.previous_k, history.k = history.k, pool.effective_k
             _restart(history, "k_change", at)
         if history.replicas != pool.replicas:

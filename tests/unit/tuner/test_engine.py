@@ -267,6 +267,37 @@ def test_a_k_change_and_a_drafter_change_restart_the_window_too() -> None:
     assert swapped.windows["p"].restarts == {"drafter": 1} and swapped.windows["p"].samples == 0
 
 
+def test_a_decision_rolled_out_by_a_canary_restarts_the_window_once_for_its_k() -> None:
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 125, 5):
+        state.observe([_sized(3, 1)], [_scrape(replica, float(t), 3)])
+    proposal = state.evaluate(125.0, [_sized(3, 1)], WINDOW_SPEC).decision
+    assert proposal is not None and proposal.to_k == 2
+    state.commit(proposal, 125.0)
+    restarts: Counter[str] = Counter()
+    # In flight, the pool's K in status is still the stable one: the window is held for the rollout, not restarted
+    # for a K the pool does not run yet; the promotion changes its K once.
+    for t, k, rolling in [(130, 3, True), (145, 3, True), (160, 2, True), (175, 2, False), (190, 2, False)]:
+        state.observe([_sized(k, 1, rolling=rolling)], [_scrape(replica, float(t), 3)])
+        restarts.update(state.evaluate(float(t), [_sized(k, 1, rolling=rolling)], WINDOW_SPEC).windows["p"].restarts)
+    assert restarts == {"rollout": 1, "k_change": 1}
+
+
+def test_a_decision_whose_canary_rolled_back_restarts_no_window_for_its_k() -> None:
+    state, replica = TunerState(), _replica(3)
+    for t in range(5, 125, 5):
+        state.observe([_sized(3, 1)], [_scrape(replica, float(t), 3)])
+    proposal = state.evaluate(125.0, [_sized(3, 1)], WINDOW_SPEC).decision
+    assert proposal is not None
+    state.commit(proposal, 125.0)
+    restarts: Counter[str] = Counter()
+    for t, rolling in [(130, True), (145, True), (160, False), (175, False)]:
+        state.observe([_sized(3, 1, rolling=rolling)], [_scrape(replica, float(t), 3)])
+        restarts.update(state.evaluate(float(t), [_sized(3, 1, rolling=rolling)], WINDOW_SPEC).windows["p"].restarts)
+    assert restarts == {"rollout": 1}
+    assert state.last_change_at == 125.0  # the cooldown still runs from the decision
+
+
 def test_the_window_is_published_with_its_restarts_by_cause() -> None:
     from specdec_operator.metrics import REGISTRY
     from specdec_operator.tuner.exporter import publish
