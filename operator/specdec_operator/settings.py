@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from specdec_operator.decisions import label_selector
 from specdec_operator.render.podspec import PodSettings
 
 # Runtime images are built from runtime/Dockerfile: a pinned vllm/vllm-openai-rocm base plus our launcher.
@@ -116,6 +117,12 @@ class OperatorSettings(BaseSettings):
         description="PersistentVolumeClaim, in each model's namespace, mounted as the Hugging Face cache "
         "unless a model names its own or disables it.",
     )
+
+    @field_validator("model_selector")
+    @classmethod
+    def _selector_parses(cls, value: str) -> str:
+        label_selector.parse(value)  # a ValueError naming the requirement: the operator refuses to start
+        return value
 
     @field_validator("runtime_fs_group", "weights_cache_claim", mode="before")
     @classmethod

@@ -96,6 +96,16 @@ class Kube:
         events = self.items("events")
         return [e for e in events if involved is None or e["involvedObject"]["name"] == involved]
 
+    def events_once(self, involved: str, *reasons: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """The object's events, once one of each reason has arrived. The operator posts events after the status
+        write that carries the same news (kopf queues them), so a test that saw the status waits for them."""
+        def arrived() -> list[dict[str, Any]] | None:
+            events = self.events(involved)
+            return events if set(reasons) <= {e["reason"] for e in events} else None
+
+        return wait_for(f"{', '.join(reasons)} events for {involved}", arrived, timeout_s, 0.5,
+                        describe=lambda: [f"{e['reason']}: {e['message']}" for e in self.events(involved)][-6:])
+
 
 def wait_for(
     what: str,

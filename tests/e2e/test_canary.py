@@ -129,7 +129,7 @@ def test_drafter_change_is_promoted_through_10_50_100_with_route_weights(
     wait_for("weights back to 100/0", lambda: weights(kube, "promo") == (100, 0), 30)
     other = kube.get("httproute", "promo-route")["spec"]["rules"][1]["backendRefs"]
     assert other == [{"group": "", "kind": "Service", "name": "someone-else", "port": 80, "weight": 1}]
-    reasons = [e["reason"] for e in kube.events("promo")]
+    reasons = [e["reason"] for e in kube.events_once("promo", "CanaryPromoted")]
     for reason in ("CanaryStarted", "CanaryStepStarted", "CanaryStepPassed", "CanaryPromoted"):
         assert reason in reasons, reasons
 
@@ -167,8 +167,9 @@ def test_bad_canary_is_rolled_back_with_its_numbers(
     assert stable["metadata"]["generation"] == generation, "the stable Deployment must be untouched"
     degraded = next(c for c in kube.get("sm", "bad")["status"]["conditions"] if c["type"] == "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "CanaryRolledBack")
-    failed = [e for e in kube.events("bad") if e["reason"] == "CanaryFailed" and reason in e["message"]]
-    assert failed, [f"{e['reason']}: {e['message']}" for e in kube.events("bad") if e["reason"].startswith("Canary")]
+    events = kube.events_once("bad", "CanaryFailed")
+    failed = [e for e in events if e["reason"] == "CanaryFailed" and reason in e["message"]]
+    assert failed, [f"{e['reason']}: {e['message']}" for e in events if e["reason"].startswith("Canary")]
     print(f"\n{profile}: {failed[0]['message']}")
     message = failed[0]["message"]
     if profile == "e2e-erroring":

@@ -373,13 +373,14 @@ def test_healthy_tuner_k_changes_promote_under_real_traffic_on_1_2_4_replicas(
         status = kube.get("sm", name)["status"]
         canary = status["canary"]
         assert canary["canaryK"] > TUNED_FROM_K and status["pools"][0]["effectiveK"] == canary["canaryK"], canary
-        promoted = [e["message"] for e in kube.events(name) if e["reason"] == "CanaryPromoted"]
+        events = kube.events_once(name, "CanaryPromoted", "KChanged")
+        promoted = [e["message"] for e in events if e["reason"] == "CanaryPromoted"]
         assert promoted and any(ch.isdigit() for ch in promoted[-1]), promoted
-        passed = [e["message"] for e in kube.events(name) if e["reason"] == "CanaryStepPassed"]
+        passed = [e["message"] for e in events if e["reason"] == "CanaryStepPassed"]
         # Judged as a K change: against the goodput the tuner predicted, acceptance per shared draft position.
         assert any("tuner predicted" in m and "acceptance at position 1" in m for m in passed), passed
         print(f"{name}: {passed} {promoted[-1]}")  # shown with -rA: the numbers the promotion rests on
-        changed = [e["message"] for e in kube.events(name) if e["reason"] == "KChanged"]
+        changed = [e["message"] for e in events if e["reason"] == "KChanged"]
         assert len(changed) == 1, changed  # announced once, at the promotion
     report_failed_requests(loads)
 

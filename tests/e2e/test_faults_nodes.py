@@ -97,7 +97,8 @@ def run_outage(kube: Kube, operator: OperatorProcess, model: str, names: list[st
     begin()
     degraded = nodes_missing(kube, model, names)
     assert "keeping 2 replica(s) at K=3" in degraded["message"], degraded
-    assert any(e["reason"] == "NodesMissing" and e["type"] == "Warning" for e in kube.events(model))
+    events = kube.events_once(model, "NodesMissing")
+    assert any(e["reason"] == "NodesMissing" and e["type"] == "Warning" for e in events)
     hold_outage(operator, started, OUTAGE_S)
     still = condition(kube.get("sm", model), "Degraded")
     assert still is not None and still["reason"] == "NodesMissing", still  # held, not removed

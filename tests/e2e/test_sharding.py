@@ -9,13 +9,13 @@ reconcile every model, is paused meanwhile.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from localcluster.cluster import LocalCluster
+from tests.e2e.audit import AuditLog, recorded_sequence, status_writes
 from tests.e2e.helm import Helm, Release, unique_name
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import OperatorProcess
@@ -97,9 +97,13 @@ def test_two_shards_split_the_fleet_with_no_overlap_and_no_gap(
     assert {name: appliers(kube, name) for name in wanted} == {name: {shard} for name, shard in expected.items()}
 
     # Relabel a model from the catch-all shard into shard a: it moves, and stays owned once.
+    audit = AuditLog(kube.cluster.paths.logs / "audit.log")
     kube.run("label", "sm", "m-plain1", f"{SHARD_LABEL}=a")
     wait_for("m-plain1 moves to shard a", lambda: shard_of(kube)["m-plain1"] == "a", 60)
-    # The old shard let go: over three of its resyncs (5 s in e2e settings) it never writes its name back.
-    for _ in range(15):
-        assert shard_of(kube) == {**expected, "m-plain1": "a"}
-        time.sleep(1)
+    # The old shard let go: its loop for the model ended (its series are gone from its /metrics), and from the
+    # relabel on, no status write of its own succeeded, not even one a pass in flight re-read and retried.
+    wait_for("shard rest drops m-plain1", lambda: (samples := shards["rest"].metrics()) is not None
+             and not any("model=m-plain1," in series for series in samples), 60)
+    written = recorded_sequence(status_writes(audit.entries(namespace), "m-plain1"), lambda s: s.get("shard"))
+    assert written == ["a"], written
+    assert shard_of(kube) == {**expected, "m-plain1": "a"}

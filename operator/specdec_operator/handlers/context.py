@@ -64,6 +64,16 @@ class OperatorContext:
     supervisor: Supervisor = field(default_factory=Supervisor)  # runs the operator-wide background loops
     # Runtime pods failing now (uid -> cause), so a pod that starts or stops failing wakes its model at once.
     failing_pods: dict[str, str] = field(default_factory=dict)
+    # How often the watch said a model left it (a DELETED event), per model. A model relabelled out of the
+    # model selector gets one without a deletionTimestamp, and kopf then stops nothing: its loop compares this
+    # count with the one it started at and ends itself. Kept across loops, so a model that comes back starts
+    # a loop with the new count.
+    departures: dict[ModelKey, int] = field(default_factory=dict)
+
+    def depart(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        self.departures[key] = self.departures.get(key, 0) + 1
+        self.nudge(namespace, name)
 
     def model(self, namespace: str, name: str) -> ModelMemory:
         """The model's memory, made empty on first use."""

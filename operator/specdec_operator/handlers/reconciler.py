@@ -16,6 +16,7 @@ from specdec_operator import KIND
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.canary.plan import canary_summary
 from specdec_operator.conditions import apply_updates, summarize
+from specdec_operator.decisions import label_selector
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
@@ -224,6 +225,12 @@ async def reconcile(
     key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
     try:
         baseline = newest_body(ctx, key, body)
+        if not label_selector.matches(ctx.settings.model_selector, baseline["metadata"].get("labels")):
+            # Relabelled into another shard: the watch will end this loop; until then nothing is ours to write.
+            logger.info("model no longer matches this install's model selector %r: left to its shard",
+                        ctx.settings.model_selector)
+            RECONCILES.labels(result="ok").inc()
+            return ReconcilePlan(held="the model left this install's model selector")
         observed = await gather(ctx, baseline, nodes, gpu_claims, logger)
         tuning = await _tune(ctx, observed, logger)
         if tuning.proposal is not None:

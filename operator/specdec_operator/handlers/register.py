@@ -142,6 +142,9 @@ async def model_changed(
     namespace: str | None, name: str, type: str | None, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
     context: OperatorContext = memo.context
+    if type == "DELETED":
+        # Deleted, or relabelled out of this install's model selector (the watch says DELETED then too).
+        context.depart(namespace or "", name)
     # Our own status writes come back as events too; only a change of spec or metadata wakes the loop.
     if context.cache.model_changed((namespace or "", name), type, body):
         context.nudge(namespace or "", name)
@@ -181,8 +184,15 @@ async def reconcile_loop(
     context.cache.bind(kwargs)
     schedule = LoopSchedule(context.settings.reconcile_interval_seconds)
     nudged = True
+    departures = context.departures.get((namespace, name), 0)
     try:
         while not stopped:
+            if context.departures.get((namespace, name), 0) != departures:
+                # kopf stops a daemon only for a deletion; a model that left the model selector is another
+                # install's now, and nothing of this loop may act on it.
+                logger.info("the model left this install's watch (deleted, or relabelled out of its model "
+                            "selector): its loop ends")
+                return
             now = time.monotonic()
             tuner_at = next_wake(context, namespace, name)
             retry_at = _retry_at(context, namespace, name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from specdec_runtime.simulator.engine import JITTER, LiveOutcome
 from specdec_runtime.simulator.sampling import rate_at
@@ -63,7 +63,7 @@ async def generate(
     max_tokens: int,
     errored: bool,
     clock: Callable[[], float],
-    sleep: Callable[[float], asyncio.Future[None]] | None = None,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
 ) -> AsyncGenerator[int, None]:
     """Yields the tokens each engine step emits for one request; counts the request when it ends.
 

@@ -44,10 +44,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class Simulator:
     """One simulated vLLM process: the replica on the wall clock plus the profile's faults."""
 
-    def __init__(self, options: ServeOptions, profile: Profile, clock: Callable[[], float] = time.time):
+    def __init__(self, options: ServeOptions, profile: Profile, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+        """`clock` and `sleep` are the wall clock and asyncio's sleep; tests pass a virtual pair (steps then
+        take no time and their lengths are exact)."""
         self.options = options
         self.profile = profile
         self.clock = clock
+        self.sleep = sleep
         seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**32)
         self.rng = random.Random(seed + 1)
         self.replica = VirtualReplica(
@@ -139,7 +143,8 @@ def _completion_handler(chat: bool) -> Handler:
         # failure), which the client sees as a 500.
         errored = simulator.inject_error()
         steps = generate(simulator.live, simulator.rng, prompt_tokens=completion.prompt_tokens,
-                         max_tokens=completion.max_tokens, errored=errored, clock=simulator.clock)
+                         max_tokens=completion.max_tokens, errored=errored, clock=simulator.clock,
+                         sleep=simulator.sleep)
         if not completion.stream:
             async for _ in steps:
                 pass

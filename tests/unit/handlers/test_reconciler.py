@@ -198,6 +198,31 @@ async def test_a_concurrent_status_write_is_reread_never_overwritten(
     assert deployment_k(api) == "6"
 
 
+async def test_a_model_relabelled_out_of_the_shard_is_left_alone_even_after_a_conflict_reread(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    api = FakeKubeApi()
+    ctx = context(api, http, model_selector="specdec.io/shard notin (a)", shard="rest")
+    body = await settled(ctx, api)
+    assert api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["shard"] == "rest"
+    # Relabelled into shard a, which already wrote its name; our watch has not said the model left yet.
+    moved = api.objects[("SpeculativeModel", NAMESPACE, NAME)]
+    moved["metadata"]["labels"] = {"specdec.io/shard": "a"}
+    moved["status"]["shard"] = "a"
+    moved["metadata"]["resourceVersion"] = "999999"
+    ctx.model(NAMESPACE, NAME).written = moved  # what a 409's re-read brings back
+    before = len(api.writes())
+    plan = await reconcile(ctx, body, FLEET, LOG)
+    assert plan.held is not None and "selector" in plan.held
+    assert len(api.writes()) == before  # no status, no owned object: shard a owns it now
+    assert api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["shard"] == "a"
+
+
+def test_a_model_selector_that_does_not_parse_stops_the_operator_at_start() -> None:
+    with pytest.raises(ValueError, match=r"model_selector\n.*unbalanced"):
+        settings(model_selector="specdec.io/shard in (a")
+
+
 async def test_a_corrupted_status_holds_every_pool_and_names_the_field(
     http: aiohttp.ClientSession, events: PostedEvents
 ) -> None:

@@ -15,11 +15,26 @@ from tests.unit.runtime.simfactories import make_profile
 SPEC = '{"method":"eagle","model":"org/drafter","num_speculative_tokens":3}'
 
 
-async def _client(**profile: Any) -> TestClient[Any, Any]:
+class VirtualTime:
+    """A clock that moves only when a step sleeps: step lengths come out exact, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)  # still a suspension point, as a real step is
+
+
+async def _client(virtual: VirtualTime | None = None, **profile: Any) -> TestClient[Any, Any]:
     options = parse_serve_args(["serve", "org/target", "--served-model-name", "target", "--speculative-config", SPEC,
                                 "--profile", "unused.yaml", "--seed", "5"])
     # No virtual load: every sequence in the batch is one of the test's requests.
-    simulator = Simulator(options, make_profile(concurrency=0, restart_s=0, **profile))
+    made = make_profile(concurrency=0, restart_s=0, **profile)
+    simulator = Simulator(options, made) if virtual is None else Simulator(options, made, virtual.clock, virtual.sleep)
     client: TestClient[Any, Any] = TestClient(TestServer(build_app(simulator, background_tick=False)))
     await client.start_server()
     return client
@@ -101,9 +116,9 @@ async def test_error_rate_fails_requests_with_finished_reason_error() -> None:
 
 async def test_slowdown_lengthens_time_per_output_token() -> None:
     async def tpot(slowdown: float) -> float:
-        # Steps long enough that the event loop's wake-up delay is small beside them.
-        client = await _client(step_time={"base_s": 0.04, "per_token_s": 0.0}, faults={"slowdown": slowdown},
-                               acceptance=[0.0])
+        # On virtual time: the event loop's wake-up delays on a busy machine do not stretch the steps.
+        client = await _client(VirtualTime(), step_time={"base_s": 0.04, "per_token_s": 0.0},
+                               faults={"slowdown": slowdown}, acceptance=[0.0])
         try:
             await client.post("/v1/completions", json={"model": "target", "prompt": "x", "max_tokens": 8})
             after = await _metrics(client)
