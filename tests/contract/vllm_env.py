@@ -20,8 +20,9 @@ DRIVER = Path(__file__).with_name("vllm_driver.py")
 DRIVER_TIMEOUT_S = 1800
 CACHE_DIR = Path(os.environ.get("SPECDEC_CONTRACT_CACHE",
                                 Path.home() / ".cache" / "specdec-operator" / "contract-verdicts"))
-# Commands with effects beyond their answer are always run: `models` writes the config directories.
-UNCACHED = frozenset({"models"})
+# Commands whose effect is files under the models directory as well as their answer (`models` writes the config
+# directories): their cache entry holds those files too, and a hit writes them back.
+WRITES_MODEL_FILES = frozenset({"models"})
 # The per-session models directory is a temporary path; keys and cached answers carry this placeholder instead.
 MODELS_DIR_MARK = "@MODELS_DIR@"
 
@@ -69,19 +70,35 @@ class VllmDriver:
         return self.cache_dir / f"{command}-{key}.json"
 
     def run(self, command: str, request: dict[str, Any]) -> Any:
-        cache = None if command in UNCACHED else self._cache_path(command, request)
-        if cache is not None and not self.fresh and cache.is_file():
+        cache = self._cache_path(command, request)
+        writes_files = command in WRITES_MODEL_FILES
+        if not self.fresh and cache.is_file():
             self.hits += 1
-            return json.loads(cache.read_text().replace(MODELS_DIR_MARK, str(self.models_dir)))
+            stored = cache.read_text().replace(MODELS_DIR_MARK, str(self.models_dir))
+            if not writes_files:
+                return json.loads(stored)
+            entry = json.loads(stored)
+            for relative, text in entry["files"].items():
+                (self.models_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+                (self.models_dir / relative).write_text(text)
+            return entry["answer"]
         self.misses += 1
+        before = set(self._model_files())
         answer_text = self._ask_vllm(command, request)
         answer = json.loads(answer_text)
-        if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            partial = cache.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(answer_text.replace(str(self.models_dir), MODELS_DIR_MARK))
-            partial.replace(cache)  # atomic: a concurrent reader sees the whole answer or none
+        stored = answer_text
+        if writes_files:
+            files = {relative: (self.models_dir / relative).read_text()
+                     for relative in sorted(set(self._model_files()) - before)}
+            stored = json.dumps({"answer": answer, "files": files})
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(stored.replace(str(self.models_dir), MODELS_DIR_MARK))
+        partial.replace(cache)  # atomic: a concurrent reader sees the whole answer or none
         return answer
+
+    def _model_files(self) -> list[str]:
+        return [str(path.relative_to(self.models_dir)) for path in self.models_dir.rglob("*") if path.is_file()]
 
     def _ask_vllm(self, command: str, request: dict[str, Any]) -> str:
         env = {

@@ -16,6 +16,10 @@ import json, pathlib, sys
 calls = pathlib.Path(__file__).with_name("calls")
 calls.write_text(calls.read_text() + sys.argv[-1] + "\\n" if calls.exists() else sys.argv[-1] + "\\n")
 request = json.load(sys.stdin)
+if sys.argv[-1] == "models":
+    target = pathlib.Path(request["models_dir"]) / "target-llama"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps({"at": request["models_dir"]}))
 json.dump({"command": sys.argv[-1], "path": request["models_dir"] + "/target-llama",
            "echo": request.get("cases")}, sys.stdout)
 """
@@ -83,19 +87,32 @@ def test_a_new_case_a_changed_driver_or_another_vllm_asks_vllm_again(tmp_path: P
     assert calls(other) == ["serve"]
 
 
-def test_fresh_asks_vllm_and_refreshes_the_cache_and_models_always_runs(tmp_path: Path, driver_file: Path) -> None:
+def test_fresh_asks_vllm_and_refreshes_the_cache(tmp_path: Path, driver_file: Path) -> None:
     cache = tmp_path / "cache"
     python = venv(tmp_path / "venv", ["vllm-0.33.0"])
     VllmDriver(python, tmp_path / "m", cache_dir=cache).run("options", {})
     fresh = VllmDriver(python, tmp_path / "m", cache_dir=cache, fresh=True)
     fresh.run("options", {})
     assert calls(python) == ["options", "options"] and (fresh.hits, fresh.misses) == (0, 1)
-    cached = VllmDriver(python, tmp_path / "m", cache_dir=cache)
-    cached.run("models", {"dir": str(tmp_path / "m")})
-    cached.run("models", {"dir": str(tmp_path / "m")})
-    cached.run("options", {})
-    assert calls(python) == ["options", "options", "models", "models"]
-    assert [path.name.split("-")[0] for path in cache.iterdir()] == ["options"]
+
+
+def test_the_model_directories_are_cached_with_their_files_and_written_into_each_session(
+    tmp_path: Path, driver_file: Path
+) -> None:
+    cache = tmp_path / "cache"
+    python = venv(tmp_path / "venv", ["vllm-0.33.0"])
+    first_dir = tmp_path / "models-1"
+    first_dir.mkdir()
+    first = VllmDriver(python, first_dir, cache_dir=cache).run("models", {"dir": str(first_dir)})
+    assert first["path"] == f"{first_dir}/target-llama"
+    second_dir = tmp_path / "models-2"
+    second_dir.mkdir()
+    second = VllmDriver(python, second_dir, cache_dir=cache)
+    answer = second.run("models", {"dir": str(second_dir)})
+    assert calls(python) == ["models"] and (second.hits, second.misses) == (1, 0)
+    # The files are this session's, with this session's paths in them, as the driver would have written them.
+    assert answer["path"] == f"{second_dir}/target-llama"
+    assert (second_dir / "target-llama" / "config.json").read_text() == f'{{"at": "{second_dir}"}}'
 
 
 def test_a_venv_without_vllm_is_refused_by_name(tmp_path: Path, driver_file: Path) -> None:
