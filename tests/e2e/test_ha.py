@@ -104,7 +104,8 @@ def test_one_acts_and_the_other_takes_over_mid_canary_after_kill_9(
              describe=lambda: (canary_status(kube, MODEL),
                                [f"{e['reason']}: {e['message']}" for e in kube.events(MODEL)][-6:]))
     # One canary, each step passed once, in order: nothing repeated or skipped across the failover.
-    in_order = sorted(kube.events(MODEL), key=lambda e: e.get("eventTime") or e.get("firstTimestamp") or "")
+    in_order = sorted(kube.events_once(MODEL, "CanaryPromoted"),
+                      key=lambda e: e.get("eventTime") or e.get("firstTimestamp") or "")
     events = [(e["reason"], e["message"]) for e in in_order if e["reason"].startswith("Canary")]
     assert [r for r, _ in events if r in ("CanaryStarted", "CanaryPromoted")] == ["CanaryStarted", "CanaryPromoted"]
     assert [m.split(" ")[1] for r, m in events if r == "CanaryStepStarted"] == ["1/3"], events

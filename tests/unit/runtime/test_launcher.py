@@ -135,9 +135,19 @@ def test_entrypoint_execs_the_simulator_which_serves_on_loopback(tmp_path: Path)
         [str(entrypoint), "launch", "--config", str(write_config(tmp_path, config))],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
+    assert process.stdout is not None
+    started: list[str] = []
     try:
+        # Start-up (the launcher's exec, the simulator's imports) takes what a busy machine gives it: wait for the
+        # simulator's own "serving" line, not a clock (the suite's timeout bounds a start that never comes).
+        for raw in iter(process.stdout.readline, b""):
+            started.append(raw.decode())
+            if "serving " in started[-1]:
+                break
+        else:
+            raise AssertionError(f"the simulator exited before serving: {''.join(started)}")
         body = ""
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 30  # from the serving line: 0.2 s of loading, then the first scrape
         while time.monotonic() < deadline and "num_accepted_tokens_per_pos" not in body:
             try:
                 with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2) as response:
@@ -147,7 +157,7 @@ def test_entrypoint_execs_the_simulator_which_serves_on_loopback(tmp_path: Path)
         assert 'position="3"' in body and 'model_name="llama-70b"' in body
     finally:
         process.terminate()
-        output = process.communicate(timeout=10)[0].decode()
+        output = "".join(started) + process.communicate(timeout=10)[0].decode()
     assert process.returncode == 0, output
     # The console script may name the venv interpreter python or python3; both are this interpreter.
     assert " -m specdec_runtime.simulator serve" in output and f"exec {Path(sys.executable).parent}/python" in output
