@@ -212,16 +212,115 @@ def module_source_dir(module: str, version: str, from_build: str) -> Path:
     return Path(info["Dir"])
 
 
-def kwok_stage_files() -> list[Path]:
-    """KWOK's own stages: fast node init, lease heartbeats, pod ready/complete/delete."""
+# The runtime pods' name label (specdec_runtime.contract). This package runs without the project installed, so it
+# is spelled out here; a unit test keeps the two equal.
+RUNTIME_POD_LABEL = ("app.kubernetes.io/name", "specdec-runtime")
+
+# Runtime pods, once scheduled: a pod IP and Pending, not ready, as a kubelet reports a pod whose sandbox is up and
+# whose container is being created. The fleet driver, the kubelet's stand-in for them, reports the container
+# running and Ready only once its simulator listens (as vLLM's readiness probe would pass), or the waiting state
+# that keeps it from starting. Selected once: by the missing pod IP.
+RUNTIME_POD_START_STAGE = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: runtime-pod-start
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchLabels: {labels}
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Pending'
+    - key: '.status.podIP'
+      operator: 'DoesNotExist'
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+
+      conditions:
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        reason: ContainersNotReady
+        type: Ready
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        reason: ContainersNotReady
+        type: ContainersReady
+
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: false
+        started: false
+        restartCount: 0
+        state:
+          waiting:
+            reason: ContainerCreating
+      {{{{ end }}}}
+      {{{{ $hostIPs := NodeIPsWith .spec.nodeName }}}}
+      {{{{ with $hostIPs }}}}
+      hostIP: {{{{ index . 0 | Quote }}}}
+      hostIPs:
+      {{{{ range . }}}}
+      - ip: {{{{ . | Quote }}}}
+      {{{{ end }}}}
+      {{{{ end }}}}
+      {{{{ $hostNetwork := or .spec.hostNetwork false }}}}
+      {{{{ $uid := or .metadata.uid "" }}}}
+      {{{{ $name := or .metadata.name "" }}}}
+      {{{{ $namespace := or .metadata.namespace "" }}}}
+      {{{{ $podIPs := PodIPsWith .spec.nodeName $hostNetwork $uid $name $namespace }}}}
+      {{{{ with $podIPs }}}}
+      podIP: {{{{ index . 0 | Quote }}}}
+      podIPs:
+      {{{{ range . }}}}
+      - ip: {{{{ . | Quote }}}}
+      {{{{ end }}}}
+      {{{{ end }}}}
+      phase: Pending
+      startTime: {{{{ $now | Quote }}}}
+"""
+
+
+def kwok_stage_files(out_dir: Path) -> list[Path]:
+    """KWOK's own stages (fast node init, lease heartbeats, pod ready/complete/delete), except that its pod-ready
+    stage leaves runtime pods to `runtime-pod-start` and the fleet driver: KWOK would report them Ready before
+    anything serves on them, and again after the driver reported a container that cannot start."""
     root = module_source_dir("sigs.k8s.io/kwok", KWOK_VERSION, "kwok") / "kustomize" / "stage"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pod_ready = out_dir / "pod-ready.yaml"
+    pod_ready.write_text(pod_ready_stage_without_runtime_pods((root / "pod" / "fast" / "pod-ready.yaml").read_text()))
+    runtime_start = out_dir / "runtime-pod-start.yaml"
+    runtime_start.write_text(RUNTIME_POD_START_STAGE.format(labels=json.dumps(dict([RUNTIME_POD_LABEL]))))
     return [
         root / "node" / "fast" / "node-initialize.yaml",
         root / "node" / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml",
-        root / "pod" / "fast" / "pod-ready.yaml",
+        pod_ready,
+        runtime_start,
         root / "pod" / "fast" / "pod-complete.yaml",
         root / "pod" / "fast" / "pod-delete.yaml",
     ]
+
+
+def pod_ready_stage_without_runtime_pods(stage_text: str) -> str:
+    """KWOK's pod-ready stage with one more selector term: not a runtime pod (a missing label matches NotIn)."""
+    anchor = "    matchExpressions:\n"
+    if stage_text.count(anchor) != 1:
+        raise ClusterError("kwok's pod-ready stage changed shape: expected one selector matchExpressions list")
+    key, value = RUNTIME_POD_LABEL
+    term = f"    - key: '.metadata.labels.\"{key}\"'\n      operator: 'NotIn'\n      values:\n      - '{value}'\n"
+    return stage_text.replace(anchor, anchor + term)
 
 
 def gateway_api_crd_files() -> list[Path]:

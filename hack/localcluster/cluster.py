@@ -154,7 +154,7 @@ class LocalCluster:
         self._write_kubeconfig(cluster_certs)
         reads = os.environ.get("SPECDEC_CLUSTER_AUDIT_READS", "").lower() in ("1", "true")
         (self.paths.root / "audit-policy.yaml").write_text(AUDIT_POLICY_ALL if reads else AUDIT_POLICY)
-        stages = build.kwok_stage_files()
+        stages = build.kwok_stage_files(self.paths.root / "kwok-stages")
         try:
             self._start("etcd", self._etcd_command(), (self.ports.etcd_client, self.ports.etcd_peer))
             self._wait(f"etcd on 127.0.0.1:{self.ports.etcd_client}", "etcd", self._etcd_healthy, 30)

@@ -1,4 +1,4 @@
-"""A kubelet stand-in for our runtime pods on kwok nodes: one hosted simulator per Running pod.
+"""A kubelet stand-in for our runtime pods on kwok nodes: one hosted simulator per pod with an IP.
 
 Level-triggered: every interval the driver takes the pods that should be served (from a watch cache)
 and makes the set of hosted simulators match. A pod that disappears loses its simulator; a pod
@@ -8,6 +8,11 @@ new pod's config, which resets its counters as a real restart would.
 A simulator that "exits" (it refuses its arguments as vLLM would, or the pod asks for a simulated OOM kill) is
 restarted with the kubelet's back-off (10 s doubling to 5 min), and each exit is reported on the pod as the
 kubelet would: CrashLoopBackOff with lastState.terminated and a restart count (podstates.py).
+
+Readiness is the driver's too: KWOK gives a runtime pod its IP and leaves it Pending and not ready (the
+`runtime-pod-start` stage, hack/localcluster/build.py); the driver reports it running and Ready once its simulator
+has loaded its model (the profile's restart_s), as the kubelet does when vLLM's readiness probe first passes.
+Probes are not run after that: a simulator whose /health turns 503 later stays Ready.
 
 All simulators live in this one process, each on its own pod IP and port (see simulator/hosted.py):
 a process per pod cost ~40 MiB each and kept a 2,000-pod fleet off a small machine.
@@ -40,11 +45,11 @@ class PodSource(Protocol):
 
 
 class ContainerReporter(Protocol):
-    """Writes what a kubelet would to the pod's status when its container exits or runs again."""
+    """Writes what a kubelet would to the pod's status when its container exits, or runs and is ready."""
 
     async def report_crash(self, pod: RuntimePod, restarts: int, last: Terminated) -> None: ...
 
-    async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated) -> None: ...
+    async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated | None) -> None: ...
 
 
 @dataclass
@@ -69,6 +74,7 @@ class FleetSupervisor:
         self._running: dict[str, HostedSimulator] = {}
         self._names: dict[str, str] = {}  # uid -> namespace/name, for log lines
         self._refused: set[str] = set()
+        self._loading: dict[str, RuntimePod] = {}  # started, not reported Ready yet: the model still loads
 
     @property
     def simulators(self) -> dict[str, HostedSimulator]:
@@ -89,6 +95,7 @@ class FleetSupervisor:
                 continue  # backing off, as the kubelet does between restarts
             if uid not in self._running and uid not in self._refused:
                 await self._start(pod)
+        await self._report_loaded()
 
     async def _exited(self, pod: RuntimePod, last: Terminated) -> None:
         crash = self._crashes.get(pod.uid)
@@ -145,11 +152,26 @@ class FleetSupervisor:
             return
         self._running[pod.uid] = hosted
         self._names[pod.uid] = where
-        crash = self._crashes.get(pod.uid)  # kept: the restart count, like the kubelet's, only grows
-        if crash is not None and self.reporter is not None:
-            await self.reporter.report_running(pod, crash.restarts, crash.last)
+        self._loading[pod.uid] = pod
         options = hosted.simulator.options
         logger.info("serving %s on %s:%d (K=%d)", where, options.host, options.port, hosted.simulator.replica.k)
+
+    async def _report_loaded(self) -> None:
+        """Pods whose simulator finished loading its model are reported running and Ready, as the kubelet does
+        once vLLM's readiness probe passes: until then no Service or route sends them a request (vLLM answers
+        503 while it loads) and no rollout counts them. Checked every resync: Ready lags loading by one."""
+        for uid, pod in list(self._loading.items()):
+            hosted = self._running.get(uid)
+            if hosted is None:
+                del self._loading[uid]
+                continue
+            hosted.simulator.tick()
+            if not hosted.simulator.replica.ready:
+                continue
+            del self._loading[uid]
+            crash = self._crashes.get(uid)  # kept: the restart count, like the kubelet's, only grows
+            if self.reporter is not None:
+                await self.reporter.report_running(pod, crash.restarts if crash else 0, crash.last if crash else None)
 
     async def _stop(self, uid: str, reason: str) -> None:
         hosted = self._running.pop(uid)

@@ -131,10 +131,9 @@ class KubePodSource:
         if waiting is None:
             waiting = await self._config_problem(plain, container)
         if waiting is None:
+            # It may start; it runs (and is Ready) once its simulator listens: FleetSupervisor reports that.
             self._started.add(uid)
             self._blocked.pop(uid, None)
-            if podstates.current_waiting(plain) is not None:
-                await self._patch_status(pod, podstates.running_status(plain, 0, None, _now()))
             return True
         self._blocked[uid] = (time.monotonic() + START_RETRY_S, attempts + 1)
         if podstates.current_waiting(plain) != waiting.reason or attempts == 0:
@@ -184,11 +183,14 @@ class KubePodSource:
         await self._patch_status(body, podstates.waiting_status(plain, waiting, restarts, last, _now(),
                                                                 phase="Running"))
 
-    async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated) -> None:
+    async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated | None) -> None:
         body = self._pods.get(pod.uid)
         if body is None:
             return
-        await self._patch_status(body, podstates.running_status(self._plain(body), restarts, last, _now()))
+        plain = self._plain(body)
+        if podstates.reports_running(plain, restarts):
+            return  # already says so (the driver restarted): a kubelet writes no status that is not news
+        await self._patch_status(body, podstates.running_status(plain, restarts, last, _now()))
 
     async def _list_pods(self) -> str:
         pods: dict[str, Any] = {}

@@ -192,6 +192,16 @@ def runtime_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return containers[0]
 
 
+def reports_running(pod: Mapping[str, Any], restarts: int) -> bool:
+    """Whether the pod's status already says its runtime container runs, ready, after `restarts` restarts."""
+    status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    containers = status.get("containerStatuses") or []
+    return ready and status.get("phase") == "Running" and any(
+        c.get("ready") and "running" in (c.get("state") or {}) and int(c.get("restartCount", 0)) == restarts
+        for c in containers)
+
+
 def current_waiting(pod: Mapping[str, Any]) -> str | None:
     """The waiting reason the pod's status shows now, if any."""
     for status in (pod.get("status") or {}).get("containerStatuses") or []:

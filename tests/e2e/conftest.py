@@ -64,7 +64,7 @@ def crds(cluster: LocalCluster) -> None:
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: LocalCluster, crds: None) -> Iterator[OperatorProcess]:
+def operator(cluster: LocalCluster, crds: None, fleet_driver: FleetDriverProcess) -> Iterator[OperatorProcess]:
     """One operator for the session (in a lane: for the lane's namespaces only); tests that restart it use
     their own OperatorProcess."""
     lane = {"SPECDEC_NAMESPACES": json.dumps([f"{NAMESPACE_PREFIX}*"])} if LANE else {}
@@ -127,7 +127,8 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
 
 
 @pytest.fixture
-def kube(cluster: LocalCluster, namespace: str, crds: None) -> Kube:
+def kube(cluster: LocalCluster, namespace: str, crds: None, fleet_driver: FleetDriverProcess) -> Kube:
+    """The fleet driver is the local cluster's kubelet for runtime pods: without it none is ever Ready."""
     return Kube(cluster, namespace)
 
 

@@ -255,9 +255,8 @@ class Sample:
 
     @property
     def settled(self) -> bool:
-        """The count the scaler asked for is placed, Ready, and serving. KWOK marks a pod Ready as soon as it is
-        bound, before its simulator listens (docs/local-traffic.md), so Ready alone would end a resize early;
-        Prometheus's `up` ends it only once every new pod has answered a scrape."""
+        """The count the scaler asked for is placed, Ready, and serving: Ready says a pod's simulator has loaded
+        (docs/local-traffic.md), Prometheus's `up` that it has found and scraped every new pod."""
         return self.total == self.placed == len(self.ready_uids) == self.serving and self.terminating == 0
 
     def line(self, started: float) -> str:
@@ -472,8 +471,7 @@ def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
           f"samples, weighed K at {redecided.full.samples:.0f} (evaluation {redecided.full.decisions:.0f}, "
           f"{redecided.full.decisions - redecided.restart.decisions:.0f} after the restart); samples at the "
           f"window's evaluations: {', '.join(f'{count:.0f}' for count in redecided.counts)}")
-    # A 503 (loading) or 502 (not listening yet) is a request the stand-in sent to a new pod KWOK marked Ready
-    # before its simulator served: the local fleet's known limit (docs/local-traffic.md).
+    # A new pod is Ready (and routed to) only once its simulator has loaded (docs/local-traffic.md).
     print("  answers by HTTP status: " + ", ".join(
         f"{name}: {dict(load.report.statuses) if load.report else None}" for name, load in
         (("base", base), ("surge", surge))))

@@ -349,10 +349,10 @@ def test_healthy_canaries_promote_and_each_revision_takes_its_route_share_at_eve
 def report_failed_requests(loads: list[BackgroundLoad]) -> None:
     """Prints each model's answers by HTTP status, through every step, the promotion and the canary's removal.
 
-    A figure, not a bound: in the local fleet KWOK marks a pod Ready when it starts, before its simulator has
-    loaded (there is no kubelet to run the readiness probe), so each pod start costs a second or two of 503s
-    for the requests routed to it (docs/local-traffic.md). The deletion of a canary's pods while the route still
-    sent them requests is fixed and unit-tested (tests/unit/reconcile/test_canary_drain.py)."""
+    A figure, not a bound. A pod is Ready only once its simulator has loaded (the fleet driver reports it, as a
+    readiness probe would: docs/local-traffic.md), so no request is routed to a starting pod. The deletion of a
+    canary's pods while the route still sent them requests is fixed and unit-tested
+    (tests/unit/reconcile/test_canary_drain.py)."""
     statuses = {load.model: load.report.statuses if load.report else None for load in loads}
     assert all(counts is not None for counts in statuses.values()), statuses
     print(f"answers per model by HTTP status: {statuses}")

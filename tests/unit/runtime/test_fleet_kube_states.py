@@ -85,8 +85,13 @@ async def test_a_missing_secret_holds_the_pod_until_it_exists(source: Any) -> No
         state=client.V1ContainerState(waiting=client.V1ContainerStateWaiting(reason="CreateContainerConfigError")))]
     pods = await source.runtime_pods()
     assert [p.name for p in pods] == ["p"]
+    # It may start now, but nothing listens yet: no status says it runs or is ready until the simulator does.
+    assert len(source._core.patches) == 1
+    await source.report_running(pods[0], 0, None)
     assert source._core.patches[-1]["phase"] == "Running"
     assert source._core.patches[-1]["containerStatuses"][0]["ready"] is True
+    assert {c["type"]: c["status"] for c in source._core.patches[-1]["conditions"]} == {
+        "Ready": "True", "ContainersReady": "True"}
 
 
 async def test_an_image_outside_the_local_registry_is_err_image_pull(source: Any) -> None:
@@ -95,6 +100,27 @@ async def test_an_image_outside_the_local_registry_is_err_image_pull(source: Any
     assert source._core.patches[0]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ErrImagePull"
     assert await source.runtime_pods() == []  # within the retry interval: nothing more is sent
     assert len(source._core.patches) == 1
+
+
+async def test_a_pod_is_reported_ready_once_and_not_again_after_a_driver_restart(source: Any) -> None:
+    source._pods = {"u1": pod()}
+    source._pods["u1"].status.phase = "Pending"  # as KWOK's runtime-pod-start stage leaves it: an IP, not ready
+    [served] = await source.runtime_pods()
+    assert source._core.patches == []
+    await source.report_running(served, 0, None)
+    [patch] = source._core.patches
+    assert patch["phase"] == "Running" and patch["containerStatuses"][0]["restartCount"] == 0
+    # The API server now says so; a restarted driver starting the simulator again writes nothing.
+    source._pods["u1"].status = client.V1PodStatus(
+        phase="Running", pod_ip="127.0.0.9",
+        conditions=[client.V1PodCondition(type="Ready", status="True")],
+        container_statuses=[client.V1ContainerStatus(
+            name="vllm", image="x", image_id="", ready=True, restart_count=0,
+            state=client.V1ContainerState(running=client.V1ContainerStateRunning()))])
+    await source.report_running(served, 0, None)
+    assert len(source._core.patches) == 1
+    await source.report_running(served, 1, Terminated("Error", 1))  # a restart is news
+    assert len(source._core.patches) == 2 and source._core.patches[-1]["containerStatuses"][0]["restartCount"] == 1
 
 
 async def test_a_healthy_pod_is_served_without_a_status_write(source: Any) -> None:

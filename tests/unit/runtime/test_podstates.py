@@ -89,8 +89,26 @@ class Recorder:
     async def report_crash(self, pod: RuntimePod, restarts: int, last: Terminated) -> None:
         self.crashes.append((pod.name, restarts, last))
 
-    async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated) -> None:
+    async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated | None) -> None:
         self.running.append((pod.name, restarts))
+
+
+async def test_a_pod_is_reported_ready_once_its_model_has_loaded(fast_profiles: Path) -> None:  # noqa: F811
+    recorder = Recorder()
+    supervisor = FleetSupervisor(fast_profiles, reporter=recorder)
+    pod = RuntimePod(**{**make_pod("slow", "u-slow").__dict__, "profile": "default"})  # loads for 120 s
+    await supervisor.reconcile([pod])
+    [hosted] = supervisor.simulators.values()
+    assert recorder.running == []  # it listens, but answers 503 while loading: not Ready
+    await supervisor.reconcile([pod])
+    assert recorder.running == []
+    loaded_at = hosted.simulator.replica.ready_at
+    hosted.simulator.clock = lambda: loaded_at  # the wall clock reaches the end of loading
+    await supervisor.reconcile([pod])
+    assert recorder.running == [("slow", 0)]
+    await supervisor.reconcile([pod])
+    assert recorder.running == [("slow", 0)]  # reported once
+    await supervisor.stop_all()
 
 
 async def test_a_simulated_oom_crash_loops_with_back_off(fast_profiles: Path) -> None:  # noqa: F811
@@ -101,7 +119,7 @@ async def test_a_simulated_oom_crash_loops_with_back_off(fast_profiles: Path) ->
     await supervisor.reconcile([oom])
     await supervisor.reconcile([oom])  # within the back-off: no second start
     assert recorder.crashes == [("oom", 1, Terminated("OOMKilled", 137))]
-    assert supervisor.simulators == {}
+    assert supervisor.simulators == {} and recorder.running == []  # never ready
     await supervisor.stop_all()
 
 
