@@ -65,18 +65,23 @@ def test_default_pods_are_created_and_run_where_restricted_is_enforced(
     assert failed_creates(kube) == []
 
 
-def baseline_deployment(namespace: str) -> dict[str, Any]:
-    """The Deployment the operator renders with the root opt-down, applied without a SpeculativeModel
-    (and so without an owner), so that no operator running on the cluster rewrites it."""
+def baseline_deployment(namespace: str) -> list[dict[str, Any]]:
+    """The ConfigMap and Deployment the operator renders with the root opt-down, applied without a
+    SpeculativeModel (and so without an owner), so that no operator running on the cluster rewrites them. The
+    pods run (the fleet driver serves them, as a kubelet would) only with their config mounted."""
     spec = SpeculativeModelSpec.model_validate(model("psa-baseline")["spec"])
     ctx = render.PoolContext(namespace, "psa-baseline", "uid", pool_name("psa-baseline", "gfx942"), "gfx942")
     image = DEFAULT_IMAGES["gfx942"]
     runtime = plan_runtime("gfx942", image, DEFAULT_IMAGE_TARGETS[image], {})
-    template = render.pod_template(ctx, spec, runtime, "psa-baseline-config", "stable", 3,
+    config = render.with_attention_backend(render.runtime_config(spec, "psa-baseline", spec.drafters[0], 3),
+                                           runtime.attention_backend, runtime.mla_attention_backend)
+    config_map = render.config_map(ctx, config)
+    template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], "stable", 3,
                                    pod_settings=PodSettings(security="baseline", supplemental_groups=(44, 109)))
     deployment = render.deployment(ctx, template, 2, "stable")
-    del deployment["metadata"]["ownerReferences"]
-    return deployment
+    for rendered in (config_map, deployment):
+        del rendered["metadata"]["ownerReferences"]
+    return [config_map, deployment]
 
 
 def test_root_opt_down_runs_where_baseline_is_enforced_and_not_where_restricted_is(
