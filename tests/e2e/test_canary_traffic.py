@@ -168,10 +168,15 @@ def route_state(route: dict[str, Any]) -> RouteState:
 @dataclass(frozen=True)
 class Snapshot:
     """One round: the routes as read before the pods were scraped, and every pod's arrivals (pod uid -> (model,
-    revision, arrivals)); `taken` is None when a serving pod did not answer the scrape."""
+    revision, arrivals)). `unanswered` names the models with a pod that did not answer the scrape (a pod still
+    starting, or going): the round counts for no window of theirs, and still counts for the other models."""
 
     routes: dict[str, RouteState]
-    taken: dict[str, tuple[str, str, float]] | None
+    taken: dict[str, tuple[str, str, float]]
+    unanswered: frozenset[str] = frozenset()
+
+    def complete_for(self, model: str) -> bool:
+        return model not in self.unanswered
 
 
 class ShareMeter:
@@ -208,14 +213,17 @@ class ShareMeter:
                                       (str(canary["stableRevision"]), str(canary["canaryRevision"])))
         counts = list(self._scraper.map(arrivals, [pod["status"]["podIP"] for pod in pods]))
         taken: dict[str, tuple[str, str, float]] = {}
+        unanswered: set[str] = set()
         for pod, count in zip(pods, counts, strict=True):
-            if count is not None:
-                labels = pod["metadata"]["labels"]
+            labels = pod["metadata"]["labels"]
+            if count is None:
+                unanswered.add(labels["specdec.io/model"])
+            else:
                 taken[pod["metadata"]["uid"]] = (labels["specdec.io/model"], labels["specdec.io/revision"], count)
-        self.snapshots.append(Snapshot(routes, taken if None not in counts else None))
+        self.snapshots.append(Snapshot(routes, taken, frozenset(unanswered)))
 
     def taken_by_revision(self, model: str) -> dict[str, float]:
-        last = next((s.taken for s in reversed(self.snapshots) if s.taken is not None), {})
+        last = next((s.taken for s in reversed(self.snapshots) if s.complete_for(model)), {})
         counts: dict[str, float] = {}
         for pod_model, revision, count in last.values():
             if pod_model == model:
@@ -227,7 +235,7 @@ class ShareMeter:
         windows: dict[int, tuple[int, list[dict[str, tuple[str, str, float]]]]] = {}  # generation -> snapshots
         for before, after in zip(self.snapshots, self.snapshots[1:], strict=False):
             state, next_state = before.routes.get(model), after.routes.get(model)
-            if (state is None or not state.acked or before.taken is None or next_state is None
+            if (state is None or not state.acked or not before.complete_for(model) or next_state is None
                     or next_state.generation != state.generation):
                 continue
             windows.setdefault(state.generation, (state.weight, []))[1].append(before.taken)

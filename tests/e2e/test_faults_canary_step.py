@@ -78,6 +78,8 @@ def test_refused_step_advance_moves_nothing_then_the_canary_goes_on_from_its_ste
                  DECISION_S, 1, describe=lambda: canary_status(kube, MODEL))
         held = cursor.entries(namespace)
         refused_for = time.monotonic() - started
+        # Read while still refused: once the policy goes, the operator records the next step at once.
+        weight_while_refused = canary_status(kube, MODEL)["weight"]
     refused = [entry for entry in status_writes(held, MODEL) if entry.denied]
     moved = [f"{e.verb} {e.resource}/{e.name}" for e in held if e.by_operator and e.ok
              and e.resource in ("deployments", "httproutes")]
@@ -85,7 +87,7 @@ def test_refused_step_advance_moves_nothing_then_the_canary_goes_on_from_its_ste
           f"(step pause {STEP_PAUSE_S}s), {len(refused_advances(held))} of them the next step; "
           f"operator Deployment/HTTPRoute writes meanwhile: {moved}")
     assert moved == [], "traffic or Deployments moved while the step's status could not be written"
-    assert canary_status(kube, MODEL)["weight"] == 10
+    assert weight_while_refused == 10
 
     wait_for("the canary promoted", lambda: (c := canary_status(kube, MODEL)) and c["phase"] == "Promoted",
              180, 1, describe=lambda: canary_status(kube, MODEL))
