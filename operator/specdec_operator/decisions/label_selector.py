@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 _SET = re.compile(r"^(?P<key>[^\s!=(),]+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
 _EQUALITY = re.compile(r"^(?P<key>[^\s!=(),]+)\s*(?P<op>==|=|!=)\s*(?P<value>[^\s!=(),]*)$")
@@ -54,6 +55,7 @@ def _terms(selector: str) -> list[str]:
     return [*terms, current]
 
 
+@lru_cache(maxsize=16)  # an install has one selector; every reconcile pass asks for it
 def parse(selector: str) -> tuple[Requirement, ...]:
     """The selector's requirements; ValueError naming the requirement that does not parse. Empty: everything."""
     if not selector.strip():

@@ -253,13 +253,19 @@ def test_pods_rolling_keep_the_window_closed_and_count_one_restart_per_rollout()
     assert settled.windows["p"].started_at == 125.0  # the last look while rolling
 
 
-def test_a_k_change_and_a_drafter_change_restart_the_window_too() -> None:
+def _committed_k3_to_k2() -> tuple[TunerState, VirtualReplica]:
+    """A pool at K=3 whose window filled, and the recorded (committed) decision to leave it for K=2."""
     state, replica = TunerState(), _replica(3)
     for t in range(5, 125, 5):
         state.observe([_sized(3, 1)], [_scrape(replica, float(t), 3)])
     proposal = state.evaluate(125.0, [_sized(3, 1)], WINDOW_SPEC).decision
     assert proposal is not None and proposal.to_k == 2
     state.commit(proposal, 125.0)
+    return state, replica
+
+
+def test_a_k_change_and_a_drafter_change_restart_the_window_too() -> None:
+    state, _ = _committed_k3_to_k2()
     changed = state.evaluate(126.0, [_sized(2, 1)], WINDOW_SPEC)
     assert changed.windows["p"].restarts == {"k_change": 1} and changed.windows["p"].samples == 0
     medusa = PoolContext(name="p", gfx_target="gfx942", drafter_method="medusa", effective_k=2, replicas=1)
@@ -268,12 +274,7 @@ def test_a_k_change_and_a_drafter_change_restart_the_window_too() -> None:
 
 
 def test_a_decision_rolled_out_by_a_canary_restarts_the_window_once_for_its_k() -> None:
-    state, replica = TunerState(), _replica(3)
-    for t in range(5, 125, 5):
-        state.observe([_sized(3, 1)], [_scrape(replica, float(t), 3)])
-    proposal = state.evaluate(125.0, [_sized(3, 1)], WINDOW_SPEC).decision
-    assert proposal is not None and proposal.to_k == 2
-    state.commit(proposal, 125.0)
+    state, replica = _committed_k3_to_k2()
     restarts: Counter[str] = Counter()
     # In flight, the pool's K in status is still the stable one: the window is held for the rollout, not restarted
     # for a K the pool does not run yet; the promotion changes its K once.
@@ -284,12 +285,7 @@ def test_a_decision_rolled_out_by_a_canary_restarts_the_window_once_for_its_k() 
 
 
 def test_a_decision_whose_canary_rolled_back_restarts_no_window_for_its_k() -> None:
-    state, replica = TunerState(), _replica(3)
-    for t in range(5, 125, 5):
-        state.observe([_sized(3, 1)], [_scrape(replica, float(t), 3)])
-    proposal = state.evaluate(125.0, [_sized(3, 1)], WINDOW_SPEC).decision
-    assert proposal is not None
-    state.commit(proposal, 125.0)
+    state, replica = _committed_k3_to_k2()
     restarts: Counter[str] = Counter()
     for t, rolling in [(130, True), (145, True), (160, False), (175, False)]:
         state.observe([_sized(3, 1, rolling=rolling)], [_scrape(replica, float(t), 3)])
