@@ -61,7 +61,7 @@ def targets(port: int, model: str, count: int) -> list[ScrapeTarget]:
 
 
 def scheduler(session: object, interval_s: float = 0.5, concurrency: int = 8) -> ScrapeScheduler:
-    return ScrapeScheduler(session, interval_s=interval_s, timeout_s=2, concurrency=concurrency,  # type: ignore[arg-type]
+    return ScrapeScheduler(session, interval_s=interval_s, timeout_s=60, concurrency=concurrency,  # type: ignore[arg-type]
                            allow_non_loopback=False)
 
 
