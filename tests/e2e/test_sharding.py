@@ -98,12 +98,17 @@ def test_two_shards_split_the_fleet_with_no_overlap_and_no_gap(
 
     # Relabel a model from the catch-all shard into shard a: it moves, and stays owned once.
     audit = AuditLog(kube.cluster.paths.logs / "audit.log")
-    kube.run("label", "sm", "m-plain1", f"{SHARD_LABEL}=a")
+    relabelled = json.loads(kube.run("label", "sm", "m-plain1", f"{SHARD_LABEL}=a", "-o", "json"))
     wait_for("m-plain1 moves to shard a", lambda: shard_of(kube)["m-plain1"] == "a", 60)
-    # The old shard let go: its loop for the model ended (its series are gone from its /metrics), and from the
-    # relabel on, no status write of its own succeeded, not even one a pass in flight re-read and retried.
+    # The old shard let go: its loop for the model ended (its series are gone from its /metrics), and no status
+    # it wrote was stored after the relabel, not even by a pass in flight that re-read and retried. A write of
+    # shard rest stored just before the relabel is fine (the cursor opens before kubectl sends it), so writes
+    # are placed by the resourceVersion the server gave them: integers from etcd, in the order it stored them.
     wait_for("shard rest drops m-plain1", lambda: (samples := shards["rest"].metrics()) is not None
              and not any("model=m-plain1," in series for series in samples), 60)
-    written = recorded_sequence(status_writes(audit.entries(namespace), "m-plain1"), lambda s: s.get("shard"))
+    relabelled_at = int(relabelled["metadata"]["resourceVersion"])
+    stored_after = [entry for entry in status_writes(audit.entries(namespace), "m-plain1")
+                    if entry.ok and int((entry.response or {})["metadata"]["resourceVersion"]) > relabelled_at]
+    written = recorded_sequence(stored_after, lambda s: s.get("shard"))
     assert written == ["a"], written
     assert shard_of(kube) == {**expected, "m-plain1": "a"}
