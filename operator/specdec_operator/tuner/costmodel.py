@@ -93,18 +93,20 @@ class StepCostModel:
         self._step_sum = 0.0
         self._rows = 0.0
 
-    def observe(self, at: float, k: int, batch: float, step_s: float) -> None:
-        if not (batch > 0 and step_s > 0 and math.isfinite(batch) and math.isfinite(step_s)):
+    def observe(self, at: float, k: int, batch: float, step_s: float, weight: float = 1.0) -> None:
+        """One row: the mean batch and step time over an interval. `weight`: how many scrape intervals it sums, so
+        that data weighs the same against the priors however finely it is cut."""
+        if not (batch > 0 and step_s > 0 and weight > 0 and math.isfinite(batch) and math.isfinite(step_s)):
             return
         self._forget_until(at)
         # Divided by the observed step, so that every row counts by its relative error.
         features = [1.0 / step_s, batch * (k + 1) / step_s, k / step_s, k * batch / step_s]
         for i in range(_SIZE):
-            self._moment[i] += features[i]
+            self._moment[i] += weight * features[i]
             for j in range(_SIZE):
-                self._gram[i][j] += features[i] * features[j]
-        self._step_sum += step_s
-        self._rows += 1.0
+                self._gram[i][j] += weight * features[i] * features[j]
+        self._step_sum += weight * step_s
+        self._rows += weight
 
     def fit(self, ratio_factors: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> StepCoefficients:
         """Coefficients in seconds. With no data the scale is arbitrary (base 1 s), the ratios are the priors.

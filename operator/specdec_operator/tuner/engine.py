@@ -80,6 +80,8 @@ class _PoolHistory:
     by_k: dict[int, WindowDelta] = field(default_factory=dict)  # decayed acceptance evidence
     recent: dict[int, WindowDelta] = field(default_factory=dict)  # since the last evaluation (stats)
     fresh: dict[int, WindowDelta] = field(default_factory=dict)  # since the last evaluation, inside the window
+    fresh_at: float = 0.0  # when the newest of them was scraped
+    fresh_rounds: Counter[int] = field(default_factory=Counter)  # K -> scrape rounds summed in `fresh`
     k: int | None = None  # effective K the samples below belong to
     samples: float = 0.0  # drafts (engine steps at K=0) at `k` inside the window
     previous_k: int | None = None
@@ -159,11 +161,11 @@ class TunerState:
             self._forget(history, at)
             history.by_k[key.k] = history.by_k[key.k].plus(delta) if key.k in history.by_k else delta
             history.recent[key.k] = history.recent[key.k].plus(delta) if key.k in history.recent else delta
-            if delta.mean_batch is not None and delta.mean_step_s is not None:
-                history.cost.observe(at, key.k, delta.mean_batch, delta.mean_step_s)
             if not fresh.get(key.pool, False):
                 continue
             history.fresh[key.k] = history.fresh[key.k].plus(delta) if key.k in history.fresh else delta
+            history.fresh_at = at
+            history.fresh_rounds[key.k] += 1
             if key.k == history.k:
                 history.samples += delta.drafts if key.k > 0 else delta.itl_count
         for name, first in began.items():
@@ -172,6 +174,8 @@ class TunerState:
 
     def evaluate(self, now: float, pools: Sequence[PoolContext], speculation: Speculation) -> TunerReport:
         """Per-pool stats and at most one proposed decision; nothing about K is remembered until `commit`."""
+        for history in self._pools.values():
+            _learn_step_costs(history)
         evidence = [self._evidence(pool, speculation, now) for pool in pools]
         outcome = decide(evidence, speculation, now=now, last_change_at=self.last_change_at)
         recommended = {a.pool: a.recommended_k for a in outcome.assessments}
@@ -296,9 +300,25 @@ class TunerState:
         )
 
 
+def _learn_step_costs(history: _PoolHistory) -> None:
+    """One step-cost row per K from everything fresh since the last evaluation.
+
+    B is latencies over wall time, and the wall time comes from scrape stamps that lag the counters by however
+    long the answer took: on a busy node a few hundred ms in a 2 s interval. Per-scrape rows carry that error
+    whole, and rows whose B scatters while the step time does not bend the fit enough to promise a K a gain its
+    canary then fails to show. Summed over an evaluation interval the same lag is a few percent. Only settled
+    rows count (the window's rule), since the model remembers them for hours.
+    """
+    for k, delta in sorted(history.fresh.items()):
+        if delta.mean_batch is not None and delta.mean_step_s is not None:
+            history.cost.observe(history.fresh_at, k, delta.mean_batch, delta.mean_step_s, history.fresh_rounds[k])
+    history.fresh_rounds = Counter()
+
+
 def _restart(history: _PoolHistory, cause: str, at: float, *, count: bool = True) -> None:
     """Start the pool's decision window afresh at `at`: nothing counted before it feeds a decision."""
     history.samples, history.fresh, history.window_started = 0.0, {}, at
+    history.fresh_rounds = Counter()
     if count:
         history.restarts[cause] += 1
 

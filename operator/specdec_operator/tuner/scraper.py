@@ -129,6 +129,9 @@ async def _scrape_one(
         return _finish(ScrapeResult(target, clock(), "refused", error=str(err)))
     try:
         text = await _fetch(session, url, timeout_s)
+        # The counters are as of the answer, not of the end of the parse: parsing takes a while on a busy machine,
+        # and a late stamp stretches the interval that the batch size (latencies over wall time) is divided by.
+        answered = clock()
         sample = parse_metrics(text)
     except _ScrapeFailed as err:
         result = ScrapeResult(target, clock(), "http_error", error=str(err))
@@ -140,7 +143,7 @@ async def _scrape_one(
         result = ScrapeResult(target, clock(), "http_error", error=f"{type(err).__name__}: {err}"[:300])
     else:
         problems = "; ".join(sample.problems)
-        result = ScrapeResult(target, clock(), "ok" if sample.complete else "incomplete", sample, problems)
+        result = ScrapeResult(target, answered, "ok" if sample.complete else "incomplete", sample, problems)
     return _finish(replace(result, duration_s=time.perf_counter() - started))
 
 

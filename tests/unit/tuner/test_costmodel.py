@@ -71,3 +71,21 @@ def test_coefficients_never_go_negative() -> None:
         model.observe(float(at), 1 + at % 4, 8, 0.03)  # step time that does not grow with K at all
     fit = model.fit()
     assert min(fit.base_s, fit.per_token_s, fit.draft_base_s, fit.draft_per_token_s) >= 0
+
+
+def test_a_row_summing_n_intervals_weighs_like_n_rows_against_the_priors() -> None:
+    # One K at two loads, off the priors' ratios (10% slower at B=8): how far the data pulls the fit away from the
+    # priors, in the directions one K does not pin (K=0 and K=8), depends on its weight.
+    def model(repeat: int, weight: float) -> StepCostModel:
+        built = StepCostModel("gfx942", "eagle3")
+        for batch in (8, 64):
+            for _ in range(repeat):
+                built.observe(10.0, 5, batch, TRUE.seconds(batch, 5) * (1.1 if batch == 8 else 1.0), weight)
+        return built
+
+    def predicted(built: StepCostModel) -> list[float]:
+        return [prediction.seconds for prediction in built.predict(32, range(0, 9, 8)).values()]
+
+    rows, summed, once = predicted(model(6, 1.0)), predicted(model(1, 6.0)), predicted(model(1, 1.0))
+    assert summed == pytest.approx(rows, rel=1e-9)
+    assert once[0] > rows[0] * 1.001

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -342,3 +343,32 @@ def test_a_round_scraped_before_a_resize_but_taken_after_it_starts_the_window_wh
     # 130 -> 135 began before the window that started at 133: only 135 -> 140 counts.
     assert 0 < late.windows["p"].samples < on_time.windows["p"].samples
     assert late.windows["p"].samples == pytest.approx(on_time.windows["p"].samples / 2, rel=0.2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_scrape_stamps_that_lag_the_counters_do_not_bend_the_step_cost_model(seed: int) -> None:
+    """Each scrape is stamped up to a second after the counters it read (a busy node's answer time), which puts
+    up to 50% error in one 2 s interval's batch size. The e2e-opt-k2 pool at K=5 must still go to K=2 (the
+    profile's optimum, truly about +25%), not to K=1 on a promise its canary would not keep."""
+    spec = Speculation(initial_k=5, min_k=1, max_k=8, autotune=Autotune(
+        interval_seconds=10, min_samples=2000, min_gain=0.03, cooldown_seconds=3600))
+    pool = _sized(5, 2)
+    profile = load_profile(PROFILES / "e2e-opt-k2.yaml")
+    replicas = [VirtualReplica(profile, settings_for(5, "eagle3"), model_name="m", seed=seed * 2 + i)
+                for i in range(2)]
+    lag = random.Random(seed)
+    state, decision = TunerState(), None
+    for round_ in range(1, 16):
+        t = profile.restart_s + 2.0 * round_
+        results = []
+        for i, replica in enumerate(replicas):
+            replica.advance_to(t)
+            results.append(ScrapeResult(target(f"pod-{i}", k=5), t + lag.random(), "ok",
+                                        parse_metrics(replica.metrics_text())))
+        state.observe([pool], results)
+        if round_ % 5 == 0:
+            decision = state.evaluate(t + 1.0, [pool], spec).decision
+            if decision is not None:
+                break
+    assert decision is not None and decision.to_k == 2, decision
+    assert 0.15 < decision.predicted_gain < 0.35, decision
