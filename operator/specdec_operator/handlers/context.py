@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -69,6 +71,8 @@ class OperatorContext:
     # count with the one it started at and ends itself. Kept across loops, so a model that comes back starts
     # a loop with the new count.
     departures: dict[ModelKey, int] = field(default_factory=dict)
+    # The monotonic clock that paces writes (statistics refreshes, refused-write backoff): tests step it.
+    clock: Callable[[], float] = time.monotonic
 
     def depart(self, namespace: str, name: str) -> None:
         key = (namespace, name)

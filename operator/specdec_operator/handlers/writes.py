@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +74,7 @@ async def write_status(
     meta = baseline["metadata"]
     key = (meta["namespace"], meta["name"])
     stored = dict(baseline.get("status") or {})
-    now = time.monotonic()
+    now = ctx.clock()
     wanted, fresh_stats = status_to_write(stored, computed, force_stats or stats_due(ctx, key, now))
     patch = merge_patch(stored, wanted)
     if not patch:
@@ -144,7 +143,7 @@ async def apply_owned(
     before = dict(refusals.messages)
     attempts = [_attempt_key(obj) for obj in objects]
     refusals.backoff.forget_except({attempt for _, attempt in attempts})
-    now = time.monotonic()
+    now = ctx.clock()
     for obj, (name, attempt) in zip(objects, attempts, strict=True):
         if not refusals.backoff.ready(attempt, now):
             continue

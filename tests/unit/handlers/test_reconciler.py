@@ -3,7 +3,6 @@ bounded statistics and refused owned objects."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import logging
 from typing import Any
@@ -43,12 +42,30 @@ def settings(**overrides: Any) -> OperatorSettings:
     return OperatorSettings.model_validate(values)
 
 
+class SteppedClock:
+    """The context's monotonic clock, moved only by the test: pacing is checked exactly, whatever the machine does."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def context(api: FakeKubeApi, http: aiohttp.ClientSession, **overrides: Any) -> OperatorContext:
-    ctx = OperatorContext(settings=settings(**overrides), api=api, http=http)
+    ctx = OperatorContext(settings=settings(**overrides), api=api, http=http, clock=SteppedClock())
     ctx.cache.bind(live_indices(api))  # gather() reads owned objects from kopf's watch indices
     # Not running: no scrape round finishes during these tests, as before an operator's first round.
     ctx.scrapes = ScrapeScheduler(http, interval_s=15, timeout_s=5, concurrency=4, allow_non_loopback=False)
     return ctx
+
+
+def stepped(ctx: OperatorContext) -> SteppedClock:
+    assert isinstance(ctx.clock, SteppedClock)
+    return ctx.clock
 
 
 def model_body(api: FakeKubeApi, spec: dict[str, Any] | None = None) -> kopf.Body:
@@ -276,15 +293,17 @@ async def test_a_refused_owned_object_is_reported_and_retried_with_backoff(
     posted = [event for event in events.drain() if event[0] == "Warning"]
     assert [(t, r) for t, r, _ in posted] == [("Warning", "WriteRefused")] and message in posted[0][2]
     attempts = []
-    for _ in range(6):  # about 0.9 s of a loop that runs every 0.15 s: backoff 0.2 s, 0.4 s, ...
+    clock = stepped(ctx)
+    for _ in range(6):  # 0.9 s of a loop that runs every 0.15 s: backoff 0.2 s, then 0.4 s, ...
+        clock.advance(0.15)
         await reconcile(ctx, await current(api), FLEET, LOG)
         attempts.append(len(api.writes("apply", "Deployment")))
-        await asyncio.sleep(0.15)
-    assert 2 <= attempts[-1] <= 4, attempts  # not every pass: backed off
+    # Refused at 0 (retry at 0.2), tried at 0.3 (retry at 0.7), tried at 0.75: not every pass, backed off.
+    assert attempts == [1, 2, 2, 2, 3, 3], attempts
     # The first pass wrote its status, then the condition within the same reconcile; retries rewrite nothing.
     assert len(api.writes("patch-status")) == 2
     del api.refuse[("apply", "Deployment")]
-    await asyncio.sleep(1.0)
+    clock.advance(1.0)
     for _ in range(2):
         await reconcile(ctx, await current(api), FLEET, LOG)
     degraded = next(c for c in api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["conditions"]
@@ -309,7 +328,7 @@ async def test_live_statistics_reach_status_at_a_bounded_rate(
     assert written is not None and written["status"]["speculation"]["acceptanceRate"] == 0.71
     fresher["speculation"]["acceptanceRate"] = 0.50
     assert await write_status(ctx, written, fresher, LOG) is None  # not due again yet
-    await asyncio.sleep(0.35)
+    stepped(ctx).advance(0.3)
     fresher["speculation"]["acceptanceRate"] = 0.72
     assert await write_status(ctx, written, fresher, LOG) is None  # due, but within the tolerance
     fresher["speculation"]["acceptanceRate"] = 0.50
@@ -341,9 +360,12 @@ async def test_a_models_provisional_first_statistics_may_be_refreshed_once_befor
     assert written is not None
     fresher["speculation"]["acceptanceRate"] = 0.70
     assert await writes.write_status(ctx, written, fresher, LOG) is None  # not even the early refresh yet
-    await asyncio.sleep(0.25)
+    clock = stepped(ctx)
+    clock.advance(0.19)
+    assert await writes.write_status(ctx, written, fresher, LOG) is None
+    clock.advance(0.01)
     written = await writes.write_status(ctx, written, fresher, LOG)  # the one early refresh
     assert written is not None and written["status"]["speculation"]["acceptanceRate"] == 0.70
-    await asyncio.sleep(0.25)
+    clock.advance(0.25)
     fresher["speculation"]["acceptanceRate"] = 0.40
     assert await writes.write_status(ctx, written, fresher, LOG) is None  # from now on, the full period

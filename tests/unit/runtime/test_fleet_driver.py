@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def fast_profiles(tmp_path: Path) -> Path:
 
 async def metrics_of(ip: str, port: int = PORT) -> str:
     async with aiohttp.ClientSession() as session:
-        for _ in range(100):
+        deadline = time.monotonic() + 60  # the driver starts its simulators in the background
+        while time.monotonic() < deadline:
             try:
                 async with session.get(f"http://{ip}:{port}/metrics") as response:
                     if response.status == 200:
