@@ -6,6 +6,7 @@ cache on the module files and flags so a warm start skips `go` entirely.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -156,10 +157,29 @@ def _stage_lego(build: GoBuild) -> None:
 
 
 def ensure_build(build: GoBuild, log: Log) -> Path:
-    """Directory holding the build's binaries, building them first when the cache lacks them."""
+    """Directory holding the build's binaries, building them first when the cache lacks them.
+
+    Processes that need the same build at once (hack/test brings up two clusters side by side) take turns on a
+    lock: the first builds, the others find its result. Two cold kubernetes builds at once would take twice the
+    CPU of one on a two-core machine, for the same binaries.
+    """
     target = binary_dir(build)
     if all((target / name).is_file() for name in build.packages):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another process building {build.name} {build.version}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if all((target / name).is_file() for name in build.packages):
+            return target
+        _build_into(build, target, log)
+    return target
+
+
+def _build_into(build: GoBuild, target: Path, log: Log) -> None:
     if (build.module_dir / "lego-dns").is_dir():
         _stage_lego(build)
     log(f"building {build.name} {build.version} from Go modules (cold builds take minutes; log: "
@@ -172,7 +192,6 @@ def ensure_build(build: GoBuild, log: Log) -> Path:
         Path(staging).rename(target)
         # TemporaryDirectory would now remove a path that no longer exists; recreate it empty.
         Path(staging).mkdir()
-    return target
 
 
 def ensure_binaries(log: Log) -> dict[str, Path]:
