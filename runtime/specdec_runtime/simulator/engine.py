@@ -117,17 +117,23 @@ class Counters:
 
 
 @dataclass(frozen=True)
-class LiveOutcome:
-    """What one HTTP request did in the engine, counted when it leaves the batch."""
+class LiveStep:
+    """What one engine step did for one HTTP request; vLLM counts these per iteration, as the step ends."""
 
-    prompt_tokens: int
-    generated_tokens: int
-    drafts: int  # steps in which it drafted (vLLM counts a draft per sequence per step)
-    draft_tokens: int
-    accepted_per_position: tuple[int, ...]
-    inter_token_gaps: tuple[float, ...]  # seconds between consecutive steps that emitted its tokens
+    tokens: int  # emitted by this step: the accepted draft prefix plus one (the prefill's first token)
+    drafted: int  # K if the request drafted in this step (the prefill drafts nothing), else 0
+    accepted: int  # of those draft tokens, the accepted prefix
+    prefill_prompt_tokens: int | None = None  # at the prefill step: its prompt, counted then
+    first_token_seconds: float | None = None  # at the prefill step: from arrival (queueing included)
+    gap_seconds: float | None = None  # at a decode step: since the step that emitted its previous token
+
+
+@dataclass(frozen=True)
+class LiveOutcome:
+    """What one HTTP request did in the engine as a whole, counted when it finishes (vLLM's finished stats)."""
+
     decode_seconds: float  # from its first token to its last
-    first_token_seconds: float  # from its arrival (queueing included) to its first token
+    generated_tokens: int
     latency_seconds: float  # from its arrival to its last token
     errored: bool
 
@@ -211,26 +217,34 @@ class Engine:
         self.live_running -= 1
         self._live_tokens -= held_tokens
 
-    def record_live(self, request: LiveOutcome) -> None:
-        """Count one finished live request as vLLM's scheduler would when it leaves the batch."""
+    def record_live_step(self, step: LiveStep) -> None:
+        """Count one engine step of one live request as vLLM's output processor and scheduler do, per iteration:
+        its tokens, its draft and accepted prefix, and its inter-token latency (at the prefill: its prompt and
+        time to first token). A request aborted later keeps what its steps counted, as in vLLM."""
         counters = self.counters
-        counters.prompt_tokens += request.prompt_tokens
-        counters.generation_tokens += request.generated_tokens
-        if request.drafts and self.speculation is not None:
-            counters.drafts += request.drafts
-            counters.draft_tokens += request.draft_tokens
-            counters.accepted_tokens += sum(request.accepted_per_position)
-            for position, count in enumerate(request.accepted_per_position[: counters.num_positions]):
-                counters.accepted_per_position[position] += count
-        for gap in request.inter_token_gaps:
-            counters.inter_token_latency.observe(gap)
+        counters.generation_tokens += step.tokens
+        if step.prefill_prompt_tokens is not None:
+            counters.prompt_tokens += step.prefill_prompt_tokens
+        if step.first_token_seconds is not None:
+            counters.time_to_first_token.observe(step.first_token_seconds)
+        if step.gap_seconds is not None:
+            counters.inter_token_latency.observe(step.gap_seconds)
+        if step.drafted and self.speculation is not None:
+            counters.drafts += 1
+            counters.draft_tokens += step.drafted
+            counters.accepted_tokens += step.accepted
+            for position in range(min(step.accepted, counters.num_positions)):
+                counters.accepted_per_position[position] += 1
+
+    def record_live_finish(self, request: LiveOutcome) -> None:
+        """Count one finished live request as vLLM does when it leaves the batch: its outcome and its latencies."""
+        counters = self.counters
         if request.errored:
             counters.errored_requests += 1
         else:
             counters.finished_requests += 1
         if request.generated_tokens > 1:
             counters.time_per_output_token.observe(request.decode_seconds / (request.generated_tokens - 1))
-        counters.time_to_first_token.observe(request.first_token_seconds)
         counters.e2e_request_latency.observe(request.latency_seconds)
 
     def run_until(self, t: float) -> None:

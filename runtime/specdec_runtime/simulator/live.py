@@ -3,9 +3,10 @@
 A live request waits for a batch slot (vLLM's max_num_seqs, shared with the profile's virtual sequences), then
 takes one engine step per round: the step's length is the profile's step time at the current batch size and K
 (the batch counts every live request in flight, so concurrent requests slow each other down), and the step emits
-the accepted draft prefix plus one token. Its first step is the prefill that emits its first token. When it
-leaves the batch the engine counts it as vLLM does: tokens, drafts and accepted tokens per position, one
-inter-token latency per step, its time per output token, and success or finished_reason="error".
+the accepted draft prefix plus one token. Its first step is the prefill that emits its first token. The engine
+counts each step as it ends, as vLLM counts per iteration: tokens, the draft and its accepted tokens per position,
+one inter-token latency (the prefill: prompt tokens and time to first token). When the request finishes it counts
+its time per output token, its end-to-end latency, and success or finished_reason="error".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import random
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from specdec_runtime.simulator.engine import JITTER, LiveOutcome
+from specdec_runtime.simulator.engine import JITTER, LiveOutcome, LiveStep
 from specdec_runtime.simulator.sampling import rate_at
 from specdec_runtime.simulator.virtual import VirtualReplica
 
@@ -65,19 +66,17 @@ async def generate(
     clock: Callable[[], float],
     sleep: Callable[[float], Awaitable[None]] | None = None,
 ) -> AsyncGenerator[int, None]:
-    """Yields the tokens each engine step emits for one request; counts the request when it ends.
+    """Yields the tokens each engine step emits for one request; counts each step, and the request when it ends.
 
-    A request that the client abandons (the generator is closed early) leaves the batch uncounted, as vLLM
-    aborts it.
+    A request that the client abandons (the generator is closed early) leaves the batch with its steps counted
+    but not as a finished request, as vLLM aborts it.
     """
     pause = sleep or asyncio.sleep
     replica = batch.replica
     held = prompt_tokens + max_tokens // 2
     arrived = clock()
     await batch.admit(held)
-    emitted = drafts = draft_tokens = 0
-    per_position: list[int] = []
-    gaps: list[float] = []
+    emitted = 0
     first_token_at = last_token_at = 0.0
     finished = False
     try:
@@ -89,31 +88,27 @@ async def generate(
             acceptance = replica.profile.acceptance_for(segment)
             step_s = replica.profile.step_seconds(engine.batch, k) * (1 + JITTER * (2 * rng.random() - 1))
             await pause(step_s)
-            accepted = 0
-            if emitted > 0 and k > 0:  # the prefill step drafts nothing
+            now = clock()
+            if emitted == 0:  # the prefill step drafts nothing and emits the first token
+                first_token_at = now
+                step = LiveStep(tokens=1, drafted=0, accepted=0, prefill_prompt_tokens=prompt_tokens,
+                                first_token_seconds=now - arrived)
+            else:
+                accepted = 0
                 while accepted < k and rng.random() < rate_at(acceptance, accepted):
                     accepted += 1
-                drafts += 1
-                draft_tokens += k
-                per_position.extend([0] * (k - len(per_position)))
-                for position in range(accepted):
-                    per_position[position] += 1
-            tokens = 1 if emitted == 0 else min(max_tokens - emitted, accepted + 1)
-            now = clock()
-            if emitted == 0:
-                first_token_at = now
-            else:
-                gaps.append(now - last_token_at)
+                step = LiveStep(tokens=min(max_tokens - emitted, accepted + 1), drafted=k, accepted=accepted,
+                                gap_seconds=now - last_token_at)
+            # The engine as of now: a restart during the step (a K change) counts it in the new one's counters.
+            replica.engine.record_live_step(step)
             last_token_at = now
-            emitted += tokens
-            yield tokens
+            emitted += step.tokens
+            yield step.tokens
         finished = True
     finally:
         batch.leave(held)
         if finished:
-            replica.engine.record_live(LiveOutcome(
-                prompt_tokens=prompt_tokens, generated_tokens=emitted, drafts=drafts, draft_tokens=draft_tokens,
-                accepted_per_position=tuple(per_position), inter_token_gaps=tuple(gaps),
-                decode_seconds=last_token_at - first_token_at, first_token_seconds=first_token_at - arrived,
+            replica.engine.record_live_finish(LiveOutcome(
+                decode_seconds=last_token_at - first_token_at, generated_tokens=emitted,
                 latency_seconds=last_token_at - arrived, errored=errored,
             ))

@@ -128,3 +128,32 @@ async def test_slowdown_lengthens_time_per_output_token() -> None:
 
     normal, slow = await tpot(1.0), await tpot(1.5)
     assert 1.3 < slow / normal < 1.7
+
+
+async def test_a_request_in_flight_is_counted_step_by_step_as_vllm_counts_iterations() -> None:
+    # vLLM counts tokens, drafts, accepted tokens and inter-token latencies per engine iteration, and a request's
+    # prompt and time to first token at its prefill; only its TPOT, latency and outcome wait for it to finish. A
+    # scrape in the middle of a long request sees its steps so far.
+    client = await _client(step_time={"base_s": 0.01, "per_token_s": 0.0}, acceptance=[0.0])
+    try:
+        body = {"model": "target", "prompt": "a b c d", "max_tokens": 100}  # one token per step: 100 steps
+        task = asyncio.create_task(client.post("/v1/completions", json=body))
+        await _until(client, "vllm:generation_tokens_total", 10)
+        during = await _metrics(client)
+        emitted = during["vllm:generation_tokens_total"]
+        assert during["vllm:num_requests_running"] == 1, "scraped after the request finished"
+        assert during["vllm:request_success_total[('finished_reason', 'length')]"] == 0
+        assert during["vllm:prompt_tokens_total"] == 4 and during["vllm:time_to_first_token_seconds_count"] == 1
+        # Every step after the prefill drafted 3 tokens (none accepted) and observed one inter-token latency.
+        assert during["vllm:spec_decode_num_drafts_total"] == emitted - 1
+        assert during["vllm:spec_decode_num_draft_tokens_total"] == 3 * (emitted - 1)
+        assert during["vllm:inter_token_latency_seconds_count"] == emitted - 1
+        assert during["vllm:e2e_request_latency_seconds_count"] == 0
+        assert during["vllm:request_time_per_output_token_seconds_count"] == 0
+        assert (await task).status == 200
+        after = await _metrics(client)
+        assert after["vllm:generation_tokens_total"] == 100 and after["vllm:spec_decode_num_drafts_total"] == 99
+        assert after["vllm:request_success_total[('finished_reason', 'length')]"] == 1
+        assert after["vllm:e2e_request_latency_seconds_count"] == 1
+    finally:
+        await client.close()
