@@ -231,8 +231,17 @@ async def reconcile(
                         ctx.settings.model_selector)
             RECONCILES.labels(result="ok").inc()
             return ReconcilePlan(held="the model left this install's model selector")
+        departures = ctx.departures.get(key, 0)
         observed = await gather(ctx, baseline, nodes, gpu_claims, logger)
         tuning = await _tune(ctx, observed, logger)
+        if ctx.departures.get(key, 0) != departures:
+            # The watch said DELETED while this pass gathered. For a relabel out of the model selector, the API
+            # server sends the object as it was before (labels that still match) with the relabel's
+            # resourceVersion, and kopf hands that body to the loop: a write from it would pass the
+            # resourceVersion check and land after the model became another shard's.
+            logger.info("the model left this install's watch during the pass: nothing written")
+            RECONCILES.labels(result="ok").inc()
+            return ReconcilePlan(held="the model left this install's watch")
         if tuning.proposal is not None:
             await record_decision(ctx, body, baseline, observed, tuning, logger)
             RECONCILES.labels(result="ok").inc()

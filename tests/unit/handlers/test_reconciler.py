@@ -369,3 +369,27 @@ async def test_a_models_provisional_first_statistics_may_be_refreshed_once_befor
     clock.advance(0.25)
     fresher["speculation"]["acceptanceRate"] = 0.40
     assert await writes.write_status(ctx, written, fresher, LOG) is None  # from now on, the full period
+
+
+async def test_a_pass_during_which_the_model_left_the_watch_writes_nothing(
+    http: aiohttp.ClientSession, events: PostedEvents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A relabel out of the model selector reaches the old install as a DELETED event carrying the object as it was
+    # (labels that still match) with the relabel's resourceVersion: a write based on it would pass the server's
+    # resourceVersion check. A pass during which the watch said DELETED must therefore write nothing.
+    from specdec_operator.handlers import reconciler
+
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    body = model_body(api)
+    real_gather = reconciler.gather
+
+    async def gather_then_depart(*args: Any, **kwargs: Any) -> ObservedModel:
+        observed = await real_gather(*args, **kwargs)
+        ctx.depart(NAMESPACE, NAME)  # kopf ran the DELETED event's handler while this pass awaited
+        return observed
+
+    monkeypatch.setattr(reconciler, "gather", gather_then_depart)
+    plan = await reconcile(ctx, body, FLEET, LOG)
+    assert plan.held is not None and "left" in plan.held
+    assert api.writes("patch-status") == [] and api.writes("apply") == []
