@@ -164,7 +164,7 @@ def ensure_build(build: GoBuild, log: Log) -> Path:
     CPU of one on a two-core machine, for the same binaries.
     """
     target = binary_dir(build)
-    if all((target / name).is_file() for name in build.packages):
+    if _complete(build, target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
@@ -173,10 +173,13 @@ def ensure_build(build: GoBuild, log: Log) -> Path:
         except BlockingIOError:
             log(f"waiting for another process building {build.name} {build.version}")
             fcntl.flock(lock, fcntl.LOCK_EX)
-        if all((target / name).is_file() for name in build.packages):
-            return target
-        _build_into(build, target, log)
+        if not _complete(build, target):  # the process we waited for may have built it
+            _build_into(build, target, log)
     return target
+
+
+def _complete(build: GoBuild, target: Path) -> bool:
+    return all((target / name).is_file() for name in build.packages)
 
 
 def _build_into(build: GoBuild, target: Path, log: Log) -> None:
@@ -185,7 +188,6 @@ def _build_into(build: GoBuild, target: Path, log: Log) -> None:
     log(f"building {build.name} {build.version} from Go modules (cold builds take minutes; log: "
         f"{cache_dir() / 'logs'})")
     (cache_dir() / "logs").mkdir(parents=True, exist_ok=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{build.name}-") as staging:
         _run_go_build(build, Path(staging), cache_dir() / "logs" / f"build-{build.name}.log", log)
         shutil.rmtree(target, ignore_errors=True)
