@@ -168,7 +168,7 @@ async def _scrape_one(
     except (aiohttp.ClientError, OSError, ValueError) as err:
         result = ScrapeResult(target, clock(), "http_error", error=f"{type(err).__name__}: {err}"[:300])
     else:
-        problems = "; ".join(sample.problems)
+        problems = "; ".join((*sample.violations, *sample.problems))[:500]
         result = ScrapeResult(target, answered, "ok" if sample.complete else "incomplete", sample, problems)
     return _finish(replace(result, duration_s=time.perf_counter() - started))
 
