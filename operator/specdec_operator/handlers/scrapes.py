@@ -16,7 +16,8 @@ runs the rounds:
 - a model that stops wanting scrapes (deleted, tuning off) is forgotten with everything it had.
 
 Rounds never overlap: a round that overruns its interval delays the next, and that shows in
-specdec_scrape_round_duration_seconds.
+specdec_scrape_round_duration_seconds. Each model's results are handed over as soon as its own pods answered,
+so a pod that answers at the timeout delays its own model's round only.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ class ScrapeScheduler:
         self._models: dict[ModelKey, _ModelScrapes] = {}
         self._wanted = asyncio.Event()
         self.rounds = 0
+        self.delivered_at: dict[ModelKey, float] = {}  # when each model's latest round was handed over (loop time)
 
     # -- the models' side ---------------------------------------------------------------------
 
@@ -172,6 +174,7 @@ class ScrapeScheduler:
 
     def forget(self, key: ModelKey) -> None:
         self._models.pop(key, None)
+        self.delivered_at.pop(key, None)
 
     @property
     def models(self) -> set[ModelKey]:
@@ -205,27 +208,32 @@ class ScrapeScheduler:
         SCRAPE_TARGETS.set(len(jobs))
         span = self.interval_s * SPREAD
         offsets = [((phase(target.uid) + self._rng.uniform(0, JITTER)) % 1.0) * span for _, target in jobs]
-        # A task group, not gather: if one scrape fails unexpectedly the others are cancelled with it, so a
+        by_model: dict[ModelKey, list[tuple[ScrapeTarget, float]]] = {}
+        for (key, target), offset in zip(jobs, offsets, strict=True):
+            by_model.setdefault(key, []).append((target, started + offset))
+        # Task groups, not gather: if one scrape fails unexpectedly the others are cancelled with it, so a
         # round the supervisor restarts (handlers/supervisor.py) leaves no scrape behind holding the gate.
         async with asyncio.TaskGroup() as group:
-            scrapes = [group.create_task(self._one(key, target, started + offset))
-                       for (key, target), offset in zip(jobs, offsets, strict=True)]
-        results = [scrape.result() for scrape in scrapes]
-        by_model: dict[ModelKey, list[ScrapeResult]] = {}
-        for (key, _), result in zip(jobs, results, strict=True):
-            if result is not None:
-                by_model.setdefault(key, []).append(result)
-        for key, model_results in by_model.items():
-            model = self._models.get(key)
-            if model is None:
-                continue  # forgotten during the round
-            wanted = model.targets.keys()
-            model.rounds.append([result for result in model_results if result.target.uid in wanted])
-            del model.rounds[:-KEPT_ROUNDS]
+            for key, model_jobs in by_model.items():
+                group.create_task(self._model_round(key, model_jobs))
         self.rounds += 1
         if jobs:
             SCRAPE_ROUND_SECONDS.observe(loop.time() - started)
             SCRAPE_LAST_ROUND_SECONDS.set(loop.time() - started)
+
+    async def _model_round(self, key: ModelKey, jobs: list[tuple[ScrapeTarget, float]]) -> None:
+        """One model's share of a round, handed to the model as soon as its own pods answered: a slow pod of
+        another model (up to the timeout) delays that model's round, not this one's."""
+        async with asyncio.TaskGroup() as group:
+            scrapes = [group.create_task(self._one(key, target, at)) for target, at in jobs]
+        model = self._models.get(key)
+        if model is None:
+            return  # forgotten during the round
+        wanted = model.targets.keys()
+        model.rounds.append([result for scrape in scrapes
+                             if (result := scrape.result()) is not None and result.target.uid in wanted])
+        del model.rounds[:-KEPT_ROUNDS]
+        self.delivered_at[key] = asyncio.get_running_loop().time()
 
     async def _one(self, key: ModelKey, target: ScrapeTarget, at: float) -> ScrapeResult | None:
         loop = asyncio.get_running_loop()

@@ -222,3 +222,44 @@ async def test_a_model_alone_uses_every_slot() -> None:
     finally:
         await runner.cleanup()
     assert slow.most_in_flight == 4
+
+
+class HangingPod(Pod):
+    """Answers only once released: a pod that holds its scrape up to the timeout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        try:
+            await self.released.wait()
+            return web.Response(text=BODY)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_model_gets_its_round_while_another_models_pod_still_hangs() -> None:
+    hanging, quick = HangingPod(), Pod()
+    (hanging_runner, hanging_port), (quick_runner, quick_port) = await serve(hanging), await serve(quick)
+    try:
+        async with scrape_session(pool_size=8) as session:
+            scrapes = scheduler(session, interval_s=0.05)
+            scrapes.want(("ns", "hanging"), targets(hanging_port, "hanging", 1))
+            scrapes.want(("ns", "quick"), targets(quick_port, "quick", 1))
+            round_ = asyncio.create_task(scrapes.run_round())
+            rounds: list[list[object]] = []
+            for _ in range(600):  # the quick model's round, up to a minute on a loaded machine
+                if rounds := scrapes.take(("ns", "quick")):  # type: ignore[assignment]
+                    break
+                await asyncio.sleep(0.05)
+            assert len(rounds) == 1 and len(rounds[0]) == 1
+            assert hanging.in_flight == 1 and not round_.done(), "the quick model waited for the hanging pod"
+            round_.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await round_
+    finally:
+        hanging.released.set()
+        await hanging_runner.cleanup()
+        await quick_runner.cleanup()
