@@ -246,8 +246,13 @@ class CounterWindows:
         return report
 
     def _exclude(self, target: ScrapeTarget, at: float, reason: str, report: WindowReport) -> None:
+        """Leave the pod out until QUARANTINE_S after now. A pod already out keeps the reason it was first
+        excluded for (the condition that names it stays the same while it keeps lying, so status is not
+        rewritten at every scrape); this batch's own reason is in the report."""
         reason = reason[:300]
-        self._excluded[target.uid] = Exclusion(target.pod, target.pool, reason, at + QUARANTINE_S)
+        earlier = self._excluded.get(target.uid)
+        kept = earlier.reason if earlier is not None else reason
+        self._excluded[target.uid] = Exclusion(target.pod, target.pool, kept, at + QUARANTINE_S)
         report.violations[target.pod] = reason
         report.events["implausible"] += 1
 

@@ -338,3 +338,15 @@ def test_a_pool_that_is_gone_takes_its_history_with_it() -> None:
     assert state.pools_held() == {"p1", "p2"}
     state.evaluate(5 * SCRAPE_INTERVAL_S, [p1], SPEC)
     assert state.pools_held() == {"p1"}
+
+
+async def test_the_named_reason_stays_while_the_pod_keeps_lying(serve: Callable[..., object]) -> None:
+    """Its numbers change every scrape; what status shows of it must not, or status is rewritten each pass."""
+    fleet: Fleet = await serve(LoopbackPod("liar", "p1", _per_position_lies))  # type: ignore[misc]
+    state = TunerState()
+    seen = set()
+    for number in range(1, 6):
+        at = number * SCRAPE_INTERVAL_S
+        state.observe(fleet.pools, await fleet.round(at), at, max_k=SPEC.max_k)
+        seen.add(state.excluded_pods().get("ns/liar"))
+    assert len(seen) == 1 and None not in seen
