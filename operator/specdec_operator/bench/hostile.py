@@ -8,7 +8,8 @@ scrape, a body just under the scrape size cap (2 MiB) and one over it, and a slo
 until the scrape timeout. The operator's real scrape scheduler (handlers/scrapes.py) scrapes every pod once a
 round; each model's TunerState takes its round and evaluates, as the model loops do.
 
-Printed, without and with the hostile model: the healthy models' round latency (from the round's start until
+Rounds alternate between without and with the hostile model (so load drifting on the machine weighs on both
+alike). Printed, without and with: the healthy models' round latency (from the round's start until
 the model's own results are handed over), the healthy pods' scrape duration, the per-model evaluation time
 (observe + evaluate), the event loop's lag, and the whole round's duration, which by design ends with the
 slowest pod (the slowloris: the timeout). Figures only; nothing is asserted.
@@ -150,19 +151,21 @@ class PhaseFigures:
     round_s: list[float] = field(default_factory=list)
 
 
-async def _loop_lag(figures: PhaseFigures, stop: asyncio.Event, tick_s: float = 0.01) -> None:
+async def _loop_lag(figures: Callable[[], PhaseFigures], stop: asyncio.Event, tick_s: float = 0.01) -> None:
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         due = loop.time() + tick_s
         await asyncio.sleep(tick_s)
-        figures.loop_lag_s.append(max(0.0, loop.time() - due))
+        figures().loop_lag_s.append(max(0.0, loop.time() - due))
 
 
-async def run_phase(models: int, pods_per_model: int, rounds: int, interval_s: float, timeout_s: float,
-                    hostile: bool) -> PhaseFigures:
+async def run(models: int, pods_per_model: int, rounds: int, interval_s: float,
+              timeout_s: float) -> tuple[PhaseFigures, PhaseFigures]:
+    """(without, with) the hostile model. Rounds alternate between the two, so a machine whose load drifts
+    (other processes) weighs on both alike; the hostile pods are served throughout and scraped in every
+    other round."""
     pods = [(f"model-{m}", f"model-{m}-{p}", "healthy") for m in range(models) for p in range(pods_per_model)]
-    if hostile:
-        pods += [("hostile", f"hostile-{behaviour}", behaviour) for behaviour in _hostile_answers()]
+    pods += [("hostile", f"hostile-{behaviour}", behaviour) for behaviour in _hostile_answers()]
     ours, theirs = multiprocessing.get_context("spawn").Pipe()
     server = multiprocessing.get_context("spawn").Process(
         target=_serve_process, args=([behaviour for _, _, behaviour in pods], theirs), daemon=True)
@@ -172,9 +175,11 @@ async def run_phase(models: int, pods_per_model: int, rounds: int, interval_s: f
     for (model, name, _), port in zip(pods, ports, strict=True):
         target = ScrapeTarget(pod=f"bench/{name}", uid=name, ip="127.0.0.1", port=port, pool="p", revision="r", k=3)
         wanted.setdefault(("bench", model), []).append(target)
-    figures = PhaseFigures()
+    hostile_key = ("bench", "hostile")
+    calm, attacked = PhaseFigures(), PhaseFigures()
+    current = calm
     stop = asyncio.Event()
-    lag = asyncio.create_task(_loop_lag(figures, stop))
+    lag = asyncio.create_task(_loop_lag(lambda: current, stop))
     pools = [PoolContext(name="p", gfx_target="gfx942", drafter_method="eagle3", effective_k=3,
                          replicas=pods_per_model)]
     states = {key: TunerState() for key in wanted}
@@ -183,29 +188,35 @@ async def run_phase(models: int, pods_per_model: int, rounds: int, interval_s: f
             scheduler = ScrapeScheduler(session, interval_s=interval_s, timeout_s=timeout_s, concurrency=32,
                                         allow_non_loopback=False)
             for key, targets in wanted.items():
-                scheduler.want(key, targets)
+                if key != hostile_key:
+                    scheduler.want(key, targets)
             loop = asyncio.get_running_loop()
-            for _ in range(rounds):
+            for number in range(2 * rounds):
+                current = attacked if number % 2 else calm
+                if number % 2:
+                    scheduler.want(hostile_key, wanted[hostile_key])
+                else:
+                    scheduler.forget(hostile_key)
                 started = loop.time()
                 await scheduler.run_round()
-                figures.round_s.append(loop.time() - started)
+                current.round_s.append(loop.time() - started)
                 for key, state in states.items():
                     for results in scheduler.take(key):
                         before = time.perf_counter()
                         state.observe(pools, results, time.monotonic(), max_k=SPEC.max_k)
                         state.evaluate(time.monotonic(), pools, SPEC)
-                        if key[1] != "hostile":
-                            figures.evaluation_s.append(time.perf_counter() - before)
-                            figures.pod_scrape_s += [result.duration_s for result in results]
-                    if key[1] != "hostile" and key in scheduler.delivered_at:
-                        figures.model_round_s.append(scheduler.delivered_at[key] - started)
+                        if key != hostile_key:
+                            current.evaluation_s.append(time.perf_counter() - before)
+                            current.pod_scrape_s += [result.duration_s for result in results]
+                    if key != hostile_key and key in scheduler.delivered_at:
+                        current.model_round_s.append(scheduler.delivered_at[key] - started)
                 await asyncio.sleep(max(0.0, started + interval_s - loop.time()))
     finally:
         stop.set()
         await lag
         ours.send("stop")
         await asyncio.get_running_loop().run_in_executor(None, server.join, 10)
-    return figures
+    return calm, attacked
 
 
 def _p(values: list[float], q: float) -> float:
@@ -243,14 +254,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    async def both() -> tuple[PhaseFigures, PhaseFigures]:
-        calm = await run_phase(args.models, args.pods, args.rounds, args.interval, args.timeout, hostile=False)
-        attacked = await run_phase(args.models, args.pods, args.rounds, args.interval, args.timeout, hostile=True)
-        return calm, attacked
-
-    calm, attacked = asyncio.run(both())
+    calm, attacked = asyncio.run(run(args.models, args.pods, args.rounds, args.interval, args.timeout))
     sys.stdout.write(f"{args.models} healthy models x {args.pods} pods, {args.rounds} rounds of {args.interval:g}s "
-                     f"(timeout {args.timeout:g}s); with: one hostile model of 5 pods "
+                     f"each without and with (alternating; timeout {args.timeout:g}s) one hostile model of 5 pods "
                      f"({', '.join(_hostile_answers())})\n")
     sys.stdout.write(format_table(calm, attacked))
     return 0

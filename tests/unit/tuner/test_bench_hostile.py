@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import math
 
-from specdec_operator.bench.hostile import format_table, run_phase
+from specdec_operator.bench.hostile import format_table, run
 
 
 async def test_the_hostile_bench_scrapes_every_pod_and_reports_each_figure() -> None:
-    calm = await run_phase(2, 1, rounds=2, interval_s=0.5, timeout_s=0.3, hostile=False)
-    attacked = await run_phase(2, 1, rounds=2, interval_s=0.5, timeout_s=0.3, hostile=True)
+    calm, attacked = await run(2, 1, rounds=2, interval_s=0.5, timeout_s=0.3)
     for figures in (calm, attacked):
         assert len(figures.round_s) == 2
         assert len(figures.pod_scrape_s) == 2 * 2  # two healthy pods, two rounds; the hostile model's left out
