@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specdec_operator.decisions import label_selector
+from specdec_operator.gpu.devices import BUILTIN_DEVICES, DeviceTable, GpuDevice, normalized_device_id
 from specdec_operator.render.podspec import PodSettings
 
 # Runtime images are built from runtime/Dockerfile: a pinned vllm/vllm-openai-rocm base plus our launcher.
@@ -38,6 +40,28 @@ DEFAULT_IMAGE_TARGETS: dict[str, list[str]] = {
 }
 
 
+class GpuDeviceEntry(BaseModel):
+    """One row of the device table an installation adds or overrides (chart value `gpuDevices`)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    device_id: str = Field(description="PCI device id as the node labeller writes it (74b5; 0x74B5 is accepted).")
+    product: str = Field(min_length=1, description="Product name shown in status, e.g. MI300X VF.")
+    gfx: str = Field(pattern=r"^gfx[0-9a-f]{3,5}$", description="gfx target the device runs, e.g. gfx942.")
+    vram_gib: float = Field(gt=0, description="Memory per allocatable GPU in GiB.")
+
+    @field_validator("device_id")
+    @classmethod
+    def _hex_id(cls, value: str) -> str:
+        normalized = normalized_device_id(value)
+        if len(normalized) != 4 or any(c not in "0123456789abcdef" for c in normalized):
+            raise ValueError(f"deviceId {value!r} is not a 4-digit hex PCI device id such as 74b5")
+        return normalized
+
+    def device(self) -> GpuDevice:
+        return GpuDevice(self.device_id, self.product, self.gfx, self.vram_gib)
+
+
 class OperatorSettings(BaseSettings):
     """Everything an installation may tune. Defaults suit a production cluster."""
 
@@ -45,6 +69,11 @@ class OperatorSettings(BaseSettings):
 
     namespaces: list[str] = Field(
         default_factory=list, description="Namespaces to watch; empty means the whole cluster."
+    )
+    gpu_devices: list[GpuDeviceEntry] = Field(
+        default_factory=list,
+        description="Device table rows merged over the built-in one (gpu/devices.py): a new device id adds a row, "
+        "a known one replaces it. JSON list of {deviceId, product, gfx, vramGib}.",
     )
     field_manager: str = Field(default="specdec-operator", description="Server-side apply field manager.")
     runtime_images: dict[str, str] = Field(
@@ -129,6 +158,10 @@ class OperatorSettings(BaseSettings):
     def _empty_is_none(cls, value: object) -> object:
         # The chart renders an unset value as an empty string.
         return None if value == "" else value
+
+    @property
+    def device_table(self) -> DeviceTable:
+        return BUILTIN_DEVICES.merged(entry.device() for entry in self.gpu_devices)
 
     @property
     def pod_settings(self) -> PodSettings:

@@ -140,6 +140,8 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
 {{- define "specdec-operator.settingsEnv" -}}
 - name: SPECDEC_NAMESPACES
   value: {{ toJson .Values.watchNamespaces | quote }}
+- name: SPECDEC_GPU_DEVICES
+  value: {{ toJson .Values.gpuDevices | quote }}
 - name: SPECDEC_FIELD_MANAGER
   value: {{ .Values.fieldManager | quote }}
 - name: SPECDEC_RUNTIME_IMAGES

@@ -79,6 +79,18 @@ class PoolStatus(ApiModel):
 
     name: str = Field(description="Pool name (also the Deployment name).")
     gfx_target: str = Field(description="AMD gfx target of the pool's nodes.")
+    requested_as: list[str] = Field(
+        default_factory=list,
+        description="The spec.placement.gfxTargets entries (gfx name or product alias) that selected this pool.",
+    )
+    products: list[str] = Field(
+        default_factory=list, description="GPU products on the pool's nodes (from the device table), e.g. MI300X."
+    )
+    gpu_resource: str = Field(
+        default="amd.com/gpu",
+        description="Extended resource the pool's pods request: amd.com/gpu, or a partition resource of the AMD "
+        "device plugin's mixed strategy such as amd.com/cpx_nps4.",
+    )
     drafter: DrafterChoice = Field(description="Drafter in use.")
     effective_k: int = Field(
         description="The pool's K: the tuner's (or spec's) decision, written here first; Deployments are rendered "

@@ -121,4 +121,5 @@ class OperatorContext:
             kv_headroom_fraction=self.settings.kv_headroom_fraction,
             pod=self.settings.pod_settings,
             node_missing_grace_s=self.settings.node_missing_grace_seconds,
+            devices=self.settings.device_table,
         )

@@ -110,8 +110,9 @@ async def close(memo: Any, **_: Any) -> None:
 # Async like the owned-object indices (handlers/watches.py): no thread hop per node or pod event.
 @kopf.index("nodes")
 async def gpu_nodes(
-    name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, **_: Any
+    name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, memo: Any, **_: Any
 ) -> dict[str, NodeGpus]:
+    context: OperatorContext = memo.context
     return {
         name: node_gpus(
             name,
@@ -119,6 +120,8 @@ async def gpu_nodes(
             dict(status.get("allocatable", {})),
             list(spec.get("taints", [])),
             bool(spec.get("unschedulable", False)),
+            # The table placement and the rendered affinity use too (OperatorContext.evaluation_settings).
+            context.settings.device_table,
         )
     }
 

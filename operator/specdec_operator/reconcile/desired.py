@@ -57,7 +57,8 @@ def pool_objects(
     )
     config_map = render.config_map(ctx, config)
     template = render.pod_template(
-        ctx, spec, runtime, config_map["metadata"]["name"], track, k, plan.excluded_nodes, settings.pod
+        ctx, spec, runtime, config_map["metadata"]["name"], track, k, plan.excluded_nodes, settings.pod,
+        plan.gpu_resource, settings.devices,
     )
     return DesiredPool(
         plan=plan,

@@ -29,6 +29,9 @@ def pool_status(pool: DesiredPool, live: Mapping[str, Any] | None) -> PoolStatus
     return PoolStatus(
         name=pool.name,
         gfx_target=pool.plan.gfx,
+        requested_as=list(pool.plan.requested_as),
+        products=list(pool.plan.products),
+        gpu_resource=pool.plan.gpu_resource,
         drafter=DrafterChoice(
             method=drafter.method if drafter else "none",
             model=drafter.model if drafter else None,

@@ -117,6 +117,18 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
     assert settings.node_missing_grace_seconds == 90
 
 
+def test_gpu_devices_value_extends_the_operator_device_table(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifests = render(
+        helm,
+        "gpuDevices[0].deviceId=7fff", "gpuDevices[0].product=Custom VF", "gpuDevices[0].gfx=gfx942",
+        "gpuDevices[0].vramGib=96",
+    )
+    table = _settings_from_env(_settings_env(manifests), monkeypatch).device_table
+    device = table.get("7fff")
+    assert device is not None and (device.product, device.gfx, device.vram_gib) == ("Custom VF", "gfx942", 96)
+    assert table.get("74b5") is not None  # the built-in rows stay
+
+
 # Settings the chart already sets that the operator has yet to read. Strict: once the field exists in
 # OperatorSettings the mark fails, so it is removed together with the pending entry.
 
@@ -124,6 +136,7 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
 def _env_names() -> list[Any]:
     names = [
         "SPECDEC_NAMESPACES",
+        "SPECDEC_GPU_DEVICES",
         "SPECDEC_FIELD_MANAGER",
         "SPECDEC_RUNTIME_IMAGES",
         "SPECDEC_IMAGE_TARGETS",
