@@ -68,7 +68,13 @@ class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPECDEC_", env_nested_delimiter="__", extra="ignore")
 
     namespaces: list[str] = Field(
-        default_factory=list, description="Namespaces to watch; empty means the whole cluster."
+        default_factory=list,
+        description="Namespaces to watch. Empty is refused unless cluster_wide is true (scope_problem).",
+    )
+    cluster_wide: bool = Field(
+        default=False,
+        description="Watch and manage the whole cluster. Must be said explicitly: the operator then may delete "
+        "ConfigMaps, Services and Deployments it owns and patch HTTPRoutes in every namespace.",
     )
     gpu_devices: list[GpuDeviceEntry] = Field(
         default_factory=list,
@@ -158,6 +164,17 @@ class OperatorSettings(BaseSettings):
     def _empty_is_none(cls, value: object) -> object:
         # The chart renders an unset value as an empty string.
         return None if value == "" else value
+
+    def scope_problem(self) -> str | None:
+        """Why the operator must not start with this scope, or None. Cluster-wide only when asked explicitly."""
+        if not self.namespaces and not self.cluster_wide:
+            return ("SPECDEC_NAMESPACES (chart value watchNamespaces) is empty and SPECDEC_CLUSTER_WIDE (chart value "
+                    "clusterWide) is not true: list the namespaces to manage, or set clusterWide: true to manage "
+                    "the whole cluster")
+        if self.namespaces and self.cluster_wide:
+            return ("SPECDEC_NAMESPACES (chart value watchNamespaces) lists namespaces and SPECDEC_CLUSTER_WIDE "
+                    "(chart value clusterWide) is true: set one of them, not both")
+        return None
 
     @property
     def device_table(self) -> DeviceTable:

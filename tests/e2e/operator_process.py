@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -95,6 +96,9 @@ class OperatorProcess:
             "SPECDEC_METRICS_PORT": str(self.metrics_port),
             **settings,
         }
+        if not json.loads(self.env.get("SPECDEC_NAMESPACES") or "[]"):
+            # No namespaces: the session operator watches the whole cluster, which must be said (settings.py).
+            self.env.setdefault("SPECDEC_CLUSTER_WIDE", "true")
         self.log_path = cluster.paths.logs / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -69,15 +69,25 @@ def _absent(cluster: LocalCluster, obj: Manifest) -> bool:
 def test_lint_and_template_pass(helm: Helm) -> None:
     out = helm.run("lint", str(CHART_DIR), "--strict", "--kube-version", KUBERNETES_VERSION.lstrip("v"))
     assert "1 chart(s) linted, 0 chart(s) failed" in out
-    rendered = helm.template("specdec", "specdec-system", {})
+    rendered = helm.template("specdec", "specdec-system", {"clusterWide": True})
     assert Counter(doc["kind"] for doc in rendered) == DEFAULT_KINDS
+
+
+def test_install_without_an_explicit_scope_fails_naming_both_values(cluster: LocalCluster, helm: Helm) -> None:
+    name, namespace = unique_name("noscope"), unique_name("e2e-noscope-sys")
+    with pytest.raises(AssertionError) as refused:
+        helm.run("install", name, str(CHART_DIR), "--namespace", namespace, "--create-namespace",
+                 "--set-json", "watchNamespaces=[]")
+    message = str(refused.value)
+    assert "watchNamespaces is empty and clusterWide is not true" in message and "clusterWide: true" in message
+    assert not cluster.kubectl("get", "namespace", namespace, "-o", "name", check=False).strip()
 
 
 def test_install_creates_every_object_and_uninstall_removes_them(cluster: LocalCluster, crds: None,
                                                                  helm: Helm) -> None:
-    # Default values, as the README installs it; the two replicas land on KWOK nodes, which run no
-    # containers, so they never act against this cluster.
-    release = Release(helm, unique_name("chart"), unique_name("e2e-chart-sys"), {})
+    # Default values with the cluster-wide scope, as the README installs it; the two replicas land on KWOK
+    # nodes, which run no containers, so they never act against this cluster.
+    release = Release(helm, unique_name("chart"), unique_name("e2e-chart-sys"), {"clusterWide": True})
     expected = DEFAULT_KINDS.copy()
     if not release.installs_peering_crds:
         expected["CustomResourceDefinition"] = 0

@@ -13,6 +13,7 @@ from specdec_operator.crdfiles import CRD_FILE_NAME
 from specdec_operator.settings import OperatorSettings
 from tests.unit.packaging.chart import (
     CHART_DIR,
+    RELEASE,
     RELEASE_NAMESPACE,
     REPO_ROOT,
     Manifest,
@@ -40,12 +41,38 @@ def _settings_from_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     return OperatorSettings()
 
 
+# Lint reports the default values' missing scope but passes: `helm install` is what refuses it.
 @pytest.mark.parametrize("set_args", [[], ["watchNamespaces={team-a,team-b}"], ["metrics.serviceMonitor.enabled=true"]])
 def test_helm_lint_passes(helm: str, set_args: list[str]) -> None:
     result = run_helm(
         helm, "lint", "--strict", str(CHART_DIR), *(arg for value in set_args for arg in ("--set", value))
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("set_args", "says"), [
+    ([], "watchNamespaces is empty and clusterWide is not true"),
+    (["--set-json", "watchNamespaces=[]"], "watchNamespaces is empty and clusterWide is not true"),
+    (["--set", "clusterWide=false"], "watchNamespaces is empty and clusterWide is not true"),
+    (["--set", "clusterWide=true", "--set", "watchNamespaces={team-a}"], "set one of them, not both"),
+])
+def test_rendering_without_an_explicit_scope_fails_naming_both_values(
+    helm: str, set_args: list[str], says: str
+) -> None:
+    # What `helm install` renders; tests/e2e/test_chart_install.py runs the install itself against a cluster.
+    args = ["template", RELEASE, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE, *set_args]
+    result = run_helm(helm, *args)
+    assert result.returncode != 0, result.stdout
+    assert says in result.stderr and "watchNamespaces" in result.stderr and "clusterWide" in result.stderr, (
+        result.stderr)
+
+
+def test_cluster_wide_and_namespaced_scopes_reach_the_operator(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    wide = _settings_from_env(_settings_env(render(helm, "clusterWide=true")), monkeypatch)
+    assert (wide.cluster_wide, wide.namespaces, wide.scope_problem()) == (True, [], None)
+    monkeypatch.delenv("SPECDEC_CLUSTER_WIDE")
+    scoped = _settings_from_env(_settings_env(render(helm, "watchNamespaces={team-a}")), monkeypatch)
+    assert (scoped.cluster_wide, scoped.namespaces, scoped.scope_problem()) == (False, ["team-a"], None)
 
 
 def test_operator_runs_two_peered_replicas(default_manifests: list[Manifest]) -> None:
@@ -92,7 +119,9 @@ def test_settings_env_parses_to_the_operator_defaults(
     default_manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The chart's defaults are the operator's defaults: installing the chart changes no behaviour.
-    assert _settings_from_env(_settings_env(default_manifests), monkeypatch) == OperatorSettings()
+    # default_manifests are the cluster-wide install (tests/unit/packaging/chart.py): the chart's other defaults
+    # are the operator's.
+    assert _settings_from_env(_settings_env(default_manifests), monkeypatch) == OperatorSettings(cluster_wide=True)
 
 
 def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,6 +165,7 @@ def test_gpu_devices_value_extends_the_operator_device_table(helm: str, monkeypa
 def _env_names() -> list[Any]:
     names = [
         "SPECDEC_NAMESPACES",
+        "SPECDEC_CLUSTER_WIDE",
         "SPECDEC_GPU_DEVICES",
         "SPECDEC_FIELD_MANAGER",
         "SPECDEC_RUNTIME_IMAGES",
