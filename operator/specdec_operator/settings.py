@@ -133,6 +133,12 @@ class OperatorSettings(BaseSettings):
         "is cancelled (handlers/shutdown.py). Keep it well under the pod's terminationGracePeriodSeconds.",
     )
     metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
+    metrics_auth: bool = Field(
+        default=False,
+        description="Serve /metrics only to a bearer token the API server authenticates (TokenReview) and "
+        "authorizes for `get` on the non-resource URL /metrics (SubjectAccessReview). The chart turns it on "
+        "(metrics.auth.enabled); off, /metrics is plain and open to whoever reaches the port.",
+    )
     peering_name: str = Field(default="specdec-operator", description="Kopf peering object for HA.")
     runtime_pod_security: Literal["restricted", "baseline"] = Field(
         default="restricted",

@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 # What the default values render: one operator Deployment (two peered replicas) and everything around it.
 DEFAULT_KINDS = Counter({
     "ServiceAccount": 1,
-    "ClusterRole": 2,  # cluster-scoped reads and peering; the workload rules for every namespace
+    "ClusterRole": 3,  # cluster-scoped reads and peering; the workload rules for every namespace; metrics-reader
     "ClusterRoleBinding": 2,
     "Deployment": 1,
     "PodDisruptionBudget": 1,

@@ -177,6 +177,8 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ .Values.kvHeadroomFraction | quote }}
 - name: SPECDEC_METRICS_PORT
   value: {{ .Values.metrics.port | quote }}
+- name: SPECDEC_METRICS_AUTH
+  value: {{ .Values.metrics.auth.enabled | quote }}
 - name: SPECDEC_PEERING_NAME
   value: {{ .Values.peering.name | quote }}
 - name: SPECDEC_STANDALONE

@@ -20,6 +20,7 @@ from specdec_operator import GROUP, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, PodGpus, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.leadership import track_leadership
+from specdec_operator.handlers.metrics_server import serve_authenticated_metrics
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.schedule import LoopSchedule
 from specdec_operator.handlers.scrapes import ScrapeScheduler
@@ -62,7 +63,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # Before kopf's peering starts (it waits for the startup handlers): kopf's first verdict is not missed.
     track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone,
                      on_pause=memo.context.cache.paused)
-    if operator_settings.metrics_port:
+    if operator_settings.metrics_port and operator_settings.metrics_auth:
+        memo.context.metrics_server = await serve_authenticated_metrics(api, REGISTRY, operator_settings.metrics_port)
+    elif operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))
 
@@ -101,6 +104,8 @@ async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
 @kopf.on.cleanup()
 async def close(memo: Any, **_: Any) -> None:
     context: OperatorContext = memo.context
+    if context.metrics_server is not None:
+        await context.metrics_server.cleanup()
     await context.supervisor.close()
     await context.memory.close()
     await context.http.close()

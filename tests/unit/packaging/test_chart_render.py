@@ -120,8 +120,9 @@ def test_settings_env_parses_to_the_operator_defaults(
 ) -> None:
     # The chart's defaults are the operator's defaults: installing the chart changes no behaviour.
     # default_manifests are the cluster-wide install (tests/unit/packaging/chart.py): the chart's other defaults
-    # are the operator's.
-    assert _settings_from_env(_settings_env(default_manifests), monkeypatch) == OperatorSettings(cluster_wide=True)
+    # are the operator's, but for metrics.auth.enabled (on in the chart, off for a bare operator).
+    expected = OperatorSettings(cluster_wide=True, metrics_auth=True)
+    assert _settings_from_env(_settings_env(default_manifests), monkeypatch) == expected
 
 
 def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,6 +184,7 @@ def _env_names() -> list[Any]:
         "SPECDEC_SCRAPE_LOOPBACK_ONLY",
         "SPECDEC_KV_HEADROOM_FRACTION",
         "SPECDEC_METRICS_PORT",
+        "SPECDEC_METRICS_AUTH",
         "SPECDEC_PEERING_NAME",
         "SPECDEC_STANDALONE",
         "SPECDEC_SHARD",
@@ -269,6 +271,31 @@ def test_service_monitor_scrapes_the_metrics_service(helm: str) -> None:
     assert endpoint["interval"] == "15s"
     # The series carry the SpeculativeModel's namespace label, which must not be renamed exported_namespace.
     assert endpoint["honorLabels"] is True
+
+
+def test_authenticated_metrics_by_default_and_the_service_monitor_sends_a_reader_token(helm: str) -> None:
+    manifests = render(helm, "clusterWide=true", "metrics.serviceMonitor.enabled=true",
+                       "metrics.auth.readers[0].kind=ServiceAccount", "metrics.auth.readers[0].name=prometheus-k8s",
+                       "metrics.auth.readers[0].namespace=monitoring")
+    env = _settings_env(manifests)
+    assert env["SPECDEC_METRICS_AUTH"] == "true"
+    endpoint = one(manifests, "ServiceMonitor")["spec"]["endpoints"][0]
+    secret_name = endpoint["authorization"]["credentials"]["name"]
+    secret = next(s for s in of_kind(manifests, "Secret") if s["metadata"]["name"] == secret_name)
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    scraper = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    reader = next(r for r in of_kind(manifests, "ClusterRole") if r["metadata"]["name"].endswith("-metrics-reader"))
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = next(b for b in of_kind(manifests, "ClusterRoleBinding")
+                   if b["roleRef"]["name"] == reader["metadata"]["name"])
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": scraper, "namespace": RELEASE_NAMESPACE},
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+    ]
+    off = render(helm, "clusterWide=true", "metrics.serviceMonitor.enabled=true", "metrics.auth.enabled=false")
+    assert _settings_env(off)["SPECDEC_METRICS_AUTH"] == "false"
+    assert "authorization" not in one(off, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert of_kind(off, "Secret") == []
 
 
 def test_dashboard_config_map_ships_the_dashboard(default_manifests: list[Manifest]) -> None:
