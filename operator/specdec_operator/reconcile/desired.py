@@ -51,7 +51,7 @@ def pool_objects(
     runtime = plan_runtime(plan.gfx, image, targets, plain_env, spec.model.attention)
     assert plan.drafter.drafter is not None  # placement drops pools whose target does not fit
     config = render.with_attention_backend(
-        render.runtime_config(spec, observed.name, plan.drafter.drafter, k),
+        render.runtime_config(spec, plan.drafter.drafter, k),
         runtime.attention_backend,
         runtime.mla_attention_backend,
     )

@@ -45,7 +45,7 @@ class PoolContext:
     gfx: str
 
 
-def runtime_config(spec: SpeculativeModelSpec, model: str, drafter: Drafter, k: int) -> RuntimeConfig:
+def runtime_config(spec: SpeculativeModelSpec, drafter: Drafter, k: int) -> RuntimeConfig:
     speculative = None
     if k > 0:
         speculative = SpeculativeSettings(
@@ -61,7 +61,7 @@ def runtime_config(spec: SpeculativeModelSpec, model: str, drafter: Drafter, k: 
         model_path = f"{MODELS_MOUNT}/{spec.model.source.path or spec.model.name}"
     return RuntimeConfig(
         model=model_path,
-        served_model_name=spec.model.served_name or model,
+        served_model_name=spec.model.served_name or spec.model.name,
         tensor_parallel_size=spec.model.tensor_parallel_size,
         max_model_len=spec.model.max_model_len,
         speculative=speculative,
