@@ -227,3 +227,8 @@ class SpeculativeModelStatus(ApiModel):
     shard: str | None = Field(
         default=None, description="The operator install (shard) that reconciles this model, when sharded."
     )
+    url: str = Field(
+        default="",
+        description="In-cluster URL of the model's Service (http://<service>.<namespace>.svc:8000, OpenAI API under "
+        "/v1), set while the model has pools; clients name the model by its served name.",
+    )

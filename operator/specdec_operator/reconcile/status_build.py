@@ -20,6 +20,7 @@ from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.render.names import model_selector
+from specdec_operator.render.service import service_url
 from specdec_runtime import contract
 
 
@@ -143,6 +144,8 @@ def build_status(
     status.summary = summarise(pools, status.speculation.acceptance_rate, canary_summary(status.canary))
     status.replicas = sum(pool.replicas for pool in pools)
     status.selector = model_selector(observed.name)
+    # The model's Service exists while it has pools (reconcile/plan.py renders it with them).
+    status.url = service_url(observed.namespace, observed.name) if pools else ""
     return status
 
 
