@@ -137,6 +137,7 @@ class Demo:
         os.environ.update({
             "KUBECONFIG": str(self.cluster.paths.kubeconfig),
             "SPECDEC_STANDALONE": "true",
+            "SPECDEC_CLUSTER_WIDE": "true",  # the demo operator watches every namespace
             "SPECDEC_RECONCILE_INTERVAL_SECONDS": "5",
             "SPECDEC_SCRAPE_INTERVAL_SECONDS": "3",
             # Simulated pods live on loopback IPs; the operator must never dial anything else here.

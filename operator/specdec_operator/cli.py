@@ -46,6 +46,10 @@ def _run(args: argparse.Namespace) -> int:
     from specdec_operator.settings import OperatorSettings
 
     settings = OperatorSettings()
+    problem = settings.scope_problem()
+    if problem is not None:
+        sys.stderr.write(f"error: {problem}\n")
+        return 2
     namespaces = settings.namespaces
     log_format = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[
         settings.log_format]

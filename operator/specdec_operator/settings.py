@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specdec_operator.decisions import label_selector
+from specdec_operator.gpu.devices import BUILTIN_DEVICES, DeviceTable, GpuDevice, normalized_device_id
 from specdec_operator.render.podspec import PodSettings
 
 # Runtime images are built from runtime/Dockerfile: a pinned vllm/vllm-openai-rocm base plus our launcher.
@@ -38,13 +40,46 @@ DEFAULT_IMAGE_TARGETS: dict[str, list[str]] = {
 }
 
 
+class GpuDeviceEntry(BaseModel):
+    """One row of the device table an installation adds or overrides (chart value `gpuDevices`)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    device_id: str = Field(description="PCI device id as the node labeller writes it (74b5; 0x74B5 is accepted).")
+    product: str = Field(min_length=1, description="Product name shown in status, e.g. MI300X VF.")
+    gfx: str = Field(pattern=r"^gfx[0-9a-f]{3,5}$", description="gfx target the device runs, e.g. gfx942.")
+    vram_gib: float = Field(gt=0, description="Memory per allocatable GPU in GiB.")
+
+    @field_validator("device_id")
+    @classmethod
+    def _hex_id(cls, value: str) -> str:
+        normalized = normalized_device_id(value)
+        if len(normalized) != 4 or any(c not in "0123456789abcdef" for c in normalized):
+            raise ValueError(f"deviceId {value!r} is not a 4-digit hex PCI device id such as 74b5")
+        return normalized
+
+    def device(self) -> GpuDevice:
+        return GpuDevice(self.device_id, self.product, self.gfx, self.vram_gib)
+
+
 class OperatorSettings(BaseSettings):
     """Everything an installation may tune. Defaults suit a production cluster."""
 
     model_config = SettingsConfigDict(env_prefix="SPECDEC_", env_nested_delimiter="__", extra="ignore")
 
     namespaces: list[str] = Field(
-        default_factory=list, description="Namespaces to watch; empty means the whole cluster."
+        default_factory=list,
+        description="Namespaces to watch. Empty is refused unless cluster_wide is true (scope_problem).",
+    )
+    cluster_wide: bool = Field(
+        default=False,
+        description="Watch and manage the whole cluster. Must be said explicitly: the operator then may delete "
+        "ConfigMaps, Services and Deployments it owns and patch HTTPRoutes in every namespace.",
+    )
+    gpu_devices: list[GpuDeviceEntry] = Field(
+        default_factory=list,
+        description="Device table rows merged over the built-in one (gpu/devices.py): a new device id adds a row, "
+        "a known one replaces it. JSON list of {deviceId, product, gfx, vramGib}.",
     )
     field_manager: str = Field(default="specdec-operator", description="Server-side apply field manager.")
     runtime_images: dict[str, str] = Field(
@@ -104,6 +139,12 @@ class OperatorSettings(BaseSettings):
         "is cancelled (handlers/shutdown.py). Keep it well under the pod's terminationGracePeriodSeconds.",
     )
     metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
+    metrics_auth: bool = Field(
+        default=False,
+        description="Serve /metrics only to a bearer token the API server authenticates (TokenReview) and "
+        "authorizes for `get` on the non-resource URL /metrics (SubjectAccessReview). The chart turns it on "
+        "(metrics.auth.enabled); off, /metrics is plain and open to whoever reaches the port.",
+    )
     peering_name: str = Field(default="specdec-operator", description="Kopf peering object for HA.")
     runtime_pod_security: Literal["restricted", "baseline"] = Field(
         default="restricted",
@@ -135,6 +176,21 @@ class OperatorSettings(BaseSettings):
     def _empty_is_none(cls, value: object) -> object:
         # The chart renders an unset value as an empty string.
         return None if value == "" else value
+
+    def scope_problem(self) -> str | None:
+        """Why the operator must not start with this scope, or None. Cluster-wide only when asked explicitly."""
+        if not self.namespaces and not self.cluster_wide:
+            return ("SPECDEC_NAMESPACES (chart value watchNamespaces) is empty and SPECDEC_CLUSTER_WIDE (chart value "
+                    "clusterWide) is not true: list the namespaces to manage, or set clusterWide: true to manage "
+                    "the whole cluster")
+        if self.namespaces and self.cluster_wide:
+            return ("SPECDEC_NAMESPACES (chart value watchNamespaces) lists namespaces and SPECDEC_CLUSTER_WIDE "
+                    "(chart value clusterWide) is true: set one of them, not both")
+        return None
+
+    @property
+    def device_table(self) -> DeviceTable:
+        return BUILTIN_DEVICES.merged(entry.device() for entry in self.gpu_devices)
 
     @property
     def pod_settings(self) -> PodSettings:

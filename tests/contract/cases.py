@@ -77,7 +77,7 @@ def render(
     image = spec.runtime.image or "vllm/vllm-openai-rocm:v0.33.0"
     plan = plan_runtime(gfx, image, None, user_env, spec.model.attention)
     config = with_attention_backend(
-        runtime_config(spec, name, drafter, k), plan.attention_backend, plan.mla_attention_backend
+        runtime_config(spec, drafter, k), plan.attention_backend, plan.mla_attention_backend
     )
     return config, plan.env
 
@@ -151,7 +151,7 @@ def mtp_k_cases() -> list[tuple[int, int, list[str]]]:
     for layers in MTP_LAYER_COUNTS:
         spec = method_spec("mtp", layers)
         for k in range(1, MAX_K + 1):
-            config = runtime_config(spec, "target", spec.drafters[0], k)
+            config = runtime_config(spec, spec.drafters[0], k)
             out.append((layers, k, serve_args(config)))
     return out
 
@@ -163,7 +163,7 @@ def refused_method_cases() -> list[tuple[str, int, RuntimeConfig]]:
         drafter = Drafter.model_construct(method=method)  # admission would refuse it: build it unvalidated
         spec = method_spec("ngram")
         for k in (1, 2):
-            out.append((method, k, runtime_config(spec, "target", drafter, k)))
+            out.append((method, k, runtime_config(spec, drafter, k)))
     return out
 
 
@@ -284,7 +284,7 @@ def mtp_k_argvs(models: dict[str, str]) -> list[tuple[int, int, list[str]]]:
     out = []
     for layers, k, args in mtp_k_cases():
         spec = method_spec("mtp", layers)
-        config = runtime_config(spec, "target", spec.drafters[0], k)
+        config = runtime_config(spec, spec.drafters[0], k)
         out.append((layers, k, localised(args, config, models, layers)))
     return out
 

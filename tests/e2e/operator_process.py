@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -95,8 +96,13 @@ class OperatorProcess:
             "SPECDEC_METRICS_PORT": str(self.metrics_port),
             **settings,
         }
+        if not json.loads(self.env.get("SPECDEC_NAMESPACES") or "[]"):
+            # No namespaces: the session operator watches the whole cluster, which must be said (settings.py).
+            self.env.setdefault("SPECDEC_CLUSTER_WIDE", "true")
         self.log_path = cluster.paths.logs / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        # A ServiceAccount token for an operator serving authenticated metrics (SPECDEC_METRICS_AUTH=true).
+        self.metrics_token: str | None = None
 
     @property
     def pid_file(self) -> Path:
@@ -139,8 +145,11 @@ class OperatorProcess:
 
     def metrics(self) -> dict[str, float] | None:
         """Samples of the operator's own /metrics, keyed by name{labels}; None while it is not serving."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.metrics_port}/metrics")
+        if self.metrics_token:
+            request.add_header("Authorization", f"Bearer {self.metrics_token}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as response:
+            with urllib.request.urlopen(request, timeout=2) as response:
                 text = response.read().decode()
         except OSError:
             return None

@@ -46,6 +46,7 @@ from tests.e2e.traffic import BackgroundLoad, GatewayStandIn
 pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group("test_autoscaling")]
 
 NAME = "queued"
+SERVED = "meta-llama/Llama-3.1-8B-Instruct"  # spec.model.name: the served name and vLLM's model_name label
 POOL = f"{NAME}-gfx942"
 MAX_REPLICAS = 3
 # KEDA's prometheus trigger (metricType AverageValue): the HPA wants ceil(waiting / THRESHOLD) replicas.
@@ -165,7 +166,7 @@ def model() -> dict[str, Any]:
     return {
         "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": NAME},
         "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "model": {"name": SERVED},
             "drafters": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}],
             # The tuner runs (every 5 s, on few samples) and could act; K=3 is the profile's best below maxK 3.
             "speculation": {"initialK": 3, "minK": 1, "maxK": 3,
@@ -178,8 +179,8 @@ def model() -> dict[str, Any]:
 
 
 def waiting_query(namespace: str) -> str:
-    # The simulator labels its series as vLLM does: model_name is the served name (the SpeculativeModel's name).
-    return f'sum(vllm:num_requests_waiting{{namespace="{namespace}", model_name="{NAME}"}})'
+    # The simulator labels its series as vLLM does: model_name is the served name (spec.model.name by default).
+    return f'sum(vllm:num_requests_waiting{{namespace="{namespace}", model_name="{SERVED}"}})'
 
 
 def scaled_object(namespace: str, prometheus_url: str) -> dict[str, Any]:
@@ -392,13 +393,13 @@ def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
         timeline.until("Prometheus sees the pod's queue", lambda s: s.waiting is not None, 60)
 
         host = f"{NAME}.{namespace}.svc"
-        with BackgroundLoad(service_proxy.url, host, seed=21, model=NAME, rate=BASE_RATE) as base:
+        with BackgroundLoad(service_proxy.url, host, seed=21, model=SERVED, rate=BASE_RATE) as base:
             # The rise: the base load alone first, until Prometheus has seen the pod finish some of it.
             wait_for("the base load served", lambda: (autoscaling.query(
-                f'sum(vllm:request_success_total{{namespace="{namespace}", model_name="{NAME}"}})') or 0) > 0, 60)
+                f'sum(vllm:request_success_total{{namespace="{namespace}", model_name="{SERVED}"}})') or 0) > 0, 60)
             before = TunerWindow.read(operator, namespace)
             resizes_before = before.restarts.get("resize", 0) if before is not None else 0.0
-            with BackgroundLoad(service_proxy.url, host, seed=22, model=NAME, rate=SURGE_RATE) as surge:
+            with BackgroundLoad(service_proxy.url, host, seed=22, model=SERVED, rate=SURGE_RATE) as surge:
                 grown = timeline.until("KEDA scaled the model out", lambda s: (s.total or 0) > 1, 150)
                 out = timeline.until("the new pods ready", lambda s: s.settled and (s.placed or 0) > 1, 120)
                 # The load goes on until the tuner has filled a window at the new size and weighed K on it.

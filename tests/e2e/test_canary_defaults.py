@@ -76,7 +76,9 @@ def test_strategy_canary_alone_promotes_a_healthy_drafter_change_on_the_default_
     body = model(name, str(kube.namespace))
     kube.apply(body)
     wait_for(f"{name} Ready", lambda: ready(kube, name), 180)
-    with BackgroundLoad(service_proxy.url, f"{name}.{kube.namespace}.svc", seed=11, model=name) as load:
+    # The served name defaults to the hub id (spec.model.name).
+    with BackgroundLoad(service_proxy.url, f"{name}.{kube.namespace}.svc", seed=11,
+                        model=body["spec"]["model"]["name"]) as load:
         body["spec"]["drafters"][0]["model"] = EAGLE_B
         kube.apply(body)
         wait_for("canary decided", lambda: phase(kube, name) in ("Promoted", "RolledBack", "Aborted"),

@@ -405,7 +405,7 @@ def test_a_bad_canary_under_real_traffic_is_rolled_back_citing_its_metric(
     body = model(name, 2, str(kube.namespace))
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), 120)
-    with BackgroundLoad(gateway.url, hostname(name), seed=7, model=name):
+    with BackgroundLoad(gateway.url, hostname(name), seed=7, model=SERVED):
         change_drafter(kube, body, profile)
         wait_for("canary decided", lambda: phase(kube, name) in ("Promoted", "RolledBack", "Aborted"),
                  STEP_TIMEOUT_S + 4 * PAUSE_S + 60,

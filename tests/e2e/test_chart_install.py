@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 # What the default values render: one operator Deployment (two peered replicas) and everything around it.
 DEFAULT_KINDS = Counter({
     "ServiceAccount": 1,
-    "ClusterRole": 2,  # cluster-scoped reads and peering; the workload rules for every namespace
+    "ClusterRole": 3,  # cluster-scoped reads and peering; the workload rules for every namespace; metrics-reader
     "ClusterRoleBinding": 2,
     "Deployment": 1,
     "PodDisruptionBudget": 1,
@@ -69,15 +69,25 @@ def _absent(cluster: LocalCluster, obj: Manifest) -> bool:
 def test_lint_and_template_pass(helm: Helm) -> None:
     out = helm.run("lint", str(CHART_DIR), "--strict", "--kube-version", KUBERNETES_VERSION.lstrip("v"))
     assert "1 chart(s) linted, 0 chart(s) failed" in out
-    rendered = helm.template("specdec", "specdec-system", {})
+    rendered = helm.template("specdec", "specdec-system", {"clusterWide": True})
     assert Counter(doc["kind"] for doc in rendered) == DEFAULT_KINDS
+
+
+def test_install_without_an_explicit_scope_fails_naming_both_values(cluster: LocalCluster, helm: Helm) -> None:
+    name, namespace = unique_name("noscope"), unique_name("e2e-noscope-sys")
+    with pytest.raises(AssertionError) as refused:
+        helm.run("install", name, str(CHART_DIR), "--namespace", namespace, "--create-namespace",
+                 "--set-json", "watchNamespaces=[]")
+    message = str(refused.value)
+    assert "watchNamespaces is empty and clusterWide is not true" in message and "clusterWide: true" in message
+    assert not cluster.kubectl("get", "namespace", namespace, "-o", "name", check=False).strip()
 
 
 def test_install_creates_every_object_and_uninstall_removes_them(cluster: LocalCluster, crds: None,
                                                                  helm: Helm) -> None:
-    # Default values, as the README installs it; the two replicas land on KWOK nodes, which run no
-    # containers, so they never act against this cluster.
-    release = Release(helm, unique_name("chart"), unique_name("e2e-chart-sys"), {})
+    # Default values with the cluster-wide scope, as the README installs it; the two replicas land on KWOK
+    # nodes, which run no containers, so they never act against this cluster.
+    release = Release(helm, unique_name("chart"), unique_name("e2e-chart-sys"), {"clusterWide": True})
     expected = DEFAULT_KINDS.copy()
     if not release.installs_peering_crds:
         expected["CustomResourceDefinition"] = 0

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.e2e
 DRAFTS = "vllm:spec_decode_num_drafts"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
+SERVED = "Qwen/Qwen2.5-Coder-7B-Instruct"
+
 
 def scrape(pod: dict[str, Any]) -> dict[str, Any] | None:
     """The pod's own simulator's figures, or None (not serving yet, or its IP still answers for the
@@ -31,8 +33,8 @@ def scrape(pod: dict[str, Any]) -> dict[str, Any] | None:
     families = {f.name: f for f in text_string_to_metric_families(text)}
     if DRAFTS not in families:
         return None
-    model = pod["metadata"]["labels"]["specdec.io/model"]
-    if {s.labels.get("model_name") for s in families[DRAFTS].samples} != {model}:
+    # vLLM labels its series with the served name, which defaults to spec.model.name (the hub id).
+    if {s.labels.get("model_name") for s in families[DRAFTS].samples} != {SERVED}:
         return None
     positions = {s.labels["position"] for s in families[PER_POS].samples if s.name.endswith("_total")}
     drafts = next(s.value for s in families[DRAFTS].samples if s.name.endswith("_total"))
@@ -43,7 +45,7 @@ def model(name: str, k: int) -> dict[str, Any]:
     return {
         "apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": name},
         "spec": {
-            "model": {"name": "Qwen/Qwen2.5-Coder-7B-Instruct"},
+            "model": {"name": SERVED},
             "drafters": [{"method": "ngram"}],
             "speculation": {"initialK": k, "minK": 0, "maxK": 8, "autotune": {"enabled": False}},
             "placement": {"gfxTargets": ["gfx1100"], "replicasPerPool": 2},

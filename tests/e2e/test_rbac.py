@@ -92,7 +92,10 @@ def sa_operator(cluster: LocalCluster, crds: None, operator: OperatorProcess) ->
     release = Release(Helm(cluster), unique_name("rbac"), unique_name("e2e-rbac-sys"),
                       # One replica: the chart's pod lands on a KWOK node and never runs; the process below
                       # stands in for it with the same ServiceAccount.
-                      {"watchNamespaces": [workload], "replicaCount": 1})
+                      {"watchNamespaces": [workload], "replicaCount": 1,
+                       # A Prometheus scraping with its own ServiceAccount's token: the documented reader binding.
+                       "metrics": {"auth": {"readers": [
+                           {"kind": "ServiceAccount", "name": "prometheus", "namespace": workload}]}}})
     # The session operator acts cluster-wide without peering and would race the ServiceAccount's operator.
     operator.stop()
     process: OperatorProcess | None = None
@@ -101,10 +104,14 @@ def sa_operator(cluster: LocalCluster, crds: None, operator: OperatorProcess) ->
         account = next(o for o in release.manifest() if o["kind"] == "ServiceAccount")["metadata"]["name"]
         token = cluster.kubectl("create", "token", account, "-n", release.namespace, f"--duration={TOKEN_TTL}").strip()
         kubeconfig = token_kubeconfig(cluster, account, token, cluster.paths.root / f"kubeconfig-{release.name}")
-        # As the chart runs it: peered (it creates its KopfPeering in the namespace), not standalone.
+        cluster.kubectl("create", "serviceaccount", "prometheus", "-n", workload)
+        # As the chart runs it: peered (it creates its KopfPeering in the namespace), not standalone, and
+        # serving /metrics to authenticated readers only (metrics.auth.enabled, the chart's default).
         process = OperatorProcess(cluster, name=f"operator-{release.name}", kubeconfig=kubeconfig,
-                                  SPECDEC_NAMESPACES=json.dumps([workload]), SPECDEC_STANDALONE="false")
-        process.start()
+                                  SPECDEC_NAMESPACES=json.dumps([workload]), SPECDEC_STANDALONE="false",
+                                  SPECDEC_METRICS_AUTH="true")
+        process.metrics_token = cluster.kubectl("create", "token", "prometheus", "-n", workload).strip()
+        process.start()  # returns once the Prometheus token has read /metrics
         yield ServiceAccountOperator(workload, release, account, token, kubeconfig, process)
     finally:
         if process is not None:
@@ -258,3 +265,18 @@ def test_the_role_grants_only_what_the_chart_declares(sa_operator: ServiceAccoun
     for (verb, resource), expected in expectations.items():
         answer = sa_operator.kubectl("auth", "can-i", verb, resource, "-n", workload)
         assert answer.stdout.strip() == expected, (verb, resource, answer.stdout)
+
+
+def test_metrics_refuse_an_unauthenticated_get_and_serve_the_documented_reader(
+    sa_operator: ServiceAccountOperator,
+) -> None:
+    # The chart's RBAC lets the operator's ServiceAccount review tokens; the reader binding lets Prometheus in.
+    port = sa_operator.process.metrics_port
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            status = int(response.status)
+    except urllib.error.HTTPError as error:
+        status = error.code
+    assert status == 401
+    samples = sa_operator.process.metrics()
+    assert samples is not None and any(name.startswith("specdec_") for name in samples), samples

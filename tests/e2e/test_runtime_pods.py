@@ -73,7 +73,7 @@ def baseline_deployment(namespace: str) -> list[dict[str, Any]]:
     ctx = render.PoolContext(namespace, "psa-baseline", "uid", pool_name("psa-baseline", "gfx942"), "gfx942")
     image = DEFAULT_IMAGES["gfx942"]
     runtime = plan_runtime("gfx942", image, DEFAULT_IMAGE_TARGETS[image], {})
-    config = render.with_attention_backend(render.runtime_config(spec, "psa-baseline", spec.drafters[0], 3),
+    config = render.with_attention_backend(render.runtime_config(spec, spec.drafters[0], 3),
                                            runtime.attention_backend, runtime.mla_attention_backend)
     config_map = render.config_map(ctx, config)
     template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], "stable", 3,

@@ -70,7 +70,7 @@ class BackgroundLoad:
     def __init__(self, url: str, host: str, seed: int, model: str, rate: float = RATE) -> None:
         self.shape = LoadShape(rate=rate, prompt=Lengths(64, 0.5, high=512), output=Lengths(24, 0.4, high=96),
                                stream=False, seed=seed)
-        # The operator serves a model under its SpeculativeModel name (spec.model.servedName unset).
+        # `model`: the served name, spec.model.servedName or else spec.model.name (the hub id).
         self.url, self.host, self.model = url, host, model
         self.report: LoadReport | None = None
         self._loop = asyncio.new_event_loop()

@@ -49,7 +49,7 @@ app.kubernetes.io/part-of: specdec-operator
 
 {{/*
 Rules for the namespaced resources the operator works on. They go into a ClusterRole when the operator
-watches the whole cluster, and into one Role per namespace when values.watchNamespaces is set.
+watches the whole cluster (values.clusterWide), and into one Role per namespace of values.watchNamespaces.
 Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 */}}
 {{- define "specdec-operator.namespacedRules" -}}
@@ -128,6 +128,7 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 
 {{/* Fail early on values that would run two active operators at once. */}}
 {{- define "specdec-operator.validate" -}}
+{{- include "specdec-operator.checkScope" . -}}
 {{- if and (not .Values.peering.enabled) (gt (int .Values.replicaCount) 1) -}}
 {{- fail "peering.enabled=false runs every replica as an active operator: set replicaCount to 1 or enable peering" -}}
 {{- end -}}
@@ -140,6 +141,10 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
 {{- define "specdec-operator.settingsEnv" -}}
 - name: SPECDEC_NAMESPACES
   value: {{ toJson .Values.watchNamespaces | quote }}
+- name: SPECDEC_CLUSTER_WIDE
+  value: {{ .Values.clusterWide | quote }}
+- name: SPECDEC_GPU_DEVICES
+  value: {{ toJson .Values.gpuDevices | quote }}
 - name: SPECDEC_FIELD_MANAGER
   value: {{ .Values.fieldManager | quote }}
 - name: SPECDEC_RUNTIME_IMAGES
@@ -172,6 +177,8 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ .Values.kvHeadroomFraction | quote }}
 - name: SPECDEC_METRICS_PORT
   value: {{ .Values.metrics.port | quote }}
+- name: SPECDEC_METRICS_AUTH
+  value: {{ .Values.metrics.auth.enabled | quote }}
 - name: SPECDEC_PEERING_NAME
   value: {{ .Values.peering.name | quote }}
 - name: SPECDEC_STANDALONE
@@ -191,6 +198,19 @@ not create them: a namespace holds the models, and uninstalling a release must n
 against the cluster with `lookup` when helm talks to one (kube-system always exists there); `helm template`
 and client-side dry runs cannot look and skip the check.
 */}}
+{{/*
+Cluster-wide only when said explicitly: an empty watchNamespaces used to mean the whole cluster, where the
+operator may delete ConfigMaps, Services and Deployments it owns and patch HTTPRoutes in every namespace.
+*/}}
+{{- define "specdec-operator.checkScope" -}}
+{{- if and (empty .Values.watchNamespaces) (not .Values.clusterWide) -}}
+{{- fail "watchNamespaces is empty and clusterWide is not true: list the namespaces the operator manages in watchNamespaces, or set clusterWide: true to let it manage SpeculativeModels (and delete the objects they own) in every namespace" -}}
+{{- end -}}
+{{- if and .Values.watchNamespaces .Values.clusterWide -}}
+{{- fail "watchNamespaces lists namespaces and clusterWide is true: set one of them, not both" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "specdec-operator.checkWatchNamespaces" -}}
 {{- if lookup "v1" "Namespace" "" "kube-system" -}}
 {{- $missing := list -}}

@@ -69,7 +69,9 @@ class TargetModel(ApiModel):
         "path inside the claim."
     )
     served_name: Annotated[str, *formatted(SERVED_MODEL_NAME, "spec.model.servedName")] | None = Field(
-        default=None, description="Name clients use in requests (--served-model-name); defaults to the resource name."
+        default=None,
+        description="Name clients use in requests and vLLM's metrics carry as model_name (--served-model-name); "
+        "defaults to spec.model.name (the hub id, e.g. meta-llama/Llama-3.1-8B-Instruct).",
     )
     tensor_parallel_size: Literal[1, 2, 4, 8] = Field(
         default=1, description="GPUs per replica (-tp). A power of two, at most 8."

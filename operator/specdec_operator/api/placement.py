@@ -8,7 +8,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from specdec_operator.api.base import ApiModel, cel
 from specdec_operator.api.kubeformats import LABEL_VALUE, QUALIFIED_NAME, check_keys, formatted, keys_rule
-from specdec_operator.api.vocabulary import GfxTarget, PartitionMode
+from specdec_operator.api.vocabulary import GFX_PRODUCTS, GfxTargetOrProduct, PartitionMode, gfx_of
 
 _EXISTS_WITHOUT_VALUE = "spec.placement.tolerations[].value must be empty when operator is Exists"
 _SECONDS_NEED_NO_EXECUTE = "spec.placement.tolerations[].tolerationSeconds requires effect NoExecute"
@@ -51,7 +51,15 @@ class Toleration(ApiModel):
 
 _NODE_SELECTOR = "spec.placement.nodeSelector"
 _ONE_REPLICA_FIELD = "spec.placement: set replicasPerPool or totalReplicas, not both"
-_GFX_TARGETS_UNIQUE = "spec.placement.gfxTargets must not repeat a target"
+_GFX_TARGETS_UNIQUE = ("spec.placement.gfxTargets must not repeat a target (a product names its gfx target: "
+                       "mi300x and mi325x are both gfx942)")
+# CEL: the gfx target of an entry, a product alias resolved through the same table as gfx_of().
+_CEL_PRODUCTS = "{" + ", ".join(f"'{product}': '{gfx}'" for product, gfx in GFX_PRODUCTS.items()) + "}"
+
+
+def _cel_gfx(variable: str) -> str:
+    return f"({variable} in {_CEL_PRODUCTS} ? {_CEL_PRODUCTS}[{variable}] : {variable})"
+
 _BOUNDS_NEED_TOTAL = ("spec.placement.minReplicasPerPool and maxReplicasPerPool bound how totalReplicas is split: "
                       "set totalReplicas (or scale the model) to use them")
 _BOUNDS_ORDER = "spec.placement.maxReplicasPerPool must not be below minReplicasPerPool"
@@ -64,7 +72,8 @@ class Placement(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel("!(has(self.replicasPerPool) && has(self.totalReplicas))", _ONE_REPLICA_FIELD),
-                cel("self.gfxTargets.all(g, self.gfxTargets.exists_one(h, h == g))", _GFX_TARGETS_UNIQUE),
+                cel(f"self.gfxTargets.all(g, self.gfxTargets.exists_one(h, {_cel_gfx('h')} == {_cel_gfx('g')}))",
+                    _GFX_TARGETS_UNIQUE),
                 cel("!(has(self.minReplicasPerPool) || has(self.maxReplicasPerPool)) || has(self.totalReplicas)",
                     _BOUNDS_NEED_TOTAL),
                 cel("!has(self.minReplicasPerPool) || !has(self.maxReplicasPerPool) "
@@ -73,8 +82,11 @@ class Placement(ApiModel):
         }
     )
 
-    gfx_targets: list[GfxTarget] = Field(
-        min_length=1, max_length=9, description="Allowed AMD gfx targets, in preference order."
+    gfx_targets: list[GfxTargetOrProduct] = Field(
+        min_length=1, max_length=9,
+        description="Allowed AMD gfx targets, in preference order: gfx names (gfx942) or products (mi300x, mi250x, "
+        "mi355x, w7900, ...). A product selects its gfx target's pool, which also takes that target's other "
+        "products; status.pools[].products lists the GPUs found.",
     )
     partition: PartitionMode | None = Field(
         default=None, description="Required GPU compute/memory partition mode, e.g. cpx_nps4."
@@ -101,6 +113,11 @@ class Placement(ApiModel):
         description="With totalReplicas: the most replicas one pool takes; the rest go to the next gfx target.",
     )
 
+    @property
+    def targets(self) -> list[str]:
+        """gfxTargets as gfx targets, product aliases resolved, in preference order."""
+        return [gfx_of(target) for target in self.gfx_targets]
+
     @model_validator(mode="after")
     def _consistent(self) -> Placement:
         if self.replicas_per_pool is not None and self.total_replicas is not None:
@@ -111,7 +128,7 @@ class Placement(ApiModel):
         if (self.min_replicas_per_pool is not None and self.max_replicas_per_pool is not None
                 and self.max_replicas_per_pool < self.min_replicas_per_pool):
             raise ValueError(_BOUNDS_ORDER)
-        if len(set(self.gfx_targets)) < len(self.gfx_targets):
+        if len(set(self.targets)) < len(self.targets):
             raise ValueError(_GFX_TARGETS_UNIQUE)
         check_keys(QUALIFIED_NAME, _NODE_SELECTOR, self.node_selector)
         return self

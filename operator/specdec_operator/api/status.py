@@ -79,6 +79,18 @@ class PoolStatus(ApiModel):
 
     name: str = Field(description="Pool name (also the Deployment name).")
     gfx_target: str = Field(description="AMD gfx target of the pool's nodes.")
+    requested_as: list[str] = Field(
+        default_factory=list,
+        description="The spec.placement.gfxTargets entries (gfx name or product alias) that selected this pool.",
+    )
+    products: list[str] = Field(
+        default_factory=list, description="GPU products on the pool's nodes (from the device table), e.g. MI300X."
+    )
+    gpu_resource: str = Field(
+        default="amd.com/gpu",
+        description="Extended resource the pool's pods request: amd.com/gpu, or a partition resource of the AMD "
+        "device plugin's mixed strategy such as amd.com/cpx_nps4.",
+    )
     drafter: DrafterChoice = Field(description="Drafter in use.")
     effective_k: int = Field(
         description="The pool's K: the tuner's (or spec's) decision, written here first; Deployments are rendered "
@@ -214,4 +226,9 @@ class SpeculativeModelStatus(ApiModel):
     )
     shard: str | None = Field(
         default=None, description="The operator install (shard) that reconciles this model, when sharded."
+    )
+    url: str = Field(
+        default="",
+        description="In-cluster URL of the model's Service (http://<service>.<namespace>.svc:8000, OpenAI API under "
+        "/v1), set while the model has pools; clients name the model by its served name.",
     )

@@ -60,6 +60,35 @@ def vllm_accepts_k(method: str, k: int, mtp_layers: int | None) -> bool:
 GfxTarget = Literal["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1150", "gfx1151", "gfx1200", "gfx1201"]
 GFX_TARGETS: tuple[str, ...] = get_args(GfxTarget)
 
+# Product names accepted in spec.placement.gfxTargets for the gfx target they run. A product names its target's
+# pool, which also takes the target's other products (mi300x -> gfx942: MI300X, MI300A, MI308X, MI325X nodes);
+# gpu/devices.py holds the device ids (tests/unit/api/test_gfx_aliases.py keeps the two in agreement).
+GfxProduct = Literal[
+    "mi210", "mi250", "mi250x", "mi300a", "mi300x", "mi308x", "mi325x", "mi350x", "mi355x",
+    "w7800", "w7900", "rx7900xtx", "rx7800xt", "r9700", "rx9070xt", "rx9060xt",
+]
+GFX_PRODUCTS: dict[str, str] = {
+    "mi210": "gfx90a", "mi250": "gfx90a", "mi250x": "gfx90a",
+    "mi300a": "gfx942", "mi300x": "gfx942", "mi308x": "gfx942", "mi325x": "gfx942",
+    "mi350x": "gfx950", "mi355x": "gfx950",
+    "w7800": "gfx1100", "w7900": "gfx1100", "rx7900xtx": "gfx1100", "rx7800xt": "gfx1101",
+    "r9700": "gfx1201", "rx9070xt": "gfx1201", "rx9060xt": "gfx1200",
+}
+
+
+# What spec.placement.gfxTargets admits: one enum of gfx names and product aliases (a union would not be a
+# structural schema). tests/unit/decisions/test_placement_discovery.py checks it is GFX_TARGETS + GFX_PRODUCTS.
+GfxTargetOrProduct = Literal[
+    "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1150", "gfx1151", "gfx1200", "gfx1201",
+    "mi210", "mi250", "mi250x", "mi300a", "mi300x", "mi308x", "mi325x", "mi350x", "mi355x",
+    "w7800", "w7900", "rx7900xtx", "rx7800xt", "r9700", "rx9070xt", "rx9060xt",
+]
+
+
+def gfx_of(target: str) -> str:
+    """The gfx target a spec.placement.gfxTargets entry names (a gfx target, or a product alias)."""
+    return GFX_PRODUCTS.get(target, target)
+
 # Compute/memory partition modes the AMD GPU operator exposes (amd.com/gpu.compute-memory-partition).
 PartitionMode = Literal["spx_nps1", "dpx_nps1", "dpx_nps2", "qpx_nps1", "qpx_nps4", "cpx_nps1", "cpx_nps4"]
 

@@ -95,7 +95,7 @@ def hold_missing_pools(
     first_seen: list[str] = []
     for before in previous:
         gfx = before.gfx_target
-        if gfx not in spec.placement.gfx_targets:
+        if gfx not in spec.placement.targets:
             continue  # the spec dropped the target: a decision in Git, not a missing node
         plan = placed.get(gfx)
         known = set(before.node_names)

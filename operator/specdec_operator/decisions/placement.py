@@ -10,7 +10,7 @@ from specdec_operator.decisions.capacity import GpuUsage, replica_slots
 from specdec_operator.decisions.drafter import DrafterDecision, MemoryBudget, choose_drafter
 from specdec_operator.decisions.replica_split import split_replicas
 from specdec_operator.decisions.weights import WeightsEstimate, target_weights
-from specdec_operator.gpu.devices import device_ids_for_gfx
+from specdec_operator.gpu.devices import BUILTIN_DEVICES, DeviceTable
 from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, GPU_RESOURCE, NodeGpus, Taint
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
@@ -31,6 +31,11 @@ class PoolPlan:
     excluded_nodes: tuple[str, ...] = ()
     # Why fewer replicas than the spec asks fit, when other workloads hold the GPUs (InsufficientGpus).
     shortfall: str | None = None
+    # The extended resource the pool's pods request: amd.com/gpu, or a partition resource of the device
+    # plugin's `mixed` strategy (amd.com/cpx_nps4), which then also pins the partition.
+    gpu_resource: str = GPU_RESOURCE
+    products: tuple[str, ...] = ()  # the GPU products on the pool's nodes, e.g. ("MI300X",)
+    requested_as: tuple[str, ...] = ()  # the spec.placement.gfxTargets entries naming this target (mi300x, gfx942)
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,7 @@ def plan_placement(
     kv_headroom_fraction: float,
     existing_pools: Collection[str] = (),
     usage: GpuUsage | None = None,
+    devices: DeviceTable = BUILTIN_DEVICES,
 ) -> PlacementPlan:
     """Pools for the spec's gfx targets.
 
@@ -181,8 +187,8 @@ def plan_placement(
     # Per gfx target in preference order: a candidate pool, or why it was skipped. Replicas are split once
     # every candidate's capacity is known, since per-pool bounds spread a total over all of them.
     outcomes: list[_Candidate | SkippedTarget] = []
-    for gfx in spec.placement.gfx_targets:
-        if not device_ids_for_gfx(gfx):
+    for gfx in spec.placement.targets:
+        if not devices.ids_for_gfx(gfx):
             # No label could ever identify such a node, and an affinity `In []` is invalid.
             outcomes.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes (the device table "
                                           f"has no AMD device id for {gfx} yet, so no node is recognised as one)"))
@@ -198,6 +204,7 @@ def plan_placement(
                 block = scheduling_block(node, spec)
                 if block:
                     notes.append(block)
+        matching = _one_resource(matching, notes)
         hosts = [node for node in matching if scheduling_block(node, spec) is None]
         if not hosts and matching and gfx in existing_pools:
             hosts = matching
@@ -236,9 +243,31 @@ def plan_placement(
             notes.append(f"replicasPerPool {spec.placement.replicas_per_pool} capped to {replicas}: "
                          f"{len(candidate_hosts)} nodes hold {slots} replicas at TP {tp}")
         names = tuple(sorted(n.name for n in candidate_hosts))
+        products = tuple(sorted({group.product for n in candidate_hosts for group in n.groups}))
         pools.append(PoolPlan(candidate_gfx, names, slots, replicas, outcome.vram, outcome.decision, tuple(notes),
-                              unvetted_nodes(nodes, candidate_gfx), shortfall))
+                              unvetted_nodes(nodes, candidate_gfx), shortfall, candidate_hosts[0].gpu_resource,
+                              products, _requested_as(spec, candidate_gfx)))
     return PlacementPlan(tuple(pools), tuple(skipped), weights)
+
+
+def _requested_as(spec: SpeculativeModelSpec, gfx: str) -> tuple[str, ...]:
+    return tuple(t for t, resolved in zip(spec.placement.gfx_targets, spec.placement.targets, strict=True)
+                 if resolved == gfx)
+
+
+def _one_resource(nodes: list[NodeGpus], notes: list[str]) -> list[NodeGpus]:
+    """The nodes that offer the pool's resource. A pod requests one resource name, so a pool whose nodes differ
+    (amd.com/gpu here, amd.com/cpx_nps4 there) uses the one with most units and says which nodes it leaves."""
+    if len({n.gpu_resource for n in nodes}) <= 1:
+        return nodes
+    units: dict[str, int] = {}
+    for n in nodes:
+        units[n.gpu_resource] = units.get(n.gpu_resource, 0) + n.allocatable_gpus
+    chosen = min(units, key=lambda name: (-units[name], name))
+    for n in nodes:
+        if n.gpu_resource != chosen:
+            notes.append(f"{n.name} offers {n.gpu_resource}, the pool requests {chosen}")
+    return [n for n in nodes if n.gpu_resource == chosen]
 
 
 def _shortfall(

@@ -3,19 +3,28 @@
 Two label shapes exist: a homogeneous node has plain keys (`amd.com/gpu.device-id=74a1`) and a node
 whose GPUs differ has only per-value keys (`amd.com/gpu.device-id.74a1=4`). The partition mode has two
 spellings in the wild (`amd.com/gpu.compute-memory-partition` in code, `amd.com/compute-memory-partition`
-in docs), so both are read.
+in docs), so both are read. The node labeller writes `amd.com/...` and `beta.amd.com/...` keys; a node carrying
+only one of them is read the same way (render/affinity.py matches both, so pods land where capacity is counted).
+
+The device plugin names its resource `amd.com/gpu` (strategy `single`) or, with strategy `mixed` on a
+partitioned node, `amd.com/<compute>_<memory>` (e.g. `amd.com/cpx_nps4`; ROCm/k8s-device-plugin
+internal/pkg/amdgpu/amdgpu.go counts partitions as `computePartition + "_" + memoryPartition`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec_operator.gpu.devices import DEVICES_BY_ID, PARTITIONS_PER_GPU, parse_vram_gib
+from specdec_operator.gpu.devices import BUILTIN_DEVICES, PARTITIONS_PER_GPU, DeviceTable, parse_vram_gib
 
 GPU_RESOURCE = "amd.com/gpu"
-PREFIXES = ("amd.com/gpu.", "beta.amd.com/gpu.")
+# Resource names of the device plugin's `mixed` strategy: one per compute/memory partition mode.
+PARTITION_RESOURCE = re.compile(r"^amd\.com/((?:spx|dpx|qpx|cpx)_nps[1248])$")
+PREFIXES = ("amd.com/gpu.", "beta.amd.com/gpu.")  # plain keys are read in this order
+MIXED_PREFIX = PREFIXES[0]  # the labeller writes a mixed node's per-value keys under amd.com/ only
 PARTITION_LABELS = ("amd.com/gpu.compute-memory-partition", "amd.com/compute-memory-partition")
 # Transient taints the AMD GPU operator sets; a node carrying one must never get runtime pods.
 AMD_TRANSIENT_TAINTS = ("amd-gpu-unhealthy", "amd-gpu-driver-upgrade", "amd-dcm")
@@ -45,8 +54,9 @@ class NodeGpus:
 
     name: str
     groups: tuple[GpuGroup, ...]
-    allocatable_gpus: int
+    allocatable_gpus: int  # units of `gpu_resource` the node allocates
     partition: str | None
+    gpu_resource: str = GPU_RESOURCE  # the extended resource a pod requests to get this node's GPUs
     taints: tuple[Taint, ...] = field(default=())
     cordoned: bool = False
     unknown_device_ids: tuple[str, ...] = field(default=())
@@ -77,22 +87,28 @@ class NodeGpus:
 
 
 def _device_counts(labels: Mapping[str, str]) -> dict[str, int]:
-    """device-id -> GPU count, from plain keys (homogeneous node) or per-value keys (mixed node)."""
+    """device-id -> GPU count, from `amd.com/` per-value keys (mixed node) or else the first plain key found
+    (`amd.com/`, then `beta.amd.com/`). render/affinity.py matches nodes in exactly this order."""
     counts: dict[str, int] = {}
-    for prefix in PREFIXES:
-        per_value = f"{prefix}device-id."
-        for key, value in labels.items():
-            if key.startswith(per_value):
-                try:
-                    counts.setdefault(key.removeprefix(per_value).lower(), int(value))
-                except ValueError:
-                    continue
+    per_value = f"{MIXED_PREFIX}device-id."
+    for key, value in labels.items():
+        if key.startswith(per_value):
+            try:
+                counts.setdefault(key.removeprefix(per_value).lower(), int(value))
+            except ValueError:
+                continue
     if counts:
         return counts
     for prefix in PREFIXES:
         plain = labels.get(f"{prefix}device-id")
         if plain:
-            return {plain.lower().removeprefix("0x"): 0}  # count filled from capacity by the caller
+            device_id = plain.lower().removeprefix("0x")
+            # A homogeneous node's beta.amd.com/gpu.device-id.<id>=<n> counts physical GPUs; without it the caller
+            # fills the count from capacity.
+            try:
+                return {device_id: int(labels.get(f"{PREFIXES[1]}device-id.{device_id}", "0"))}
+            except ValueError:
+                return {device_id: 0}
     return {}
 
 
@@ -104,25 +120,46 @@ def _vram_from_labels(labels: Mapping[str, str]) -> float | None:
     return None
 
 
+def _count(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def gpu_resource_of(allocatable: Mapping[str, str]) -> tuple[str, int]:
+    """(resource name, units): `amd.com/gpu` when the node allocates any, else the partition resource with most
+    units (a node whose GPUs sit in different partition modes offers several; a pod can request only one)."""
+    gpus = _count(allocatable.get(GPU_RESOURCE, "0"))
+    if gpus > 0:
+        return GPU_RESOURCE, gpus
+    partitioned = sorted((-_count(v), k) for k, v in allocatable.items() if PARTITION_RESOURCE.match(k))
+    if partitioned and partitioned[0][0] < 0:
+        return partitioned[0][1], -partitioned[0][0]
+    return GPU_RESOURCE, 0
+
+
+def is_gpu_resource(name: str) -> bool:
+    return name == GPU_RESOURCE or PARTITION_RESOURCE.match(name) is not None
+
+
 def node_gpus(
     name: str,
     labels: Mapping[str, str],
     allocatable: Mapping[str, str],
     taints: Sequence[Mapping[str, str]] = (),
     unschedulable: bool = False,
+    devices: DeviceTable = BUILTIN_DEVICES,
 ) -> NodeGpus:
     """Derive a node's GPUs. Unknown device ids are kept aside so the node is never guessed into a pool."""
-    try:
-        allocatable_gpus = int(allocatable.get(GPU_RESOURCE, "0"))
-    except ValueError:
-        allocatable_gpus = 0
+    resource, allocatable_gpus = gpu_resource_of(allocatable)
     counts = _device_counts(labels)
     if len(counts) == 1 and next(iter(counts.values())) == 0:
         counts = {next(iter(counts)): allocatable_gpus}
     label_vram = _vram_from_labels(labels)
     groups, unknown = [], []
     for device_id, count in sorted(counts.items()):
-        device = DEVICES_BY_ID.get(device_id)
+        device = devices.get(device_id)
         if device is None:
             unknown.append(device_id)
             continue
@@ -130,11 +167,15 @@ def node_gpus(
         vram = label_vram if (label_vram and len(counts) == 1) else device.vram_gib
         groups.append(GpuGroup(device_id, device.product, device.gfx, vram, count))
     partition = next((labels[key] for key in PARTITION_LABELS if labels.get(key)), None)
+    by_resource = PARTITION_RESOURCE.match(resource)
+    if by_resource is not None:
+        partition = by_resource.group(1)  # the resource itself says which partition a pod gets
     return NodeGpus(
         name=name,
         groups=tuple(groups),
         allocatable_gpus=allocatable_gpus,
         partition=partition,
+        gpu_resource=resource,
         taints=tuple(
             Taint(str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", ""))) for t in taints
         ),
@@ -168,15 +209,11 @@ class PodGpus:
 
 
 def _gpu_quantity(resources: Mapping[str, Any]) -> int:
-    """amd.com/gpu of one container; an extended resource's request defaults to its limit."""
-    for part in ("requests", "limits"):
-        value = (resources.get(part) or {}).get(GPU_RESOURCE)
-        if value is not None:
-            try:
-                return int(str(value))
-            except ValueError:
-                return 0
-    return 0
+    """GPUs (amd.com/gpu or partitions) of one container; an extended resource's request defaults to its limit."""
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    names = {name for name in [*requests, *limits] if is_gpu_resource(str(name))}
+    return sum(_count(requests[name] if name in requests else limits[name]) for name in names)
 
 
 def requested_gpus(pod_spec: Mapping[str, Any]) -> int:

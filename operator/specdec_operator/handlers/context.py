@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import aiohttp
+from aiohttp import web
 
 from specdec_operator.handlers.cache import FleetSnapshot, WatchCache
 from specdec_operator.handlers.memory import MemoryRelease
@@ -60,6 +61,7 @@ class OperatorContext:
     http: aiohttp.ClientSession
     models: dict[ModelKey, ModelMemory] = field(default_factory=dict)  # per model, while its loop runs
     scrapes: ScrapeScheduler | None = None  # the operator-wide scrape rounds, once started
+    metrics_server: web.AppRunner | None = None  # the authenticated /metrics server (settings.metrics_auth)
     cache: WatchCache = field(default_factory=WatchCache)  # owned objects and runtime pods, from watches
     memory: MemoryRelease = field(default_factory=MemoryRelease)  # gives pages back after models go
     fleet: FleetSnapshot = field(default_factory=FleetSnapshot)  # nodes and pod GPU claims, shared briefly
@@ -121,4 +123,5 @@ class OperatorContext:
             kv_headroom_fraction=self.settings.kv_headroom_fraction,
             pod=self.settings.pod_settings,
             node_missing_grace_s=self.settings.node_missing_grace_seconds,
+            devices=self.settings.device_table,
         )

@@ -20,6 +20,7 @@ from specdec_operator import GROUP, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, PodGpus, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.leadership import track_leadership
+from specdec_operator.handlers.metrics_server import serve_authenticated_metrics
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.schedule import LoopSchedule
 from specdec_operator.handlers.scrapes import ScrapeScheduler
@@ -63,7 +64,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # Before kopf's peering starts (it waits for the startup handlers): kopf's first verdict is not missed.
     track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone,
                      on_pause=memo.context.cache.paused)
-    if operator_settings.metrics_port:
+    if operator_settings.metrics_port and operator_settings.metrics_auth:
+        memo.context.metrics_server = await serve_authenticated_metrics(api, REGISTRY, operator_settings.metrics_port)
+    elif operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))
 
@@ -102,6 +105,8 @@ async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
 @kopf.on.cleanup()
 async def close(memo: Any, **_: Any) -> None:
     context: OperatorContext = memo.context
+    if context.metrics_server is not None:
+        await context.metrics_server.cleanup()
     await context.supervisor.close()
     await context.memory.close()
     await context.http.close()
@@ -111,8 +116,9 @@ async def close(memo: Any, **_: Any) -> None:
 # Async like the owned-object indices (handlers/watches.py): no thread hop per node or pod event.
 @kopf.index("nodes")
 async def gpu_nodes(
-    name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, **_: Any
+    name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, memo: Any, **_: Any
 ) -> dict[str, NodeGpus]:
+    context: OperatorContext = memo.context
     return {
         name: node_gpus(
             name,
@@ -120,6 +126,8 @@ async def gpu_nodes(
             dict(status.get("allocatable", {})),
             list(spec.get("taints", [])),
             bool(spec.get("unschedulable", False)),
+            # The table placement and the rendered affinity use too (OperatorContext.evaluation_settings).
+            context.settings.device_table,
         )
     }
 

@@ -204,6 +204,11 @@ class KubeApi:
             return False
         return True
 
+    async def review(self, api_path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a review (TokenReview, SubjectAccessReview): the API server answers in status, stores nothing."""
+        result: dict[str, Any] = await self._call("POST", api_path, body=dict(body))
+        return result
+
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         API_WRITES.labels(kind=kind, verb="delete").inc()
         try:

@@ -51,13 +51,14 @@ def pool_objects(
     runtime = plan_runtime(plan.gfx, image, targets, plain_env, spec.model.attention)
     assert plan.drafter.drafter is not None  # placement drops pools whose target does not fit
     config = render.with_attention_backend(
-        render.runtime_config(spec, observed.name, plan.drafter.drafter, k),
+        render.runtime_config(spec, plan.drafter.drafter, k),
         runtime.attention_backend,
         runtime.mla_attention_backend,
     )
     config_map = render.config_map(ctx, config)
     template = render.pod_template(
-        ctx, spec, runtime, config_map["metadata"]["name"], track, k, plan.excluded_nodes, settings.pod
+        ctx, spec, runtime, config_map["metadata"]["name"], track, k, plan.excluded_nodes, settings.pod,
+        plan.gpu_resource, settings.devices,
     )
     return DesiredPool(
         plan=plan,

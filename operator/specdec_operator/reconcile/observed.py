@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec_operator.decisions.capacity import FleetClaims
+from specdec_operator.gpu.devices import BUILTIN_DEVICES, DeviceTable
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.render.podspec import DEFAULT_POD_SETTINGS, PodSettings
 
@@ -60,3 +61,5 @@ class Settings:
     pod: PodSettings = DEFAULT_POD_SETTINGS
     # How long a pool whose nodes stop matching keeps its objects, replicas and K (see decisions/absence.py).
     node_missing_grace_s: float = 300.0
+    # The device table inventory, placement and the rendered affinity share (built-in + the gpuDevices setting).
+    devices: DeviceTable = BUILTIN_DEVICES

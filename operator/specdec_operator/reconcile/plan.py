@@ -187,7 +187,7 @@ def evaluate(
     usage = model_usage(observed)
     placement = plan_placement(
         spec, observed.nodes, settings.kv_headroom_fraction, existing_pools={p.gfx_target for p in previous.pools},
-        usage=usage,
+        usage=usage, devices=settings.devices,
     )
     absence = hold_missing_pools(previous.pools, placement, spec, observed.nodes, moment,
                                  settings.node_missing_grace_s)

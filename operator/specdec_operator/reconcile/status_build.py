@@ -20,6 +20,7 @@ from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.render.names import model_selector
+from specdec_operator.render.service import service_url
 from specdec_runtime import contract
 
 
@@ -29,6 +30,9 @@ def pool_status(pool: DesiredPool, live: Mapping[str, Any] | None) -> PoolStatus
     return PoolStatus(
         name=pool.name,
         gfx_target=pool.plan.gfx,
+        requested_as=list(pool.plan.requested_as),
+        products=list(pool.plan.products),
+        gpu_resource=pool.plan.gpu_resource,
         drafter=DrafterChoice(
             method=drafter.method if drafter else "none",
             model=drafter.model if drafter else None,
@@ -140,6 +144,8 @@ def build_status(
     status.summary = summarise(pools, status.speculation.acceptance_rate, canary_summary(status.canary))
     status.replicas = sum(pool.replicas for pool in pools)
     status.selector = model_selector(observed.name)
+    # The model's Service exists while it has pools (reconcile/plan.py renders it with them).
+    status.url = service_url(observed.namespace, observed.name) if pools else ""
     return status
 
 

@@ -23,7 +23,7 @@ from specdec_operator.api.pod import (
 )
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.decisions.weights import drafter_weights, target_weights
-from specdec_operator.gpu.inventory import GPU_RESOURCE
+from specdec_operator.gpu.inventory import GPU_RESOURCE, is_gpu_resource
 from specdec_operator.render.drift import canonical_quantity
 
 PodSecurityLevel = Literal["restricted", "baseline"]
@@ -109,18 +109,19 @@ def derived_requests(spec: SpeculativeModelSpec) -> dict[str, str]:
     return {"cpu": str(CPU_BASE + CPU_PER_GPU * gpus), "memory": f"{memory_gib}Gi"}
 
 
-def container_resources(spec: SpeculativeModelSpec) -> dict[str, Any]:
+def container_resources(spec: SpeculativeModelSpec, gpu_resource: str = GPU_RESOURCE) -> dict[str, Any]:
     """The runtime container's resources, in the server's canonical form ("0.5" -> "500m").
 
     spec.runtime.resources wins key by key; derived cpu and memory requests fill the gaps, never above a
     limit the user set. Memory is limited to its request unless the user sets a limit: the node reserved
     exactly that much, so the pod never takes memory from its neighbours, and memory cannot be throttled,
     only reclaimed by killing. cpu gets no limit unless the user sets one: a CPU limit throttles vLLM's
-    scheduling loop, and unused reserved cores are worth lending. amd.com/gpu is the operator's.
+    scheduling loop, and unused reserved cores are worth lending. GPU resources are the operator's: the pool's
+    `gpu_resource` (amd.com/gpu, or a partition resource such as amd.com/cpx_nps4).
     """
     user = spec.runtime.resources
-    requests = {k: v for k, v in user.requests.items() if k != GPU_RESOURCE}
-    limits = {k: v for k, v in user.limits.items() if k != GPU_RESOURCE}
+    requests = {k: v for k, v in user.requests.items() if not is_gpu_resource(k)}
+    limits = {k: v for k, v in user.limits.items() if not is_gpu_resource(k)}
     for name, derived in derived_requests(spec).items():
         if name in requests:
             continue
@@ -129,8 +130,8 @@ def container_resources(spec: SpeculativeModelSpec) -> dict[str, Any]:
     limits.setdefault("memory", requests["memory"])
     gpus = str(spec.model.tensor_parallel_size)
     return {
-        "requests": {**{k: canonical_quantity(v) for k, v in requests.items()}, GPU_RESOURCE: gpus},
-        "limits": {**{k: canonical_quantity(v) for k, v in limits.items()}, GPU_RESOURCE: gpus},
+        "requests": {**{k: canonical_quantity(v) for k, v in requests.items()}, gpu_resource: gpus},
+        "limits": {**{k: canonical_quantity(v) for k, v in limits.items()}, gpu_resource: gpus},
     }
 
 

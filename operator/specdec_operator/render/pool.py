@@ -10,6 +10,8 @@ from specdec_operator.api.pod import MODELS_MOUNT, MODELS_VOLUME, SHM_MOUNT, SHM
 from specdec_operator.api.spec import Drafter, SpeculativeModelSpec
 from specdec_operator.decisions.placement import honoured_tolerations
 from specdec_operator.decisions.runtime_env import RuntimePlan
+from specdec_operator.gpu.devices import BUILTIN_DEVICES, DeviceTable
+from specdec_operator.gpu.inventory import GPU_RESOURCE
 from specdec_operator.render import podspec
 from specdec_operator.render.affinity import gfx_node_affinity, with_extra_affinity
 from specdec_operator.render.names import (
@@ -43,7 +45,7 @@ class PoolContext:
     gfx: str
 
 
-def runtime_config(spec: SpeculativeModelSpec, model: str, drafter: Drafter, k: int) -> RuntimeConfig:
+def runtime_config(spec: SpeculativeModelSpec, drafter: Drafter, k: int) -> RuntimeConfig:
     speculative = None
     if k > 0:
         speculative = SpeculativeSettings(
@@ -59,7 +61,7 @@ def runtime_config(spec: SpeculativeModelSpec, model: str, drafter: Drafter, k: 
         model_path = f"{MODELS_MOUNT}/{spec.model.source.path or spec.model.name}"
     return RuntimeConfig(
         model=model_path,
-        served_model_name=spec.model.served_name or model,
+        served_model_name=spec.model.served_name or spec.model.name,
         tensor_parallel_size=spec.model.tensor_parallel_size,
         max_model_len=spec.model.max_model_len,
         speculative=speculative,
@@ -114,8 +116,11 @@ def pod_template(
     k: int,
     excluded_nodes: Sequence[str] = (),
     pod_settings: podspec.PodSettings = podspec.DEFAULT_POD_SETTINGS,
+    gpu_resource: str = GPU_RESOURCE,
+    devices: DeviceTable = BUILTIN_DEVICES,
 ) -> dict[str, Any]:
-    """`excluded_nodes`: the pool plan's nodes that the gfx affinity's labels cannot keep pods off."""
+    """`excluded_nodes`: the pool plan's nodes that the gfx affinity's labels cannot keep pods off.
+    `gpu_resource` and `devices`: the pool plan's resource and the device table placement used."""
     cache_claim = podspec.weights_cache_claim(spec, pod_settings)
     owned_env = podspec.owned_env(spec, cache_claim)
     owned_names = {var["name"] for var in owned_env}
@@ -163,7 +168,7 @@ def pod_template(
         "args": ["--config", f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"],
         "env": env,
         "ports": [{"name": contract.PORT_NAME, "containerPort": 8000, "protocol": "TCP"}],
-        "resources": podspec.container_resources(spec),
+        "resources": podspec.container_resources(spec, gpu_resource),
         "volumeMounts": mounts,
         "startupProbe": _probe(10, STARTUP_PROBE_BUDGET_S // 10),
         "readinessProbe": _probe(5, 3),
@@ -172,7 +177,14 @@ def pod_template(
     }
     spec_body: dict[str, Any] = {
         "affinity": with_extra_affinity(
-            gfx_node_affinity(ctx.gfx, spec.placement.partition, spec.placement.node_selector, excluded_nodes),
+            gfx_node_affinity(
+                ctx.gfx,
+                # A partition resource (amd.com/cpx_nps4) pins the partition itself, labelled or not.
+                spec.placement.partition if gpu_resource == GPU_RESOURCE else None,
+                spec.placement.node_selector,
+                excluded_nodes,
+                devices,
+            ),
             overlay.affinity,
         ),
         "containers": [container],

@@ -10,6 +10,14 @@ from specdec_runtime import contract
 TRACKS = ("stable", "canary")
 
 
+SERVICE_PORT = 8000
+
+
+def service_url(namespace: str, model: str) -> str:
+    """The model's Service as clients in the cluster reach it (status.url)."""
+    return f"http://{service_name(model)}.{namespace}.svc:{SERVICE_PORT}"
+
+
 def service(namespace: str, model: str, uid: str, track: str | None = None) -> dict[str, Any]:
     """track None: all pools and tracks (replica-ratio split); "stable"/"canary": HTTPRoute backends."""
     selector = {contract.LABEL_MODEL: label_value(model)}
@@ -27,6 +35,7 @@ def service(namespace: str, model: str, uid: str, track: str | None = None) -> d
         },
         "spec": {
             "selector": selector,
-            "ports": [{"name": contract.PORT_NAME, "port": 8000, "targetPort": contract.PORT_NAME, "protocol": "TCP"}],
+            "ports": [{"name": contract.PORT_NAME, "port": SERVICE_PORT, "targetPort": contract.PORT_NAME,
+                       "protocol": "TCP"}],
         },
     }

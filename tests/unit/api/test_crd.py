@@ -13,7 +13,7 @@ import yaml
 
 from specdec_operator.api.crdgen import build_crd
 from specdec_operator.api.spec import SpeculativeModelSpec
-from specdec_operator.api.vocabulary import GFX_TARGETS, SPECULATIVE_METHODS
+from specdec_operator.api.vocabulary import GFX_PRODUCTS, GFX_TARGETS, SPECULATIVE_METHODS
 from specdec_operator.cli import main as cli_main
 from specdec_operator.crdfiles import CRD_PATHS, REPO_ROOT, check_crd_files
 
@@ -88,8 +88,9 @@ def test_required_fields_exist_as_properties() -> None:
 
 def test_vocabularies_are_exactly_vllm_033_methods_and_supported_gfx_targets() -> None:
     assert at("spec.drafters[].method")["enum"] == list(SPECULATIVE_METHODS)
-    assert at("spec.placement.gfxTargets[]")["enum"] == list(GFX_TARGETS)
-    assert "medusa" not in SPECULATIVE_METHODS and "gfx908" not in GFX_TARGETS
+    # Supported gfx targets, then the product aliases of supported targets (api/vocabulary.py).
+    assert at("spec.placement.gfxTargets[]")["enum"] == [*GFX_TARGETS, *GFX_PRODUCTS]
+    assert "medusa" not in SPECULATIVE_METHODS and "gfx908" not in GFX_TARGETS and "mi100" not in GFX_PRODUCTS
     assert at("spec.model.tensorParallelSize")["enum"] == [1, 2, 4, 8]
     assert (at("spec.speculation.maxK")["minimum"], at("spec.speculation.maxK")["maximum"]) == (0, 16)
 

@@ -30,6 +30,7 @@ def test_empty_status_defaults() -> None:
         "summary": {"drafter": "", "effectiveK": "", "acceptance": "", "pools": 0, "canary": ""},
         "replicas": 0,
         "selector": "",
+        "url": "",
     }
 
 

@@ -47,7 +47,7 @@ W7900 = Card("7448", "AMD_Radeon_PRO_W7900", "48G", "GC_11_0_0", 96, 192)
 W7800 = Card("745e", "AMD_Radeon_PRO_W7800", "32G", "GC_11_0_0", 70, 140)
 RX7800XT = Card("747e", "AMD_Radeon_RX_7800_XT", "16G", "GC_11_0_0", 60, 120)
 R9700 = Card("7551", "AMD_Radeon_AI_PRO_R9700", "32G", "GC_12_0_0", 64, 128)
-UNLISTED = Card("74b5", "AMD_Instinct_MI300X_VF", "192G", "AI", 304, 1216)  # a device id our table lacks
+UNLISTED = Card("7ffe", "AMD_Unreleased_Accelerator", "192G", "AI", 304, 1216)  # a device id our table lacks
 
 
 def homogeneous_labels(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec_operator.api.vocabulary import GFX_TARGETS
-from specdec_operator.gpu.devices import DEVICES_BY_ID, device_ids_for_gfx, known_device_ids, parse_vram_gib
+from specdec_operator.gpu.devices import BUILTIN_DEVICES, parse_vram_gib
 
 
 @pytest.mark.parametrize(
@@ -44,16 +44,17 @@ def test_parse_vram(label: str, gib: float | None) -> None:
     ],
 )
 def test_device_table_rows(device_id: str, product: str, gfx: str, vram: float) -> None:
-    device = DEVICES_BY_ID[device_id]
+    device = BUILTIN_DEVICES.get(device_id)
+    assert device is not None
     assert (device.product, device.gfx, device.vram_gib) == (product, gfx, vram)
 
 
 @pytest.mark.parametrize(
     ("gfx", "ids"),
     [
-        ("gfx942", ["74a0", "74a1", "74a5"]),
-        ("gfx90a", ["7408", "740c", "740f"]),
-        ("gfx950", ["75a0", "75a3"]),
+        ("gfx942", ["74a0", "74a1", "74a2", "74a5", "74a8", "74a9", "74b5", "74b6", "74b9", "74bc", "74bd"]),
+        ("gfx90a", ["7408", "740c", "740f", "7410"]),
+        ("gfx950", ["75a0", "75a3", "75b0", "75b3"]),
         ("gfx1100", ["7448", "7449", "744a", "744c", "745e"]),
         ("gfx1150", ["150e"]),
         ("gfx1151", ["1586"]),
@@ -61,13 +62,13 @@ def test_device_table_rows(device_id: str, product: str, gfx: str, vram: float) 
     ],
 )
 def test_device_ids_for_gfx(gfx: str, ids: list[str]) -> None:
-    assert device_ids_for_gfx(gfx) == ids
+    assert BUILTIN_DEVICES.ids_for_gfx(gfx) == ids
 
 
 def test_device_ids_are_lowercase_hex_without_0x() -> None:
-    assert all(len(i) == 4 and int(i, 16) >= 0 and i == i.lower() for i in known_device_ids())
+    assert all(len(i) == 4 and int(i, 16) >= 0 and i == i.lower() for i in BUILTIN_DEVICES.known_ids())
 
 
 @pytest.mark.parametrize("gfx", GFX_TARGETS)
 def test_every_accepted_gfx_target_can_be_found_on_some_device(gfx: str) -> None:
-    assert device_ids_for_gfx(gfx)
+    assert BUILTIN_DEVICES.ids_for_gfx(gfx)

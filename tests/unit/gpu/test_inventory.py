@@ -112,12 +112,12 @@ CASES: list[tuple[str, NodeGpus, Expected]] = [
     (
         "unknown-device-id",
         homogeneous_node("n", UNLISTED, 8),
-        Expected(None, (), 8, 0, unknown=("74b5",)),
+        Expected(None, (), 8, 0, unknown=("7ffe",)),
     ),
     (
         "mixed-known-and-unknown",
         mixed_node("n", [(MI300X, 4), (UNLISTED, 4)]),
-        Expected(None, (("74a1", "MI300X", "gfx942", 192, 4),), 8, 192, unknown=("74b5",)),
+        Expected(None, (("74a1", "MI300X", "gfx942", 192, 4),), 8, 192, unknown=("7ffe",)),
     ),
     (
         "w7800-vram-label-32g",

@@ -43,8 +43,15 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
 
+# The chart refuses to render without a scope (watchNamespaces, or clusterWide: true). Tests about something
+# else render the cluster-wide install unless they choose a scope themselves.
+CLUSTER_WIDE = "clusterWide=true"
+
+
 def render(helm: str, *set_args: str) -> list[Manifest]:
     """`helm template` with --set arguments; every non-empty document, CRDs included."""
+    if not any(arg.startswith(("watchNamespaces=", "clusterWide=")) for arg in set_args):
+        set_args = (CLUSTER_WIDE, *set_args)
     args = ["template", RELEASE, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE, "--include-crds"]
     for assignment in set_args:
         args += ["--set", assignment]

@@ -24,6 +24,9 @@ WORKLOAD_VERBS: dict[tuple[str, str], set[str]] = {
 CLUSTER_VERBS: dict[tuple[str, str], set[str]] = {
     ("", "nodes"): {"list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    # Authenticated /metrics (metrics.auth.enabled, the default): handlers/metrics_server.py.
+    ("authentication.k8s.io", "tokenreviews"): {"create"},
+    ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
 }
 PEERING_VERBS = {"get", "list", "watch", "patch", "create"}
 # get (does it exist yet?) and patch are narrowed to the peering object's own name; list, watch and
@@ -36,7 +39,7 @@ Grants = dict[tuple[str, str], set[str]]
 def _grants(role: Manifest) -> Grants:
     grants: Grants = defaultdict(set)
     for rule in role["rules"]:
-        for group in rule["apiGroups"]:
+        for group in rule.get("apiGroups", []):
             for resource in rule["resources"]:
                 grants[(group, resource)] |= set(rule["verbs"])
     return dict(grants)
@@ -58,6 +61,8 @@ def _bound_roles(manifests: list[Manifest], binding_kind: str) -> list[Manifest]
     roles = {(role["kind"], role["metadata"].get("namespace"), role["metadata"]["name"]): role for role in manifests}
     bound = []
     for binding in of_kind(manifests, binding_kind):
+        if binding["roleRef"]["name"].endswith("-metrics-reader"):
+            continue  # who may read /metrics: never the operator's own account (test_metrics_reader_*)
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": RELEASE_NAMESPACE}]
         ref = binding["roleRef"]
         namespace = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
@@ -66,7 +71,14 @@ def _bound_roles(manifests: list[Manifest], binding_kind: str) -> list[Manifest]
 
 
 def _all_rules(manifests: list[Manifest]) -> list[dict[str, list[str]]]:
-    return [rule for kind in ("ClusterRole", "Role") for role in of_kind(manifests, kind) for rule in role["rules"]]
+    return [rule for kind in ("ClusterRole", "Role") for role in of_kind(manifests, kind) for rule in role["rules"]
+            if "nonResourceURLs" not in rule]
+
+
+def test_metrics_reader_grants_get_on_metrics_only(default_manifests: list[Manifest]) -> None:
+    readers = [r for r in of_kind(default_manifests, "ClusterRole")
+               if r["metadata"]["name"].endswith("-metrics-reader")]
+    assert [r["rules"] for r in readers] == [[{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]]
 
 
 @pytest.mark.parametrize("fixture", ["default_manifests", "namespaced_manifests"])

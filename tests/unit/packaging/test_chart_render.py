@@ -13,6 +13,7 @@ from specdec_operator.crdfiles import CRD_FILE_NAME
 from specdec_operator.settings import OperatorSettings
 from tests.unit.packaging.chart import (
     CHART_DIR,
+    RELEASE,
     RELEASE_NAMESPACE,
     REPO_ROOT,
     Manifest,
@@ -40,12 +41,38 @@ def _settings_from_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     return OperatorSettings()
 
 
+# Lint reports the default values' missing scope but passes: `helm install` is what refuses it.
 @pytest.mark.parametrize("set_args", [[], ["watchNamespaces={team-a,team-b}"], ["metrics.serviceMonitor.enabled=true"]])
 def test_helm_lint_passes(helm: str, set_args: list[str]) -> None:
     result = run_helm(
         helm, "lint", "--strict", str(CHART_DIR), *(arg for value in set_args for arg in ("--set", value))
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("set_args", "says"), [
+    ([], "watchNamespaces is empty and clusterWide is not true"),
+    (["--set-json", "watchNamespaces=[]"], "watchNamespaces is empty and clusterWide is not true"),
+    (["--set", "clusterWide=false"], "watchNamespaces is empty and clusterWide is not true"),
+    (["--set", "clusterWide=true", "--set", "watchNamespaces={team-a}"], "set one of them, not both"),
+])
+def test_rendering_without_an_explicit_scope_fails_naming_both_values(
+    helm: str, set_args: list[str], says: str
+) -> None:
+    # What `helm install` renders; tests/e2e/test_chart_install.py runs the install itself against a cluster.
+    args = ["template", RELEASE, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE, *set_args]
+    result = run_helm(helm, *args)
+    assert result.returncode != 0, result.stdout
+    assert says in result.stderr and "watchNamespaces" in result.stderr and "clusterWide" in result.stderr, (
+        result.stderr)
+
+
+def test_cluster_wide_and_namespaced_scopes_reach_the_operator(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    wide = _settings_from_env(_settings_env(render(helm, "clusterWide=true")), monkeypatch)
+    assert (wide.cluster_wide, wide.namespaces, wide.scope_problem()) == (True, [], None)
+    monkeypatch.delenv("SPECDEC_CLUSTER_WIDE")
+    scoped = _settings_from_env(_settings_env(render(helm, "watchNamespaces={team-a}")), monkeypatch)
+    assert (scoped.cluster_wide, scoped.namespaces, scoped.scope_problem()) == (False, ["team-a"], None)
 
 
 def test_operator_runs_two_peered_replicas(default_manifests: list[Manifest]) -> None:
@@ -92,7 +119,10 @@ def test_settings_env_parses_to_the_operator_defaults(
     default_manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The chart's defaults are the operator's defaults: installing the chart changes no behaviour.
-    assert _settings_from_env(_settings_env(default_manifests), monkeypatch) == OperatorSettings()
+    # default_manifests are the cluster-wide install (tests/unit/packaging/chart.py): the chart's other defaults
+    # are the operator's, but for metrics.auth.enabled (on in the chart, off for a bare operator).
+    expected = OperatorSettings(cluster_wide=True, metrics_auth=True)
+    assert _settings_from_env(_settings_env(default_manifests), monkeypatch) == expected
 
 
 def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,6 +147,18 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
     assert settings.node_missing_grace_seconds == 90
 
 
+def test_gpu_devices_value_extends_the_operator_device_table(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifests = render(
+        helm,
+        "gpuDevices[0].deviceId=7fff", "gpuDevices[0].product=Custom VF", "gpuDevices[0].gfx=gfx942",
+        "gpuDevices[0].vramGib=96",
+    )
+    table = _settings_from_env(_settings_env(manifests), monkeypatch).device_table
+    device = table.get("7fff")
+    assert device is not None and (device.product, device.gfx, device.vram_gib) == ("Custom VF", "gfx942", 96)
+    assert table.get("74b5") is not None  # the built-in rows stay
+
+
 # Settings the chart already sets that the operator has yet to read. Strict: once the field exists in
 # OperatorSettings the mark fails, so it is removed together with the pending entry.
 
@@ -124,6 +166,8 @@ def test_settings_env_carries_the_values(helm: str, monkeypatch: pytest.MonkeyPa
 def _env_names() -> list[Any]:
     names = [
         "SPECDEC_NAMESPACES",
+        "SPECDEC_CLUSTER_WIDE",
+        "SPECDEC_GPU_DEVICES",
         "SPECDEC_FIELD_MANAGER",
         "SPECDEC_RUNTIME_IMAGES",
         "SPECDEC_IMAGE_TARGETS",
@@ -140,6 +184,7 @@ def _env_names() -> list[Any]:
         "SPECDEC_SCRAPE_LOOPBACK_ONLY",
         "SPECDEC_KV_HEADROOM_FRACTION",
         "SPECDEC_METRICS_PORT",
+        "SPECDEC_METRICS_AUTH",
         "SPECDEC_PEERING_NAME",
         "SPECDEC_STANDALONE",
         "SPECDEC_SHARD",
@@ -226,6 +271,31 @@ def test_service_monitor_scrapes_the_metrics_service(helm: str) -> None:
     assert endpoint["interval"] == "15s"
     # The series carry the SpeculativeModel's namespace label, which must not be renamed exported_namespace.
     assert endpoint["honorLabels"] is True
+
+
+def test_authenticated_metrics_by_default_and_the_service_monitor_sends_a_reader_token(helm: str) -> None:
+    manifests = render(helm, "clusterWide=true", "metrics.serviceMonitor.enabled=true",
+                       "metrics.auth.readers[0].kind=ServiceAccount", "metrics.auth.readers[0].name=prometheus-k8s",
+                       "metrics.auth.readers[0].namespace=monitoring")
+    env = _settings_env(manifests)
+    assert env["SPECDEC_METRICS_AUTH"] == "true"
+    endpoint = one(manifests, "ServiceMonitor")["spec"]["endpoints"][0]
+    secret_name = endpoint["authorization"]["credentials"]["name"]
+    secret = next(s for s in of_kind(manifests, "Secret") if s["metadata"]["name"] == secret_name)
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    scraper = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    reader = next(r for r in of_kind(manifests, "ClusterRole") if r["metadata"]["name"].endswith("-metrics-reader"))
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = next(b for b in of_kind(manifests, "ClusterRoleBinding")
+                   if b["roleRef"]["name"] == reader["metadata"]["name"])
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": scraper, "namespace": RELEASE_NAMESPACE},
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+    ]
+    off = render(helm, "clusterWide=true", "metrics.serviceMonitor.enabled=true", "metrics.auth.enabled=false")
+    assert _settings_env(off)["SPECDEC_METRICS_AUTH"] == "false"
+    assert "authorization" not in one(off, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert of_kind(off, "Secret") == []
 
 
 def test_dashboard_config_map_ships_the_dashboard(default_manifests: list[Manifest]) -> None:

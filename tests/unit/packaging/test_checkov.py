@@ -188,7 +188,7 @@ def runtime_deployments() -> list[Manifest]:
             drafter = spec.drafters[0] if spec.drafters else FALLBACK
             ctx = render.PoolContext("inference", name, "00000000-0000-4000-8000-000000000000", pool_name(name, gfx),
                                      gfx)
-            config = render.runtime_config(spec, name, drafter, spec.speculation.initial_k)
+            config = render.runtime_config(spec, drafter, spec.speculation.initial_k)
             config_map = render.config_map(ctx, config)
             template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], "stable",
                                            spec.speculation.initial_k, pod_settings=chart_pod_settings())

@@ -63,3 +63,12 @@ def test_scaling_to_zero_keeps_the_model_and_says_why() -> None:
     plan = settled(scalable(0))
     assert deployments(plan) == {}
     assert status_wire(plan)["replicas"] == 0
+
+
+
+def test_status_url_is_the_in_cluster_url_of_the_model_service() -> None:
+    first = evaluate(observed(scalable(1)), SETTINGS, T0)
+    service = next(obj for obj in first.apply if obj["kind"] == "Service")
+    url = f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc:{service['spec']['ports'][0]['port']}"
+    assert url == "http://llama8b.inference.svc:8000"
+    assert status_wire(settled(scalable(1)))["url"] == url

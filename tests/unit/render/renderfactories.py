@@ -59,7 +59,7 @@ def rendered_pool(
     plain_env = {e.name: e.value for e in spec.runtime.env if e.value_from is None}
     runtime = runtime_plan(gfx, plain_env, spec.model.attention)
     config = render.with_attention_backend(
-        render.runtime_config(spec, MODEL, drafter or spec.drafters[0], spec.speculation.initial_k if k is None else k),
+        render.runtime_config(spec, drafter or spec.drafters[0], spec.speculation.initial_k if k is None else k),
         runtime.attention_backend,
         runtime.mla_attention_backend,
     )

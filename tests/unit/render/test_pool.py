@@ -100,9 +100,13 @@ def test_config_map_carries_the_exact_runtime_config() -> None:
 @pytest.mark.parametrize(
     ("overrides", "model_arg", "served"),
     [
-        ({}, "meta-llama/Llama-3.1-8B-Instruct", MODEL),
-        ({"model": {"source": {"pvcName": "weights"}}}, "/models/meta-llama/Llama-3.1-8B-Instruct", MODEL),
-        ({"model": {"source": {"pvcName": "weights", "path": "llama31"}}}, "/models/llama31", MODEL),
+        # Clients (and the KEDA/HPA examples of docs/autoscaling.md) name the model by its hub id, wherever the
+        # weights are read from; not by the SpeculativeModel's name.
+        ({}, "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+        ({"model": {"source": {"pvcName": "weights"}}}, "/models/meta-llama/Llama-3.1-8B-Instruct",
+         "meta-llama/Llama-3.1-8B-Instruct"),
+        ({"model": {"source": {"pvcName": "weights", "path": "llama31"}}}, "/models/llama31",
+         "meta-llama/Llama-3.1-8B-Instruct"),
         ({"model": {"servedName": "chat"}}, "meta-llama/Llama-3.1-8B-Instruct", "chat"),
     ],
     ids=["hub-id", "pvc-default-path", "pvc-path", "served-name"],
