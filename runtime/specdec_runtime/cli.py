@@ -145,12 +145,12 @@ def _engine_settings(options: argparse.Namespace) -> EngineSettings:
         if not sep or not name or not path:
             raise LaunchError(f"--model-map {item!r}: expected NAME=PATH")
         entries[name] = Path(path)
-    if (tiny / "manifest.json").exists():
-        model_map = ModelMap.from_tiny_models(tiny, entries, drafter=options.default_drafter)
-    elif options.tiny_models is not None:
-        raise LaunchError(f"--tiny-models {tiny}: no manifest.json: run hack/tiny-models")
-    else:
-        model_map = ModelMap(entries)
+    if not (tiny / "manifest.json").exists():
+        raise LaunchError(f"--engine vllm: no tiny models at {tiny} (they serve every model the map lacks): "
+                          "run hack/tiny-models, or pass --tiny-models DIR")
+    model_map = ModelMap.from_tiny_models(tiny, entries, drafter=options.default_drafter)
+    if not (tiny / f"drafter-{options.default_drafter}").is_dir():
+        raise LaunchError(f"--default-drafter {options.default_drafter}: no {tiny}/drafter-{options.default_drafter}")
     work = options.work_dir or Path(tempfile.mkdtemp(prefix="specdec-fleet-engines-"))
     work.mkdir(parents=True, exist_ok=True)
     return EngineSettings(work_dir=work, model_map=model_map, vllm_bin=venv / "bin",

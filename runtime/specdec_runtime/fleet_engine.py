@@ -87,7 +87,7 @@ class ModelMap:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    work_dir: Path  # per pod: its runtime.json, models/ links and log
+    work_dir: Path  # models/ (the map's links), and per pod its runtime.json and log
     model_map: ModelMap
     vllm_bin: Path  # the engine venv's bin: its `vllm` is what the launcher execs
     max_engines: int = 2
@@ -215,7 +215,10 @@ class EngineSupervisor:
             return
         self._waiting_logged.discard(pod.uid)
         directory = self._pod_dir(pod)
-        models = directory / "models"
+        directory.mkdir(parents=True, exist_ok=True)
+        # One models dir for every pod (the map is the driver's, like an image's baked checkpoints): the same paths
+        # in every engine's config let vLLM's torch.compile cache (~/.cache/vllm) serve later starts.
+        models = self.settings.work_dir / "models"
         models.mkdir(parents=True, exist_ok=True)
         config = pod.config.model_copy(update={"host": pod.pod_ip})
         config_path = directory / contract.CONFIG_KEY

@@ -104,7 +104,9 @@ class Engine:
         self.k, self.port = k, _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         work = options.work_dir / f"k{k}-{self.port}"
-        models = work / "models" / "tiny-llama"
+        work.mkdir(parents=True, exist_ok=True)
+        # The same model paths for every engine of the run: vLLM's torch.compile cache then serves later starts.
+        models = options.work_dir / "models" / "tiny-llama"
         models.mkdir(parents=True, exist_ok=True)
         for name, checkpoint in (("target", "target"), (f"drafter-{options.drafter}", f"drafter-{options.drafter}")):
             if not (models / name).exists():
@@ -114,7 +116,7 @@ class Engine:
         config = RuntimeConfig(model=TARGET, served_model_name=SERVED, host="127.0.0.1", port=self.port,
                                max_model_len=2048, speculative=speculative)
         (work / "runtime.json").write_text(config.to_json())
-        env = {**os.environ, **ENGINE_ENV, "SPECDEC_MODELS_DIR": str(work / "models"),
+        env = {**os.environ, **ENGINE_ENV, "SPECDEC_MODELS_DIR": str(options.work_dir / "models"),
                "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
         self.log = work / "engine.log"
         self.started = time.monotonic()

@@ -145,3 +145,19 @@ def test_the_termination_message_is_the_logs_tail_as_the_kubelet_cuts_it(tmp_pat
     log.write_text("x" * 5000 + "\nValueError: the end\n")
     message = termination_message(log)
     assert len(message.encode()) <= 2048 and message.endswith("ValueError: the end")
+
+
+def test_the_engine_mode_refuses_to_start_without_its_venv_or_tiny_models(
+    settings: EngineSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specdec_runtime.cli import main
+
+    assert main(["fleet-driver", "--engine", "vllm", "--vllm-venv", str(tmp_path / "absent")]) == 2
+    assert "run hack/vllm-cpu-env" in capsys.readouterr().err
+    venv = settings.vllm_bin.parent
+    assert main(["fleet-driver", "--engine", "vllm", "--vllm-venv", str(venv),
+                 "--tiny-models", str(tmp_path / "no-models")]) == 2
+    assert "run hack/tiny-models" in capsys.readouterr().err
+    assert main(["fleet-driver", "--engine", "vllm", "--vllm-venv", str(venv), "--tiny-models", str(tmp_path / "tiny"),
+                 "--model-map", "no-equals-sign"]) == 2
+    assert "expected NAME=PATH" in capsys.readouterr().err
