@@ -2,10 +2,11 @@
 
 At a fixed offered load (closed loop: `concurrency` clients, each sending the next request when its last one
 finished), it measures the engine's goodput (generated tokens/s from vLLM's own `generation_tokens_total`) at each
-static K of a sweep, one engine start per K; then it starts the engine at a poor K and lets the production tuner
-(`TunerState`, fed the engine's /metrics through the production parser) decide, restarting the engine at each K it
-picks, until it holds; and measures the goodput at the K it converged to. It prints the ratio of that goodput to the
-best static K measured in the same run, and the restarts the tuner took. A benchmark that prints figures.
+static K of a sweep, on a fresh engine per K; the production tuner (`TunerState`, fed the engine's /metrics through
+the production parser) starts at a poor K and decides, the engine restarted at each K it picks, until it holds. The
+tuner's path is run first and each K it visits is measured when its engine starts, so the sweep costs no extra start
+for those Ks. It prints the goodput at the K the tuner converged to over the best static K measured in the same run,
+and the restarts the tuner took. A benchmark that prints figures.
 
 The engine is our launcher exec'ing `vllm serve` on 127.0.0.1 (as the fleet driver runs a pod), serving the tiny
 checkpoints of `hack/tiny-models` (target plus a drafter of calibrated acceptance) from the engine venv of
@@ -204,11 +205,6 @@ def measure(engine: Engine, options: EngineBenchOptions, start_s: float) -> Meas
     return Measured(engine.k, (after - before) / (t1 - t0), start_s)
 
 
-def _context(k: int, rolling: bool, drafter: str) -> PoolContext:
-    return PoolContext(name=POOL, gfx_target="gfx942", drafter_method="draft_model",
-                       drafter_model=f"tiny-llama/drafter-{drafter}", effective_k=k, replicas=1, rolling=rolling)
-
-
 def _scrape(engine: Engine, restarts: int, now: float) -> list[ScrapeResult]:
     target = ScrapeTarget(pod="bench/engine-0", uid=f"engine-{restarts}", ip="127.0.0.1", port=engine.port,
                           pool=POOL, revision=f"k{engine.k}", k=engine.k, restart_count=restarts)
@@ -221,72 +217,87 @@ def _scrape(engine: Engine, restarts: int, now: float) -> list[ScrapeResult]:
     return [ScrapeResult(target, now, "ok" if sample.complete else "incomplete", sample)]
 
 
-def run_tuned(options: EngineBenchOptions, log: Any) -> tuple[list[int], int, Measured | None, list[str]]:
-    """The production tuner from a poor K: each change restarts the engine at the new K (a one-replica rolling
-    update); stops once the tuner holds after its last change (two evaluations with enough drafts and no change),
-    or at the time budget. Returns the K path, restarts, goodput at the final K, and the decisions' reasons."""
-    speculation = Speculation(initial_k=options.initial_k, min_k=options.min_k, max_k=options.max_k,
-                              autotune=Autotune(interval_seconds=options.tuner_interval_s,
-                                                min_samples=options.tuner_min_samples, cooldown_seconds=0))
-    state = TunerState()
-    k, restarts, path, reasons = options.initial_k, 0, [options.initial_k], []
-    deadline = time.monotonic() + options.tuner_budget_s
-    engine = Engine(k, options)
-    try:
-        start_s = engine.wait_healthy(options.ready_timeout_s)
+class TunerDriver:
+    """The production tuner (`TunerState`), fed the live engine's /metrics through the production parser."""
+
+    def __init__(self, options: EngineBenchOptions) -> None:
+        self.options = options
+        self.speculation = Speculation(
+            initial_k=options.initial_k, min_k=options.min_k, max_k=options.max_k,
+            autotune=Autotune(interval_seconds=options.tuner_interval_s, min_samples=options.tuner_min_samples,
+                              cooldown_seconds=0))
+        self.state = TunerState()
+        self.restarts = 0
+        self.reasons: list[str] = []
+        self.deadline = time.monotonic() + options.tuner_budget_s
+
+    def follow(self, engine: Engine, log: Any) -> int | None:
+        """Under the closed-loop load, until the tuner changes K (returns the new K) or holds twice on a window with
+        the drafts it needs (or the time budget ends): returns None, converged."""
+        options, k = self.options, engine.k
+        context = PoolContext(name=POOL, gfx_target="gfx942", drafter_method="draft_model",
+                              drafter_model=f"tiny-llama/drafter-{options.drafter}", effective_k=k)
         load = ClosedLoop(engine.url, options)
-        holds = 0
-        next_evaluation = time.monotonic() + options.tuner_interval_s
-        while time.monotonic() < deadline and holds < 2:
-            now = time.monotonic()
-            state.observe([_context(k, False, options.drafter)], _scrape(engine, restarts, now), now)
-            if now < next_evaluation:
-                time.sleep(options.scrape_interval_s)
-                continue
-            next_evaluation = now + options.tuner_interval_s
-            report = state.evaluate(now, [_context(k, False, options.drafter)], speculation)
-            decision = report.decision
-            if decision is None or decision.to_k == decision.from_k:
+        try:
+            holds = 0
+            next_evaluation = time.monotonic() + options.tuner_interval_s
+            while time.monotonic() < self.deadline:
+                now = time.monotonic()
+                self.state.observe([context], _scrape(engine, self.restarts, now), now)
+                if now < next_evaluation:
+                    time.sleep(options.scrape_interval_s)
+                    continue
+                next_evaluation = now + options.tuner_interval_s
+                report = self.state.evaluate(now, [context], self.speculation)
+                decision = report.decision
+                if decision is not None and decision.to_k != decision.from_k:
+                    self.reasons.append(f"{decision.action} K {decision.from_k}->{decision.to_k}: {decision.reason}")
+                    log(f"tuner: {self.reasons[-1]}")
+                    self.state.commit(decision, now)
+                    self.restarts += 1
+                    return decision.to_k
                 # A hold counts once the window had the drafts the policy needs to weigh a change.
                 stats = next((s for s in report.stats if s.pool == POOL), None)
                 if k == 0 or (stats is not None and stats.drafts >= options.tuner_min_samples):
                     holds += 1
-                continue
-            holds = 0
-            reasons.append(f"{decision.action} K {decision.from_k}->{decision.to_k}: {decision.reason}")
-            log(f"tuner: {reasons[-1]}")
-            state.commit(decision, now)
+                    if holds >= 2:
+                        return None
+            return None
+        finally:
             load.stop()
-            engine.stop()
-            k, restarts = decision.to_k, restarts + 1
-            path.append(k)
-            engine = Engine(k, options)
-            start_s = engine.wait_healthy(options.ready_timeout_s)
-            state.observe([_context(k, False, options.drafter)], [], time.monotonic())
-            load = ClosedLoop(engine.url, options)
-            next_evaluation = time.monotonic() + options.tuner_interval_s
-        load.stop()
-        final = measure(engine, options, start_s)
-    finally:
-        engine.stop()
-    return path, restarts, final, reasons
 
 
 def run_engine_bench(options: EngineBenchOptions, log: Any = print) -> EngineBenchResult:
+    """The tuner's path first (from the poor initial K, an engine start per K it picks), then the static Ks it did
+    not visit. Each K's goodput is measured once, on a fresh engine at that K before the tuner watches it, under the
+    same load: the static sweep and the tuner's converged K are measured alike, in the same run."""
     problems = engine_env.missing()
     if problems:
         raise RuntimeError("; ".join(problems))
-    static = []
-    for k in options.static_ks:
+    measured: dict[int, Measured] = {}
+
+    def at(k: int, tuner: TunerDriver | None) -> int | None:
         engine = Engine(k, options)
         try:
             start_s = engine.wait_healthy(options.ready_timeout_s)
-            static.append(measure(engine, options, start_s))
+            if k not in measured:
+                measured[k] = measure(engine, options, start_s)
+                log(f"K={k}: {measured[k].goodput:.1f} tokens/s (engine healthy after {start_s:.0f} s)")
+            return tuner.follow(engine, log) if tuner is not None else None
         finally:
             engine.stop()
-        log(f"static K={k}: {static[-1].goodput:.1f} tokens/s (engine healthy after {static[-1].start_s:.0f} s)")
-    path, restarts, final, reasons = run_tuned(options, log)
-    return EngineBenchResult(static, path, restarts, final, reasons)
+
+    tuner = TunerDriver(options)
+    path = [options.initial_k]
+    next_k = at(options.initial_k, tuner)
+    while next_k is not None:
+        path.append(next_k)
+        next_k = at(next_k, tuner)
+    for k in options.static_ks:
+        if k not in measured:
+            at(k, None)
+    static = [measured[k] for k in sorted(measured)]
+    return EngineBenchResult(static, path, tuner.restarts, measured[path[-1]], tuner.reasons)
 
 
 def format_result(result: EngineBenchResult, options: EngineBenchOptions) -> str:
