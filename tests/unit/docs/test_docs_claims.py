@@ -249,7 +249,7 @@ def test_a_runbook_cannot_promise_a_label_its_rule_aggregates_away() -> None:
 def test_every_setting_and_variable_the_docs_name_exists(blocks: list[Block], tooling: set[str]) -> None:
     settings = truth.settings_env()
     cited = {name for block in blocks for name, _ in checks.ENV.findall(block.text)}
-    assert len(cited & set(settings)) > 5, "the extraction found almost no settings"
+    assert len(cited & set(settings)) >= 3, "the extraction found almost no settings"
     assert checks.env_problems(blocks, settings, tooling) == []
     assert checks.setting_name_problems(blocks, settings) == []
 

@@ -168,11 +168,21 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     }
 
 
+def _prose_nodes(tree: ast.AST) -> set[int]:
+    """Docstrings, and the `description=`/`help=` texts of fields and CLI options: prose that documents a
+    name (and is itself checked as a doc through the CRD), not a name the code writes."""
+    prose = _docstring_nodes(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in ("description", "help"):
+            prose |= {id(inner) for inner in ast.walk(node.value)}
+    return prose
+
+
 def code_vocabulary(root: Path = REPO_ROOT) -> Vocabulary:
     vocabulary = Vocabulary()
     for path in _python_files(root / "operator" / "specdec_operator", root / "runtime" / "specdec_runtime"):
         tree = ast.parse(path.read_text())
-        prose = _docstring_nodes(tree)
+        prose = _prose_nodes(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
                 vocabulary.words.update(CAMEL_WORD.findall(node.value))
