@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -41,8 +42,11 @@ class Block:
     line: int  # 1-based line of the block's first line
     text: str
     context: str  # text that says what the block is about: the block itself, plus a table's header row
+    label: str = ""  # where it is when not a file's line (a CRD field's description)
 
     def where(self, root: Path = REPO_ROOT) -> str:
+        if self.label:
+            return self.label
         try:
             name = self.path.relative_to(root)
         except ValueError:
@@ -111,3 +115,22 @@ def code_spans(text: str) -> list[str]:
     for fence in re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S):
         spans += fence.split("\n")
     return spans
+
+
+def description_blocks(schema: dict[str, Any]) -> list[Block]:
+    """The CRD's field descriptions (what `kubectl explain` shows), one block each, named by field path."""
+    found: list[Block] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("description"), str):
+                text = node["description"]
+                found.append(Block(REPO_ROOT / "crds", 0, text, text, label=f"CRD description of {path}"))
+            for key, child in node.get("properties", {}).items():
+                walk(child, f"{path}.{key}")
+            if isinstance(node.get("items"), dict):
+                walk(node["items"], f"{path}[]")
+
+    for part, part_schema in schema.items():
+        walk(part_schema, part)
+    return found

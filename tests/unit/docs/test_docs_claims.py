@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.docs import checks, truth
-from tests.unit.docs.corpus import REPO_ROOT, Block, all_blocks, code_spans
+from tests.unit.docs.corpus import REPO_ROOT, Block, all_blocks, code_spans, description_blocks
 
 
 @pytest.fixture(scope="module")
@@ -320,3 +320,27 @@ def test_cli_check_fails_when_the_code_renames_a_subcommand(blocks: list[Block])
     problems = checks.cli_problems(blocks, tree)
     for claim in ("`specdec-operator crds`", "`specdec-runtime launch`", "`specdec-operator bench tuner`"):
         assert any(claim in problem for problem in problems), (claim, problems)
+
+
+# ---------------------------------------------------------------- the CRD's own descriptions
+
+
+def test_crd_descriptions_name_real_fields_settings_metrics_and_values(
+    schema: dict[str, truth.JsonSchema],
+    foreign: dict[str, set[str]],
+    vocabulary: truth.Vocabulary,
+    tooling: set[str],
+) -> None:
+    """`kubectl explain` is documentation too: its field paths, reasons, metrics and settings are checked alike."""
+    described = description_blocks(schema)
+    assert len(described) > 100
+    assert checks.field_path_problems(described, schema, foreign) == []
+    assert checks.reason_problems(described, vocabulary, truth.condition_types()) == []
+    assert checks.metric_problems(described, truth.metric_names(), checks.source_packages()) == []
+    assert checks.env_problems(described, truth.settings_env(), tooling) == []
+    assert checks.chart_value_problems(described, truth.chart_values(), schema["spec"]) == []
+    part, segments = _most_cited_paths(described, schema).popitem()
+    renamed = _rename_in_schema(schema, part, segments)
+    stale = checks.field_path_problems(description_blocks(renamed), renamed, foreign)
+    claim = f"`{part}.{'.'.join(segments)}`"
+    assert any(claim in problem for problem in stale), (claim, stale)
