@@ -100,13 +100,45 @@ CONDITION_PAIR = re.compile(r"\b([A-Z][a-z]+(?:[A-Z][a-z]+)*)=(True|False|Unknow
 CONDITION_SELECTOR = re.compile(r"specdec_model_condition\{[^}]*\btype=\"([A-Za-z]+)\"")
 ALERT_NAME = re.compile(r"\bSpecdec[A-Z][A-Za-z0-9]+\b")
 
-# Names from other projects that docs cite as reasons or events; each with why it is not ours to check.
-FOREIGN_REASONS = {
-    "PrometheusStatLogger": "a vLLM class (vllm/v1/metrics/loggers.py), cited for the metrics vLLM emits",
-}
+# Names from other projects that docs cite beside reasons or events; each with why it is not ours to check.
+FOREIGN_REASONS: dict[str, str] = {}
+# A name with one of these endings is a class of another project (vLLM's PrometheusStatLogger, a transformers
+# LlamaConfig), never a reason: reasons say what happened (NoCompatibleNodes, CanaryFailed, OOMKilled).
+CODE_NAME_SUFFIXES = (
+    "Config",
+    "Logger",
+    "Proposer",
+    "Worker",
+    "Runner",
+    "Backend",
+    "Builder",
+    "Metadata",
+    "Manager",
+    "Parser",
+    "Scheduler",
+    "Client",
+    "Server",
+    "Handler",
+    "Engine",
+    "Processor",
+    "Executor",
+    "Selector",
+)
+
+
+def kubernetes_names() -> set[str]:
+    """Kinds and types of the Kubernetes API (NetworkPolicy, PodSpec): the client's model names unversioned."""
+    from kubernetes_asyncio import client
+
+    return {re.sub(r"^V\d+(?:alpha\d+|beta\d+)?", "", name) for name in dir(client) if re.match(r"^V\d", name)}
+
+
+def _foreign(token: str, kubernetes: set[str]) -> bool:
+    return token in FOREIGN_REASONS or token in kubernetes or token.endswith(CODE_NAME_SUFFIXES)
 
 
 def reason_problems(blocks: Iterable[Block], vocabulary: truth.Vocabulary, types: set[str]) -> list[str]:
+    kubernetes = kubernetes_names()
     problems = []
     for block in blocks:
         claims: list[str] = []
@@ -124,7 +156,7 @@ def reason_problems(blocks: Iterable[Block], vocabulary: truth.Vocabulary, types
             if condition not in types:
                 problems.append(f'{block.where()}: type="{condition}": not a condition type')
         for token in claims:
-            if token not in types and not vocabulary.knows(token) and token not in FOREIGN_REASONS:
+            if token not in types and not vocabulary.knows(token) and not _foreign(token, kubernetes):
                 problems.append(f"{block.where()}: `{token}`: no reason, event or name of that spelling in the code")
     return problems
 

@@ -182,6 +182,16 @@ def test_reasons_built_by_f_strings_are_known(tmp_path: Path, vocabulary: truth.
     assert not truth.code_vocabulary(tmp_path).knows("CanaryFailed")
 
 
+def test_names_of_other_projects_beside_reasons_are_not_taken_for_reasons(vocabulary: truth.Vocabulary) -> None:
+    text = (
+        "Events: vLLM's `PrometheusStatLogger` and a `NetworkPolicy` are not reasons; "
+        "`CanaryFailed` is one, `CanaryExploded` is not."
+    )
+    block = Block(REPO_ROOT / "docs" / "x.md", 1, text, text)
+    (problem,) = checks.reason_problems([block], vocabulary, truth.condition_types())
+    assert "`CanaryExploded`" in problem
+
+
 def test_condition_check_fails_when_the_code_renames_a_condition_type(
     blocks: list[Block], vocabulary: truth.Vocabulary
 ) -> None:
