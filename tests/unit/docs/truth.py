@@ -63,6 +63,18 @@ _KUBERNETES_MODELS = (
 OTHER_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
     # Gateway API v1 HTTPRoute (gateway.networking.k8s.io): the canary's traffic split is written there.
     "HTTPRoute": {"spec": ("parentRefs", "hostnames", "rules"), "status": ("parents",)},
+    # Gateway API v1 Gateway and v1beta1 ReferenceGrant: what attaches and admits the route's backends.
+    "Gateway": {"spec": ("gatewayClassName", "listeners", "addresses", "infrastructure"),
+                "status": ("addresses", "conditions", "listeners")},
+    "ReferenceGrant": {"spec": ("from", "to"), "status": ()},
+    # Prometheus Operator monitors and rules: the chart's ServiceMonitor, PodMonitor and PrometheusRule.
+    "ServiceMonitor/PodMonitor/PrometheusRule": {
+        "spec": ("endpoints", "podMetricsEndpoints", "selector", "namespaceSelector", "jobLabel", "groups"),
+        "status": (),
+    },
+    # Argo CD Application: docs/gitops.md.
+    "Application": {"spec": ("source", "sources", "destination", "syncPolicy", "ignoreDifferences", "project"),
+                    "status": ("health", "sync", "operationState", "resources")},
     # KEDA v2 ScaledObject (keda.sh): docs/autoscaling.md scales a model through it.
     "ScaledObject": {
         "spec": (
