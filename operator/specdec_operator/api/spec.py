@@ -170,7 +170,11 @@ class Autotune(ApiModel):
         }
     )
 
-    enabled: bool = Field(default=True, description="Re-tune K from live metrics. When false, K stays at initialK.")
+    enabled: bool = Field(
+        default=True,
+        description="Re-tune K from live metrics. When false, the tuner stops and each pool keeps the K it runs "
+        "(status.pools[].effectiveK, clamped into [minK, maxK]); a new pool starts at initialK.",
+    )
     interval_seconds: int = Field(default=60, ge=5, le=86400, description="Seconds between tuning evaluations.")
     min_samples: int = Field(
         default=2000, ge=1, description="Drafts a pool must have observed at its current K before K may change."
