@@ -34,8 +34,8 @@ ROUTE_REASONS = ("HTTPRouteNotAccepted", "HTTPRouteRefsNotResolved", "HTTPRouteN
 # Degraded reasons, first wins. A broken spec or status hides everything else; a failing pod outranks the
 # nodes it waits for; capacity taken by other workloads comes last, as it heals without us.
 DEGRADED_PRIORITY = (
-    "StatusUnreadable", "InvalidSpec", "WriteRefused", *ROUTE_REASONS, "UnknownModelSize", "NoCompatibleNodes",
-    "InsufficientMemory", "NoReplicas", *POD_FAILURE_REASONS, "NodesMissing", "CanaryRolledBack",
+    "StatusUnreadable", "InvalidSpec", "ObjectNotOwned", "WriteRefused", *ROUTE_REASONS, "UnknownModelSize",
+    "NoCompatibleNodes", "InsufficientMemory", "NoReplicas", *POD_FAILURE_REASONS, "NodesMissing", "CanaryRolledBack",
     "CanaryAborted", "InsufficientGpus", "PodsUnschedulable",
 )
 REDUCED_PRIORITY = ("DrafterFallback", "NoCompatibleNodes", "InsufficientMemory", "InsufficientGpus", "NoReplicas")
@@ -110,6 +110,8 @@ class ConditionFacts:
     capacity: tuple[Finding, ...] = ()  # InsufficientGpus / PodsUnschedulable
     reduced: tuple[Finding, ...] = ()  # DrafterFallback, skipped targets
     refusals: tuple[str, ...] = ()  # the API server's words for owned objects it refused
+    # Objects under names we compute that exist without the model's owner reference: left alone (issue 34).
+    not_owned: tuple[str, ...] = ()
     route: Finding | None = None  # the Gateway refuses the HTTPRoute we weight, in its words
 
 
@@ -134,6 +136,8 @@ def degraded_findings(facts: ConditionFacts) -> list[Finding]:
         found.append(Finding("StatusUnreadable", facts.status_unreadable))
     if facts.invalid_spec:
         found.append(Finding("InvalidSpec", facts.invalid_spec))
+    if facts.not_owned:
+        found.append(Finding("ObjectNotOwned", "; ".join(facts.not_owned)))
     if facts.refusals:
         found.append(Finding("WriteRefused", "; ".join(facts.refusals)))
     if facts.route is not None:

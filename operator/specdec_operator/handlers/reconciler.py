@@ -23,7 +23,7 @@ from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.resync import cache_known
 from specdec_operator.handlers.traffic import clear_manual_action, read_route, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
-from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, write_status
+from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, remember_written, write_status
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import (
     K_CHANGES,
@@ -125,12 +125,13 @@ async def write(
         return changed
     # Traffic moves before Deployments: a canary loses its weight before it is deleted.
     await sync_route(ctx, body, observed, plan, logger)
-    if await apply_owned(ctx, body, key, plan.apply, logger) and plan.status is not None:
-        refused = refusals_of(ctx, key).summary()
-        if refused and plan.conditions is not None:
+    if await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys()) \
+            and plan.status is not None:
+        refused, conflicts = refusals_of(ctx, key).summary(), refusals_of(ctx, key).conflicts()
+        if (refused or conflicts) and plan.conditions is not None:
             # A refusal appeared or changed: the condition carries the server's words within this reconcile,
             # decided by the same policy as every other condition.
-            facts = dataclasses.replace(plan.conditions, refusals=tuple(refused))
+            facts = dataclasses.replace(plan.conditions, refusals=tuple(refused), not_owned=tuple(conflicts))
             conditions = apply_updates(plan.status.conditions, summarize(facts), observed.generation, utc_now())
             status = plan.status.model_copy(update={"conditions": conditions})
             changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
@@ -167,7 +168,7 @@ async def record_decision(
     try:
         await write_status(ctx, baseline, status.to_wire(), logger, force_stats=True)
     except KubeApiError as error:
-        if not await _decision_stored(ctx, observed, decision.id):
+        if not await _decision_stored(ctx, observed, baseline, decision.id):
             logger.warning("K decision %s (%s: K %d -> %d) not recorded, the tuner keeps K %d: %s",
                            decision.id, decision.pool, decision.from_k, decision.to_k, decision.from_k, error)
             raise
@@ -181,7 +182,9 @@ async def record_decision(
     ctx.nudge(observed.namespace, observed.name)
 
 
-async def _decision_stored(ctx: OperatorContext, observed: ObservedModel, decision_id: str) -> bool:
+async def _decision_stored(
+    ctx: OperatorContext, observed: ObservedModel, baseline: Mapping[str, Any], decision_id: str
+) -> bool:
     """Whether status already records this decision, read fresh (the last write's answer is unknown)."""
     try:
         fresh = await ctx.api.get(KIND, observed.namespace, observed.name)
@@ -192,7 +195,8 @@ async def _decision_stored(ctx: OperatorContext, observed: ObservedModel, decisi
     recorded = (fresh.get("status") or {}).get("speculation", {}).get("lastDecision") or {}
     if recorded.get("id") != decision_id:
         return False
-    ctx.model(observed.namespace, observed.name).written = fresh  # the next pass's baseline
+    # The next pass's baseline: the write (conditional on the baseline's resourceVersion) came after it.
+    remember_written(ctx, (observed.namespace, observed.name), fresh, baseline)
     return True
 
 
@@ -248,7 +252,7 @@ async def reconcile(
             return ReconcilePlan()
         plan = evaluate(
             observed, ctx.evaluation_settings, utc_now(), speculation=tuning.speculation, verdicts=tuning.verdicts,
-            refusals=refusals_of(ctx, key).summary(),
+            refusals=refusals_of(ctx, key).summary(), not_owned=refusals_of(ctx, key).conflicts(),
         )
         if plan.held is not None:
             logger.debug("reconcile held: %s", plan.held)

@@ -161,9 +161,11 @@ def evaluate(
     speculation: SpeculationStatus | None = None,
     verdicts: Mapping[str, Verdict | None] | None = None,
     refusals: Sequence[str] = (),
+    not_owned: Sequence[str] = (),
 ) -> ReconcilePlan:
     """Render from status: each pool's K is `status.pools[].effectiveK` (the tuner writes its decisions there
-    first). `refusals` are the API server's messages for owned objects it refused on earlier attempts."""
+    first). `refusals` are the API server's messages for owned objects it refused on earlier attempts;
+    `not_owned` names objects under our names that someone else holds (left alone, handlers/writes.py)."""
     if not observed.children_known:
         # Not listed is not absent: a pass that took a lagging cache for the cluster would recreate what runs
         # (a stable Deployment at the canary's revision) and delete what it has not seen change.
@@ -275,6 +277,7 @@ def evaluate(
                             if (held := absence.held_for(p.gfx_target)) is not None),
         canary_progress=canary_progress, canary_failed=canary_failed,
         capacity=capacity_findings(placement, usage, moment), refusals=tuple(refusals),
+        not_owned=tuple(not_owned),
         route=route_finding,
     )
     status = build_status(observed, previous, pool_statuses, summarize(condition_facts), now, speculation,
