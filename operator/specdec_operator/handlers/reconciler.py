@@ -79,7 +79,7 @@ async def gather(
         children=children,
         nodes=nodes,
         gpu_claims=gpu_claims or FleetClaims(),
-        pods=ctx.cache.pods(namespace, label_value(name)),
+        pods=ctx.cache.pods(namespace, label_value(name), uid),
         route=route,
         route_read=route_read,
         children_known=known,
