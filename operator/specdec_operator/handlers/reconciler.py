@@ -67,7 +67,7 @@ async def gather(
     # Owned objects come from the watch cache, already filtered to our labels and indexed by owner uid.
     children = ctx.cache.children(namespace, uid)
     # The HTTPRoute is not ours (no owner reference, no watch): read it, status and all, once per pass.
-    route, route_read = await read_route(ctx, namespace, body.get("spec") or {}, logger)
+    route, route_read, route_error = await read_route(ctx, namespace, body.get("spec") or {}, logger)
     return ObservedModel(
         namespace=namespace,
         name=name,
@@ -82,6 +82,7 @@ async def gather(
         pods=ctx.cache.pods(namespace, label_value(name), uid),
         route=route,
         route_read=route_read,
+        route_error=route_error,
         children_known=known,
     )
 

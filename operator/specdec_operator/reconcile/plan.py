@@ -253,7 +253,12 @@ def evaluate(
     if rollout.canary is not None:
         stable_revisions.update({name: rollout.canary.stable_revision for name in rollout.held})
     route_finding = None
-    if route is not None and observed.route_read:
+    # Unread is not absent: which canary the route still sends requests to is unknown, so no owned object is
+    # written or deleted this pass; the condition says why (the loop retries at its own pace).
+    route_unreadable = route is not None and not observed.route_read and observed.route_error is not None
+    if route_unreadable:
+        route_finding = Finding("HTTPRouteUnreadable", f"{observed.route_error}; owned objects wait for it")
+    elif route is not None and observed.route_read:
         verdict = route_verdict(route.namespace or observed.namespace, route.name, observed.route)
         route_finding = Finding(*verdict) if verdict is not None else None
     earlier = {p.name: p for p in previous.pools}
@@ -283,6 +288,10 @@ def evaluate(
     status = build_status(observed, previous, pool_statuses, summarize(condition_facts), now, speculation,
                           rollout.canary)
     referenced = _referenced_config_maps([*rollout.deployments, *rollout.kept])
+    if route_unreadable:
+        return ReconcilePlan(status=status, conditions=condition_facts, pools=pools,
+                             events=[EventRecord("Warning", "HTTPRouteUnreadable", route_finding.message)]
+                             if route_finding is not None else [])
     return ReconcilePlan(
         apply=to_apply,
         delete=_stale_children(observed, wanted | referenced | _draining_canaries(observed, route), pools,
