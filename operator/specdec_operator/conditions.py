@@ -30,12 +30,12 @@ POD_FAILURE_REASONS = (
     "OOMKilled", "CrashLoopBackOff", "StartupProbeFailed", "Unschedulable",
 )
 # A Gateway that refuses the model's HTTPRoute (reconcile/route_status.py): no request reaches the model through it.
-ROUTE_REASONS = ("HTTPRouteNotAccepted", "HTTPRouteRefsNotResolved", "HTTPRouteNotFound")
+ROUTE_REASONS = ("HTTPRouteUnreadable", "HTTPRouteNotAccepted", "HTTPRouteRefsNotResolved", "HTTPRouteNotFound")
 # Degraded reasons, first wins. A broken spec or status hides everything else; a failing pod outranks the
 # nodes it waits for; capacity taken by other workloads comes last, as it heals without us.
 DEGRADED_PRIORITY = (
-    "StatusUnreadable", "InvalidSpec", "WriteRefused", *ROUTE_REASONS, "UnknownModelSize", "NoCompatibleNodes",
-    "InsufficientMemory", "NoReplicas", *POD_FAILURE_REASONS, "NodesMissing", "CanaryRolledBack",
+    "StatusUnreadable", "InvalidSpec", "ObjectNotOwned", "WriteRefused", *ROUTE_REASONS, "UnknownModelSize",
+    "NoCompatibleNodes", "InsufficientMemory", "NoReplicas", *POD_FAILURE_REASONS, "NodesMissing", "CanaryRolledBack",
     "CanaryAborted", "InsufficientGpus", "PodsUnschedulable", "PodMetricsExcluded",
 )
 REDUCED_PRIORITY = ("DrafterFallback", "NoCompatibleNodes", "InsufficientMemory", "InsufficientGpus", "NoReplicas")
@@ -110,6 +110,8 @@ class ConditionFacts:
     capacity: tuple[Finding, ...] = ()  # InsufficientGpus / PodsUnschedulable
     reduced: tuple[Finding, ...] = ()  # DrafterFallback, skipped targets
     refusals: tuple[str, ...] = ()  # the API server's words for owned objects it refused
+    # Objects under names we compute that exist without the model's owner reference: left alone (issue 34).
+    not_owned: tuple[str, ...] = ()
     route: Finding | None = None  # the Gateway refuses the HTTPRoute we weight, in its words
     pod_metrics_excluded: Finding | None = None  # pods whose /metrics vLLM cannot produce (tuner/window.py)
 
@@ -135,6 +137,8 @@ def degraded_findings(facts: ConditionFacts) -> list[Finding]:
         found.append(Finding("StatusUnreadable", facts.status_unreadable))
     if facts.invalid_spec:
         found.append(Finding("InvalidSpec", facts.invalid_spec))
+    if facts.not_owned:
+        found.append(Finding("ObjectNotOwned", "; ".join(facts.not_owned)))
     if facts.refusals:
         found.append(Finding("WriteRefused", "; ".join(facts.refusals)))
     if facts.route is not None:

@@ -74,8 +74,18 @@ class WatchCache:
         """Objects in the bound indices (owned objects and runtime pods): how big the watched fleet is."""
         return sum(len(store) for index in self._indices.values() for store in index.values())
 
-    def pods(self, namespace: str, model_label: str) -> list[Mapping[str, Any]]:
-        return [body for body in _store(self._indices["runtime_pods"], (namespace, model_label)) if self._live(body)]
+    def pods(self, namespace: str, model_label: str, uid: str) -> list[Mapping[str, Any]]:
+        """The model's runtime pods: those carrying its labels AND made by one of its own Deployments (issue 34).
+
+        Labels alone are anyone's to set: a pod someone else made with our labels would otherwise be scraped,
+        counted as canary evidence and fed to the tuner. A pod is ours when its controller is a ReplicaSet named
+        `<Deployment>-<pod-template-hash>` of a Deployment the model owns, with that hash in its own label (as
+        the Deployment controller makes them); the garbage collector deletes a pod whose owner uid does not exist.
+        """
+        deployments = {str(body["metadata"]["name"]) for body in _store(self._indices["owned_deployments"],
+                                                                        (namespace, uid))}
+        return [body for body in _store(self._indices["runtime_pods"], (namespace, model_label))
+                if self._live(body) and made_by(body, deployments)]
 
     def model_changed(self, key: tuple[str, str], event_type: str | None, body: Mapping[str, Any]) -> bool:
         """Whether this watch event of a model is a change its loop must see (not just a status write)."""
@@ -91,6 +101,17 @@ class WatchCache:
 
     def forget(self, key: tuple[str, str]) -> None:
         self._seen.pop(key, None)
+
+
+def made_by(pod: Mapping[str, Any], deployments: Iterable[str]) -> bool:
+    """Whether the pod's controller is a ReplicaSet one of `deployments` made for the pod's template hash."""
+    meta = pod.get("metadata") or {}
+    template_hash = (meta.get("labels") or {}).get("pod-template-hash")
+    if not template_hash:
+        return False
+    replica_sets = {f"{name}-{template_hash}" for name in deployments}
+    return any(ref.get("kind") == "ReplicaSet" and ref.get("controller") and ref.get("name") in replica_sets
+               for ref in meta.get("ownerReferences") or [])
 
 
 def _store(index: Mapping[Any, Iterable[Mapping[str, Any]]], key: Any) -> Iterable[Mapping[str, Any]]:

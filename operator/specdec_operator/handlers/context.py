@@ -44,6 +44,8 @@ class ModelMemory:
     tuner: ModelTuner | None = None  # scrape windows, canary evidence, the next scrape and evaluation times
     # The object our last status write returned: newer than kopf's body until the watch catches up.
     written: dict[str, Any] | None = None
+    # resourceVersions `written` is known to be newer than (handlers/writes.py newest_body; never ordered).
+    superseded: dict[str, None] = field(default_factory=dict)  # in the order learnt, oldest first
     stats_due_at: float | None = None  # next statistics refresh, monotonic
     refusals: Refusals | None = None  # owned objects the API server refused, and the retry schedule
     # (reason, message) of a Gateway that refuses the model's HTTPRoute as last read: the canary step holds.

@@ -23,7 +23,7 @@ from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.resync import cache_known
 from specdec_operator.handlers.traffic import clear_manual_action, read_route, sync_route
 from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
-from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, write_status
+from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, remember_written, write_status
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import (
     K_CHANGES,
@@ -67,7 +67,7 @@ async def gather(
     # Owned objects come from the watch cache, already filtered to our labels and indexed by owner uid.
     children = ctx.cache.children(namespace, uid)
     # The HTTPRoute is not ours (no owner reference, no watch): read it, status and all, once per pass.
-    route, route_read = await read_route(ctx, namespace, body.get("spec") or {}, logger)
+    route, route_read, route_error = await read_route(ctx, namespace, body.get("spec") or {}, logger)
     return ObservedModel(
         namespace=namespace,
         name=name,
@@ -79,9 +79,10 @@ async def gather(
         children=children,
         nodes=nodes,
         gpu_claims=gpu_claims or FleetClaims(),
-        pods=ctx.cache.pods(namespace, label_value(name)),
+        pods=ctx.cache.pods(namespace, label_value(name), uid),
         route=route,
         route_read=route_read,
+        route_error=route_error,
         children_known=known,
     )
 
@@ -125,12 +126,13 @@ async def write(
         return changed
     # Traffic moves before Deployments: a canary loses its weight before it is deleted.
     await sync_route(ctx, body, observed, plan, logger)
-    if await apply_owned(ctx, body, key, plan.apply, logger) and plan.status is not None:
-        refused = refusals_of(ctx, key).summary()
-        if refused and plan.conditions is not None:
+    if await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys()) \
+            and plan.status is not None:
+        refused, conflicts = refusals_of(ctx, key).summary(), refusals_of(ctx, key).conflicts()
+        if (refused or conflicts) and plan.conditions is not None:
             # A refusal appeared or changed: the condition carries the server's words within this reconcile,
             # decided by the same policy as every other condition.
-            facts = dataclasses.replace(plan.conditions, refusals=tuple(refused))
+            facts = dataclasses.replace(plan.conditions, refusals=tuple(refused), not_owned=tuple(conflicts))
             conditions = apply_updates(plan.status.conditions, summarize(facts), observed.generation, utc_now())
             status = plan.status.model_copy(update={"conditions": conditions})
             changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
@@ -167,7 +169,7 @@ async def record_decision(
     try:
         await write_status(ctx, baseline, status.to_wire(), logger, force_stats=True)
     except KubeApiError as error:
-        if not await _decision_stored(ctx, observed, decision.id):
+        if not await _decision_stored(ctx, observed, baseline, decision.id):
             logger.warning("K decision %s (%s: K %d -> %d) not recorded, the tuner keeps K %d: %s",
                            decision.id, decision.pool, decision.from_k, decision.to_k, decision.from_k, error)
             raise
@@ -181,7 +183,9 @@ async def record_decision(
     ctx.nudge(observed.namespace, observed.name)
 
 
-async def _decision_stored(ctx: OperatorContext, observed: ObservedModel, decision_id: str) -> bool:
+async def _decision_stored(
+    ctx: OperatorContext, observed: ObservedModel, baseline: Mapping[str, Any], decision_id: str
+) -> bool:
     """Whether status already records this decision, read fresh (the last write's answer is unknown)."""
     try:
         fresh = await ctx.api.get(KIND, observed.namespace, observed.name)
@@ -192,7 +196,8 @@ async def _decision_stored(ctx: OperatorContext, observed: ObservedModel, decisi
     recorded = (fresh.get("status") or {}).get("speculation", {}).get("lastDecision") or {}
     if recorded.get("id") != decision_id:
         return False
-    ctx.model(observed.namespace, observed.name).written = fresh  # the next pass's baseline
+    # The next pass's baseline: the write (conditional on the baseline's resourceVersion) came after it.
+    remember_written(ctx, (observed.namespace, observed.name), fresh, baseline)
     return True
 
 
@@ -250,7 +255,7 @@ async def reconcile(
             observed = dataclasses.replace(observed, excluded_pod_metrics=tuning.excluded_pods)
         plan = evaluate(
             observed, ctx.evaluation_settings, utc_now(), speculation=tuning.speculation, verdicts=tuning.verdicts,
-            refusals=refusals_of(ctx, key).summary(),
+            refusals=refusals_of(ctx, key).summary(), not_owned=refusals_of(ctx, key).conflicts(),
         )
         if plan.held is not None:
             logger.debug("reconcile held: %s", plan.held)

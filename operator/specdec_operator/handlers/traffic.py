@@ -36,18 +36,18 @@ def route_ref(namespace: str, spec: Mapping[str, Any]) -> tuple[str, str] | None
 
 async def read_route(
     ctx: OperatorContext, namespace: str, spec: Mapping[str, Any], logger: Logger | None = None
-) -> tuple[dict[str, Any] | None, bool]:
-    """Gather: the HTTPRoute the model routes through, with the status its Gateways wrote, and whether it was
-    read. One GET per pass, shared with sync_route (which used to read it itself)."""
+) -> tuple[dict[str, Any] | None, bool, str | None]:
+    """Gather: the HTTPRoute the model routes through, with the status its Gateways wrote, whether it was
+    read, and if it could not be, why (the API server's words). One GET per pass, shared with sync_route."""
     ref = route_ref(namespace, spec)
     if ref is None:
-        return None, False
+        return None, False, None
     try:
-        return await ctx.api.get("HTTPRoute", *ref), True
+        return await ctx.api.get("HTTPRoute", *ref), True, None
     except KubeApiError as error:
         if logger is not None:
             logger.warning("HTTPRoute %s/%s unreadable this pass: %s", *ref, error)
-        return None, False
+        return None, False, f"HTTPRoute {ref[0]}/{ref[1]} cannot be read: {error}"
 
 
 def _warn_once(ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, reason: str, message: str) -> None:

@@ -83,6 +83,7 @@ async def _observe_round(
     tuner: ModelTuner,
     namespace: str,
     name: str,
+    uid: str,
     previous: SpeculativeModelStatus,
     contexts: list[PoolContext],
     max_k: int,
@@ -96,7 +97,7 @@ async def _observe_round(
     assert ctx.scrapes is not None  # started in configure(), before any model loop
     tuner.next_scrape_at = time.monotonic() + ctx.settings.scrape_interval_seconds
     key = (namespace, name)
-    pods = ctx.cache.pods(namespace, label_value(name))
+    pods = ctx.cache.pods(namespace, label_value(name), uid)
     targets = scrape_targets(pods)
     ctx.scrapes.want(key, targets)
     allow = not ctx.settings.scrape_loopback_only
@@ -131,8 +132,8 @@ async def scrape_tick(ctx: OperatorContext, session: aiohttp.ClientSession, body
     if read.problems:
         return
     contexts = pool_contexts(read.status.pools, spec.model.tensor_parallel_size, tuner.rolling)
-    await _observe_round(ctx, session, tuner, meta["namespace"], meta["name"], read.status, contexts,
-                         spec.speculation.max_k)
+    await _observe_round(ctx, session, tuner, meta["namespace"], meta["name"], str(meta["uid"]), read.status,
+                         contexts, spec.speculation.max_k)
 
 
 def next_wake(ctx: OperatorContext, namespace: str, name: str) -> tuple[float, float] | None:
@@ -203,8 +204,8 @@ async def tuning_step(
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling,
                              previous.speculation.rejected_ks)
     if now >= tuner.next_scrape_at:
-        await _observe_round(ctx, session, tuner, observed.namespace, observed.name, previous, contexts,
-                             spec.speculation.max_k)
+        await _observe_round(ctx, session, tuner, observed.namespace, observed.name, observed.uid, previous,
+                             contexts, spec.speculation.max_k)
     excluded = tuple(sorted(tuner.state.excluded_pods().items()))
     thresholds = spec.rollout.canary.analysis if spec.rollout.canary else None
     verdicts = route_hold(

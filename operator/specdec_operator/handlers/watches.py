@@ -87,7 +87,9 @@ def index_pdb(body: Mapping[str, Any]) -> dict[ChildKey, dict[str, Any]] | None:
 # canary/evidence.py pod_restarts). The rest, its spec above all, is most of a pod's size, and 2,000 of them
 # held for nothing were both resident memory and, once freed, heap the allocator could not give back.
 # The resourceVersion tells a lagging index from a current one (handlers/resync.py).
-POD_METADATA_KEYS = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "deletionTimestamp")
+# Its ownerReferences tell the model's own pods from look-alikes carrying its labels (handlers/cache.py pods).
+POD_METADATA_KEYS = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "deletionTimestamp",
+                     "ownerReferences")
 
 
 def runtime_pod_view(body: Mapping[str, Any]) -> dict[str, Any]:

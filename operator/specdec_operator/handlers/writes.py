@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ import kopf
 
 from specdec_operator import KIND
 from specdec_operator.handlers.context import Logger, OperatorContext
-from specdec_operator.kube.api import KubeApiError
+from specdec_operator.kube.api import KubeApiError, NotOwnedError
 from specdec_operator.kube.retry import DownstreamBackoff
 from specdec_operator.metrics import STATUS_WRITES
 from specdec_operator.reconcile.status_write import merge_patch, status_to_write, write_cause
@@ -29,18 +29,40 @@ ModelKey = tuple[str, str]
 TERMINATING = "because it is being terminated"
 
 
-def _resource_version(body: Mapping[str, Any] | None) -> int:
-    try:
-        return int((body or {}).get("metadata", {}).get("resourceVersion", ""))
-    except (TypeError, ValueError):
-        return -1
+def _resource_version(body: Mapping[str, Any] | None) -> str:
+    """An opaque string: compared for equality only, never ordered (the API server promises no order)."""
+    return str((body or {}).get("metadata", {}).get("resourceVersion", ""))
+
+
+# How many superseded resourceVersions a model remembers: a watch lags by a few of our writes, not more.
+SUPERSEDED_KEPT = 16
+
+
+def remember_written(
+    ctx: OperatorContext, key: ModelKey, written: dict[str, Any], over: Mapping[str, Any] | None
+) -> None:
+    """Keep the object a write returned, and the versions it is known to be newer than: the one it was written
+    over and the earlier written ones. Status writes are conditional on `over`'s resourceVersion, so nothing
+    came between them."""
+    memory = ctx.model(*key)
+    for older in (memory.written, over):
+        if older is not None:
+            memory.superseded[_resource_version(older)] = None
+    memory.superseded.pop(_resource_version(written), None)
+    for version in list(memory.superseded)[:-SUPERSEDED_KEPT]:
+        del memory.superseded[version]
+    memory.written = written
 
 
 def newest_body(ctx: OperatorContext, key: ModelKey, body: Mapping[str, Any]) -> dict[str, Any]:
-    """Whichever is newer: kopf's view of the object, or the object our own last write returned."""
+    """Whichever is newer: kopf's view of the object, or the object our own last write returned.
+
+    Ours, while kopf's body is one our writes superseded; once the watch shows any other version (the echo of
+    our write, or someone's later one: watch events come in order) kopf's body is the baseline again.
+    """
     known = ctx.known(*key)
     written = known.written if known is not None else None
-    if written is not None and _resource_version(written) > _resource_version(body):
+    if written is not None and known is not None and _resource_version(body) in known.superseded:
         return written
     if known is not None:
         known.written = None  # the watch caught up (or someone else wrote): kopf's body is the baseline
@@ -87,10 +109,10 @@ async def write_status(
             # Someone wrote in between. Re-read now; the next pass re-evaluates from what is really stored.
             fresh = await ctx.api.get(KIND, key[0], key[1])
             if fresh is not None:
-                ctx.model(*key).written = fresh
+                remember_written(ctx, key, fresh, baseline)
             ctx.nudge(*key)
         raise
-    ctx.model(*key).written = result
+    remember_written(ctx, key, result, baseline)
     cause = write_cause(stored, wanted)
     STATUS_WRITES.labels(cause=cause).inc()
     if fresh_stats:
@@ -115,9 +137,14 @@ class Refusals:
 
     backoff: DownstreamBackoff
     messages: dict[str, str] = field(default_factory=dict)  # "Kind/name" -> the server's message
+    # "Kind/name" -> why an object under a name we compute is someone else's (left alone, never applied over).
+    not_owned: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> list[str]:
         return [f"{name}: {message}" for name, message in sorted(self.messages.items())]
+
+    def conflicts(self) -> list[str]:
+        return [message for _, message in sorted(self.not_owned.items())]
 
 
 def refusals_of(ctx: OperatorContext, key: ModelKey) -> Refusals:
@@ -136,11 +163,17 @@ def _attempt_key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 async def apply_owned(
-    ctx: OperatorContext, body: kopf.Body, key: ModelKey, objects: list[dict[str, Any]], logger: Logger
+    ctx: OperatorContext, body: kopf.Body, key: ModelKey, objects: list[dict[str, Any]], logger: Logger,
+    owned: Collection[tuple[str, str]] = (),
 ) -> bool:
-    """Apply each object; returns whether the set of refusals changed (then the condition must follow)."""
+    """Apply each object; returns whether the set of refusals changed (then the condition must follow).
+
+    `owned`: (kind, name) of the objects the watch cache holds with the model's owner reference; any other is
+    read before it is applied, and left alone if it exists without that reference (kube/api.py apply_owned).
+    """
     refusals = refusals_of(ctx, key)
-    before = dict(refusals.messages)
+    before = (dict(refusals.messages), dict(refusals.not_owned))
+    uid = str(body["metadata"].get("uid", ""))
     attempts = [_attempt_key(obj) for obj in objects]
     refusals.backoff.forget_except({attempt for _, attempt in attempts})
     now = ctx.clock()
@@ -148,7 +181,15 @@ async def apply_owned(
         if not refusals.backoff.ready(attempt, now):
             continue
         try:
-            await ctx.api.apply(obj)
+            await ctx.api.apply_owned(obj, uid, (obj["kind"], obj["metadata"]["name"]) in owned)
+        except NotOwnedError as error:
+            wait = refusals.backoff.refused(attempt, now)
+            refusals.messages.pop(name, None)
+            if refusals.not_owned.get(name) != str(error):
+                logger.warning("%s", error)
+                kopf.warn(body, reason="ObjectNotOwned", message=str(error)[:1000])
+            refusals.not_owned[name] = str(error)
+            continue
         except KubeApiError as error:
             if not error.refused or error.status == 409 or TERMINATING in error.message:
                 raise  # not about this object: a conflict, or its namespace is going away with the model
@@ -162,7 +203,9 @@ async def apply_owned(
             continue
         refusals.backoff.succeeded(attempt)
         refusals.messages.pop(name, None)
+        refusals.not_owned.pop(name, None)
     # Objects no longer desired cannot stay refused.
     wanted = {name for name, _ in attempts}
     refusals.messages = {name: message for name, message in refusals.messages.items() if name in wanted}
-    return refusals.messages != before
+    refusals.not_owned = {name: message for name, message in refusals.not_owned.items() if name in wanted}
+    return (refusals.messages, refusals.not_owned) != before

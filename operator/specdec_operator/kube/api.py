@@ -59,6 +59,28 @@ class KubeApiError(Exception):
         return 400 <= self.status < 500 and self.status != 429
 
 
+class NotOwnedError(Exception):
+    """An object under a name we compute exists and does not carry our owner reference: never taken over."""
+
+    def __init__(self, kind: str, name: str, holders: str) -> None:
+        super().__init__(f"{kind}/{name} exists and is not owned by this SpeculativeModel ({holders}); left "
+                         "alone: delete or rename it, or rename the model")
+        self.kind = kind
+        self.name = name
+
+
+def owned_by(body: Mapping[str, Any], owner_uid: str) -> bool:
+    return any(str(ref.get("uid", "")) == owner_uid for ref in (body.get("metadata") or {}).get("ownerReferences")
+               or [])
+
+
+def _holders(body: Mapping[str, Any]) -> str:
+    refs = (body.get("metadata") or {}).get("ownerReferences") or []
+    if not refs:
+        return "no owner reference"
+    return "owned by " + ", ".join(f"{ref.get('kind')}/{ref.get('name')}" for ref in refs)
+
+
 class KubeApi:
     def __init__(
         self,
@@ -188,6 +210,20 @@ class KubeApi:
             content_type="application/apply-patch+yaml",
         )
         return result
+
+    async def apply_owned(self, obj: Mapping[str, Any], owner_uid: str, known_owned: bool) -> dict[str, Any]:
+        """Server-side apply with force, but only over an object that is ours (issue 34, item 8).
+
+        `known_owned`: the watch cache holds the object with our owner reference. Otherwise it is read first:
+        absent, it is created by the apply; present without our owner reference (a Service someone made under
+        the model's name, a colliding name), NotOwnedError, and nothing is written over it.
+        """
+        if not known_owned:
+            meta = obj["metadata"]
+            existing = await self.get(obj["kind"], meta.get("namespace", ""), meta["name"])
+            if existing is not None and not owned_by(existing, owner_uid):
+                raise NotOwnedError(obj["kind"], meta["name"], _holders(existing))
+        return await self.apply(obj)
 
     async def create_if_absent(self, obj: Mapping[str, Any]) -> bool:
         """Create an object nobody else owns the content of; True if we created it, False if it existed."""

@@ -32,6 +32,8 @@ class ObservedModel:
     # was read (a model without the ref, or a caller that did not gather it, has nothing to judge).
     route: Mapping[str, Any] | None = None
     route_read: bool = False
+    # Why the HTTPRoute could not be read this pass (forbidden, the API server unreachable): owned objects wait.
+    route_error: str | None = None
     # False: the watch cache may not hold the model's owned objects and pods yet (a replica that resumed after a
     # pause, handlers/resync.py); what `children` and `pods` lack is then unknown, not absent.
     children_known: bool = True

@@ -161,9 +161,11 @@ def evaluate(
     speculation: SpeculationStatus | None = None,
     verdicts: Mapping[str, Verdict | None] | None = None,
     refusals: Sequence[str] = (),
+    not_owned: Sequence[str] = (),
 ) -> ReconcilePlan:
     """Render from status: each pool's K is `status.pools[].effectiveK` (the tuner writes its decisions there
-    first). `refusals` are the API server's messages for owned objects it refused on earlier attempts."""
+    first). `refusals` are the API server's messages for owned objects it refused on earlier attempts;
+    `not_owned` names objects under our names that someone else holds (left alone, handlers/writes.py)."""
     if not observed.children_known:
         # Not listed is not absent: a pass that took a lagging cache for the cluster would recreate what runs
         # (a stable Deployment at the canary's revision) and delete what it has not seen change.
@@ -251,7 +253,12 @@ def evaluate(
     if rollout.canary is not None:
         stable_revisions.update({name: rollout.canary.stable_revision for name in rollout.held})
     route_finding = None
-    if route is not None and observed.route_read:
+    # Unread is not absent: which canary the route still sends requests to is unknown, so no owned object is
+    # written or deleted this pass; the condition says why (the loop retries at its own pace).
+    route_unreadable = route is not None and not observed.route_read and observed.route_error is not None
+    if route_unreadable:
+        route_finding = Finding("HTTPRouteUnreadable", f"{observed.route_error}; owned objects wait for it")
+    elif route is not None and observed.route_read:
         verdict = route_verdict(route.namespace or observed.namespace, route.name, observed.route)
         route_finding = Finding(*verdict) if verdict is not None else None
     earlier = {p.name: p for p in previous.pools}
@@ -275,11 +282,16 @@ def evaluate(
                             if (held := absence.held_for(p.gfx_target)) is not None),
         canary_progress=canary_progress, canary_failed=canary_failed,
         capacity=capacity_findings(placement, usage, moment), refusals=tuple(refusals),
+        not_owned=tuple(not_owned),
         route=route_finding, pod_metrics_excluded=pod_metrics_finding(observed.excluded_pod_metrics),
     )
     status = build_status(observed, previous, pool_statuses, summarize(condition_facts), now, speculation,
                           rollout.canary)
     referenced = _referenced_config_maps([*rollout.deployments, *rollout.kept])
+    if route_unreadable:
+        return ReconcilePlan(status=status, conditions=condition_facts, pools=pools,
+                             events=[EventRecord("Warning", "HTTPRouteUnreadable", route_finding.message)]
+                             if route_finding is not None else [])
     return ReconcilePlan(
         apply=to_apply,
         delete=_stale_children(observed, wanted | referenced | _draining_canaries(observed, route), pools,

@@ -16,6 +16,7 @@ from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.reconciler import reconcile, record_decision
 from specdec_operator.handlers.scrapes import ScrapeScheduler
 from specdec_operator.handlers.tuning import ModelTuner, TuningOutcome
+from specdec_operator.handlers.writes import remember_written
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
@@ -227,7 +228,7 @@ async def test_a_model_relabelled_out_of_the_shard_is_left_alone_even_after_a_co
     moved["metadata"]["labels"] = {"specdec.io/shard": "a"}
     moved["status"]["shard"] = "a"
     moved["metadata"]["resourceVersion"] = "999999"
-    ctx.model(NAMESPACE, NAME).written = moved  # what a 409's re-read brings back
+    remember_written(ctx, (NAMESPACE, NAME), moved, over=body)  # what a 409's re-read brings back
     before = len(api.writes())
     plan = await reconcile(ctx, body, FLEET, LOG)
     assert plan.held is not None and "selector" in plan.held
@@ -393,3 +394,37 @@ async def test_a_pass_during_which_the_model_left_the_watch_writes_nothing(
     plan = await reconcile(ctx, body, FLEET, LOG)
     assert plan.held is not None and "left" in plan.held
     assert api.writes("patch-status") == [] and api.writes("apply") == []
+
+
+async def test_an_object_with_our_name_that_we_do_not_own_is_left_alone_and_named(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    """Issue 34 item 8: a Service (or Deployment) someone else created under a name we compute is never taken over
+    by a forced server-side apply; the model says which object is in the way, as a Deployment reports a ReplicaSet
+    conflict, and the rest of the model's objects are written."""
+    api = FakeKubeApi()
+    theirs = api.put({"apiVersion": "v1", "kind": "Service",
+                      "metadata": {"namespace": NAMESPACE, "name": NAME, "labels": {"app": "theirs"}},
+                      "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}})
+    other_owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "someone-else",
+                   "controller": True}
+    api.put({"apiVersion": "apps/v1", "kind": "Deployment",
+             "metadata": {"namespace": NAMESPACE, "name": POOL, "ownerReferences": [other_owner]},
+             "spec": {"replicas": 1}})
+    ctx = context(api, http)
+    for _ in range(2):
+        await reconcile(ctx, await current(api) if _ else model_body(api), FLEET, LOG)
+        stepped(ctx).advance(5.0)
+    assert not [c for c in api.writes("apply") if c.name in (NAME, POOL) and c.kind in ("Service", "Deployment")]
+    assert api.objects[("Service", NAMESPACE, NAME)]["spec"] == theirs["spec"]
+    assert api.objects[("Deployment", NAMESPACE, POOL)]["metadata"]["ownerReferences"] == [other_owner]
+    assert api.writes("apply", "ConfigMap"), "objects nobody else holds are still written"
+    status = api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ObjectNotOwned", degraded
+    assert f"Service/{NAME}" in degraded["message"] and f"Deployment/{POOL}" in degraded["message"]
+    posted = [event for event in events.drain() if event[1] == "ObjectNotOwned"]
+    assert posted and any(f"Service/{NAME}" in event[2] for event in posted)
+    await api.delete("SpeculativeModel", NAMESPACE, NAME)
+    assert ("Service", NAMESPACE, NAME) in api.objects
+    assert not api.writes("delete", "Service")

@@ -65,3 +65,31 @@ async def test_a_refused_route_is_a_condition_after_one_pass_with_one_read(
     assert (degraded["status"], degraded["reason"]) == ("True", "HTTPRouteRefsNotResolved")
     assert MESSAGE in degraded["message"]
     assert reads.count("HTTPRoute") == 1, reads
+
+
+async def test_an_unreadable_route_holds_owned_writes_and_says_why(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    """Issue 34 (low): a route we may not read (403) holds the owned objects, as before, but the model says why
+    instead of failing every pass silently."""
+    from specdec_operator.kube.api import KubeApiError
+
+    api = FakeKubeApi()
+    api.put(http_route("True"))
+    stored = api.put({"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel",
+                      "metadata": {"namespace": NAMESPACE, "name": "llama8b"}, "spec": SPEC})
+    real_get = api.get
+    forbidden = 'httproutes.gateway.networking.k8s.io "llama8b" is forbidden: User cannot get resource'
+
+    async def refusing_get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if kind == "HTTPRoute":
+            raise KubeApiError(403, "Forbidden", forbidden)
+        return await real_get(kind, namespace, name)
+
+    api.get = refusing_get  # type: ignore[method-assign]
+    await reconcile(context(api, http), kopf.Body(stored), FLEET, LOG)
+    status = api.objects[("SpeculativeModel", NAMESPACE, "llama8b")]["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "HTTPRouteUnreadable")
+    assert forbidden in degraded["message"] and f"{NAMESPACE}/llama8b" in degraded["message"]
+    assert not api.writes("apply") and not api.writes("delete"), "owned objects wait for the route"

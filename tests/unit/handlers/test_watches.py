@@ -32,10 +32,15 @@ def child(name: str, owner_uid: str = MODEL_UID, owner_kind: str = KIND) -> dict
     }
 
 
-def pod(name: str, model: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
-                         "labels": {contract.LABEL_MODEL: model, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}},
-            "status": {"podIP": "127.0.0.9"}}
+def pod(name: str, model: str, replica_set: str | None = None, template_hash: str = "5d8f7c9b4") -> dict[str, Any]:
+    """A runtime pod; made by `<replica_set>` (a ReplicaSet `<Deployment>-<hash>`) when given."""
+    labels = {contract.LABEL_MODEL: model, contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+              "pod-template-hash": template_hash}
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": f"uid-{name}", "labels": labels}
+    if replica_set is not None:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": replica_set,
+                                    "uid": f"uid-{replica_set}", "controller": True}]
+    return {"metadata": meta, "status": {"podIP": "127.0.0.9"}}
 
 
 class FakeIndex(dict[Any, list[dict[str, Any]]]):
@@ -68,14 +73,23 @@ def test_children_are_indexed_by_owning_model_without_managed_fields() -> None:
     assert cache.children("other-ns", MODEL_UID) == {}
 
 
-def test_runtime_pods_are_found_by_the_model_label() -> None:
+def test_runtime_pods_are_the_model_labelled_pods_its_own_deployments_made() -> None:
+    """Issue 34 item 10: labels alone are anyone's to set; a look-alike pod is never the model's."""
     kwargs = indices()
-    for name, model in (("p1", "a"), ("p2", "a"), ("p3", "b")):
-        kwargs["runtime_pods"].add(index_runtime_pod(kopf.Body(pod(name, model))))
+    kwargs["owned_deployments"].add(index_deployment(kopf.Body(child("a-pool"))))
+    kwargs["owned_deployments"].add(index_deployment(kopf.Body(child("b-pool", owner_uid="uid-model-b"))))
+    for body in (pod("p1", "a", "a-pool-5d8f7c9b4"), pod("p2", "a", "a-pool-5d8f7c9b4"),
+                 pod("p3", "b", "b-pool-5d8f7c9b4"),
+                 pod("bare", "a"),  # our labels, no owner
+                 pod("other-rs", "a", "someone-5d8f7c9b4"),  # a ReplicaSet that is not one of ours
+                 pod("b-rs", "a", "b-pool-5d8f7c9b4"),  # model a's labels, model b's ReplicaSet
+                 pod("wrong-hash", "a", "a-pool-5d8f7c9b4", template_hash="0000")):
+        kwargs["runtime_pods"].add(index_runtime_pod(kopf.Body(body)))
     cache = WatchCache()
     cache.bind(kwargs)
-    assert sorted(p["metadata"]["name"] for p in cache.pods("ns", "a")) == ["p1", "p2"]
-    assert cache.pods("ns", "c") == []
+    assert sorted(p["metadata"]["name"] for p in cache.pods("ns", "a", MODEL_UID)) == ["p1", "p2"]
+    assert cache.pods("ns", "b", MODEL_UID) == []
+    assert cache.pods("ns", "c", MODEL_UID) == []
 
 
 def test_status_only_events_do_not_wake_the_model() -> None:
