@@ -441,10 +441,13 @@ def sequential_p(shortfall: float, variance: float, scale: float) -> float:
 
 def _points(buckets: Buckets) -> list[tuple[float, float]]:
     """Sorted (bound, cumulative) made monotone: scrape races can dip a count between buckets."""
+    ordered = buckets if all(buckets[i][0] < buckets[i + 1][0] for i in range(len(buckets) - 1)) \
+        else tuple(sorted(buckets))
     monotone: list[tuple[float, float]] = []
     highest = 0.0
-    for bound, count in sorted(buckets):
-        highest = max(highest, count)
+    for bound, count in ordered:
+        if count > highest:
+            highest = count
         monotone.append((bound, highest))
     return monotone
 
@@ -465,8 +468,7 @@ def count_at_or_below(buckets: Buckets, value: float) -> float:
 
 
 def histogram_total(buckets: Buckets) -> float:
-    points = _points(buckets)
-    return points[-1][1] if points else 0.0
+    return max((count for _, count in buckets), default=0.0)
 
 
 def rebin(buckets: Buckets, bounds: Sequence[float]) -> Buckets:
@@ -641,8 +643,11 @@ def _share_above(window: WindowStats, threshold: float) -> tuple[float, float] |
     above = total - count_at_or_below(window.tpot_buckets, threshold)
     share = above / total
     floor = max(share * (1 - share), 0.25 / total) / total
-    pairs = [(histogram_total(cell.tpot_buckets) - count_at_or_below(cell.tpot_buckets, threshold),
-              histogram_total(cell.tpot_buckets)) for cell in _cells(window) if cell.tpot_buckets]
+    pairs = []
+    for cell in _cells(window):
+        if cell.tpot_buckets:
+            cell_total = histogram_total(cell.tpot_buckets)
+            pairs.append((cell_total - count_at_or_below(cell.tpot_buckets, threshold), cell_total))
     _, variance = _ratio(pairs)
     return share, _with_floor(variance, floor)
 
@@ -902,6 +907,9 @@ def _error_pass(canary: WindowStats, stable: WindowStats | None, thresholds: Can
     """None when the error rate is shown to be within the limit: its upper confidence bound below
     `maxErrorRate`, or below the stable's lower bound (the canary significantly better than a stable that is
     itself above the limit). Otherwise why not."""
+    if thresholds.max_error_rate <= 0:
+        # No error tolerated: any error fails at once (above); none is within the limit.
+        return None if canary.errors <= 0 else "canary errors with none tolerated"
     _, upper = error_rate_bound(canary)
     if upper < thresholds.max_error_rate:
         return None
@@ -983,3 +991,41 @@ def analyse(
     if errors_uncertain is not None:
         return _verdict("Inconclusive", "ErrorRateUncertain", message, canary, stable, comparisons)
     return _verdict("Pass", "ThresholdsMet", message, canary, stable, comparisons)
+
+
+def calibration_statistics(canary: WindowStats, stable: WindowStats) -> dict[str, float | None]:
+    """Fixed-sample test statistics of EQUALITY per gate (one window, one look), for the bench's A/A
+    calibration: z in the gate's bad direction for goodput, TPOT p90 and p99 shares, acceptance at
+    position 1 and the error rate; two-sided p-values for per-pod load and the length mix. Identical
+    revisions should exceed a level's critical value at about that level if the standard errors are right."""
+    found: dict[str, float | None] = {"goodput": None, "tpot_p90": None, "tpot_p99": None, "acceptance": None,
+                                      "errors": None, "load": None, "lengths": None}
+    z = goodput_z(canary, stable)
+    found["goodput"] = -z if z is not None else None
+    canary_tpot, stable_tpot = shared_tpot_layout(canary, stable)
+    for name, quantile in (("tpot_p90", 0.9), ("tpot_p99", 0.99)):
+        tail = tail_shortfall(canary_tpot, stable_tpot, quantile, 1.0)
+        if tail is not None and tail[1] > 0:
+            found[name] = tail[0] / math.sqrt(tail[1])
+    c, s = canary.position_acceptance(0), stable.position_acceptance(0)
+    if c and s:
+        variance = sum(
+            _acceptance_log_variance(side, [(cell.accepted_per_position[0], cell.drafts) for cell in side.cells
+                                            if cell.accepted_per_position], share, side.drafts)
+            for side, share in ((canary, c), (stable, s)))
+        found["acceptance"] = -math.log(c / s) / math.sqrt(variance)
+    if canary.requests > 0 and stable.requests > 0:
+        c_errors, c_requests = error_counts(canary)
+        s_errors, s_requests = error_counts(stable)
+        pooled = (c_errors + s_errors) / (c_requests + s_requests)
+        variance = pooled * (1 - pooled) * (1 / c_requests + 1 / s_requests)
+        if variance > 0:
+            found["errors"] = (c_errors / c_requests - s_errors / s_requests) / math.sqrt(variance)
+    load = load_z(canary, stable)
+    if load is not None:
+        found["load"] = 2 * _normal_sf(abs(load[1]))
+    p_values = [p for p in (rank_test_shifted(canary.prompt_buckets, stable.prompt_buckets),
+                            rank_test_shifted(canary.output_buckets, stable.output_buckets)) if p is not None]
+    if p_values:
+        found["lengths"] = min(1.0, len(p_values) * min(p_values))
+    return found

@@ -275,11 +275,13 @@ def canary_verdicts(
     *,
     last_decision: TuningDecision | None = None,
     stable_serving: bool = True,
+    expected_share: float | None = None,
 ) -> dict[str, Verdict | None]:
     """The verdict on the canary revision of the step in flight; empty before traffic reaches it.
 
     `stable_serving` False: the stable Deployment has no replica in this step (a one-replica pool canaried
-    in place), so there is no baseline to compare against (see `analyse`).
+    in place), so there is no baseline to compare against (see `analyse`). `expected_share`: the canary's
+    share of both sides' requests the route's weights promise, for the sample-ratio check (None: unknown).
     """
     if canary is None or canary.phase not in IN_FLIGHT_PHASES or canary.weight == 0 or thresholds is None:
         return {}
@@ -290,6 +292,7 @@ def canary_verdicts(
         stable if stable_serving else None,
         thresholds,
         k_change_under_test(canary, last_decision, windows.ks.get(canary.stable_revision)),
+        expected_share=expected_share,
     )
     since = windows.evidence_since if windows.step == (canary.canary_revision, canary.step_started_at, canary.step) \
         else None
