@@ -224,14 +224,25 @@ class Comparison:
     unit: str = ""
     decimals: int = 2
     p_value: float | None = None
+    # For a tail: the upper confidence bound of the canary's excess share beyond the limit; the tail is
+    # within its limit only once this bound is below TAIL_PASS_MARGIN (a p99 needs requests to be known).
+    excess_bound: float | None = None
+    # How far beyond the limit the estimate lies, in standard errors of one look (negative: within). A
+    # point estimate beyond the limit by less than DOUBT_Z standard errors is noise: it passes.
+    beyond_z: float | None = None
 
     @property
     def ratio(self) -> float:
         return self.canary / self.stable
 
     @property
+    def tail_known(self) -> bool:
+        return self.excess_bound is None or self.excess_bound < TAIL_PASS_MARGIN
+
+    @property
     def within_limit(self) -> bool:
-        return self.ratio >= self.limit if self.higher_is_better else self.ratio <= self.limit
+        within = self.ratio >= self.limit if self.higher_is_better else self.ratio <= self.limit
+        return within and self.tail_known
 
     @property
     def significant(self) -> bool:
@@ -239,8 +250,12 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        """Fails only beyond the limit with significance; `uncertain` covers beyond-but-not-yet-significant."""
-        return self.within_limit
+        """Within the limit, or beyond it by less than the noise of one look (the benefit of the doubt);
+        a tail must also be known. Fails only beyond the limit with always-valid significance; the rest is
+        `uncertain`: more requests decide."""
+        if self.within_limit:
+            return True
+        return self.tail_known and self.beyond_z is not None and self.beyond_z < DOUBT_Z
 
     @property
     def failed(self) -> bool:
@@ -248,7 +263,7 @@ class Comparison:
 
     @property
     def uncertain(self) -> bool:
-        return not self.within_limit and not self.significant
+        return not self.passed and not self.failed
 
     def describe(self) -> str:
         relation = {(True, True): ">=", (True, False): "<", (False, True): "<=", (False, False): ">"}[
@@ -260,6 +275,11 @@ class Comparison:
         )
         if self.p_value is not None:
             text += f", p={self.p_value:.2g}"
+        if not self.within_limit and self.passed:
+            text += ", within noise"
+        if self.excess_bound is not None and self.excess_bound >= TAIL_PASS_MARGIN:
+            text += f"; excess share above the limit up to {self.excess_bound:.1%}, not yet below " \
+                    f"{TAIL_PASS_MARGIN:.0%}"
         return text + ")"
 
 
@@ -306,6 +326,13 @@ LOAD_SIGNIFICANCE = 0.01
 SHARE_TOLERANCE = 0.2
 LENGTH_TOLERANCE = 1.25
 MIX_SIGNIFICANCE = 0.001
+# The p99 passes only once the canary's share of requests beyond the limit exceeds the stable's share
+# beyond its p99 by less than this, at 95% confidence: a tail is not known from a handful of requests.
+TAIL_PASS_MARGIN = 0.01
+# A point estimate beyond its limit by less than this many standard errors (one-sided p > 0.2 at one look)
+# is not evidence of a regression: it passes. More than this and not yet proven: Inconclusive.
+DOUBT_Z = 0.8416212335729143
+TAIL_PASS_Z = 1.6448536269514722
 # Mixture scales of the sequential tests: the size of a regression the test is most sensitive to, on the
 # scale of each statistic (log ratio; share of requests above a tail threshold).
 LOG_RATIO_SCALE = 0.1
@@ -613,16 +640,39 @@ DEFAULT_LOG_SPREAD = 0.3
 MIN_LOG_SPREAD = 0.12
 
 
-def _goodput_log_variance(window: WindowStats) -> float:
+def _goodput_log_variance(window: WindowStats, pod_variance: float = 0.0) -> float:
     """Variance of log goodput per sequence: from the spread between pods and intervals, never below what
-    independent requests with the TPOT histogram's spread would give."""
+    independent requests with the TPOT histogram's spread would give, nor below the pod-to-pod spread
+    (`pod_variance`, per pod) over the side's pods: a pod's hardware stays as fast or slow all window."""
     measured = _log_spread(window.tpot_buckets)
     spread = max(measured if measured is not None else DEFAULT_LOG_SPREAD, MIN_LOG_SPREAD)
-    floor = spread**2 / max(window.requests, 1.0)
+    floor = max(spread**2 / max(window.requests, 1.0), pod_variance / max(_pod_count(window), 1))
     ratio, variance = _ratio([(cell.generation_tokens, cell.busy_seconds) for cell in _cells(window)])
     if ratio is None or ratio <= 0 or variance is None:
         return floor
     return max(variance / ratio**2, floor)
+
+
+def _pod_count(window: WindowStats) -> int:
+    return len({cell.pod for cell in window.cells}) or window.pods
+
+
+def _pod_goodput_variance(*windows: WindowStats) -> float:
+    """Between-pod variance of log goodput per sequence within each side, pooled over both sides: how much
+    pods of one revision differ from each other. 0 without two pods on a side."""
+    squares, freedom = 0.0, 0
+    for window in windows:
+        per_pod: dict[str, list[float]] = {}
+        for cell in window.cells:
+            sums = per_pod.setdefault(cell.pod, [0.0, 0.0])
+            sums[0] += cell.generation_tokens
+            sums[1] += cell.busy_seconds
+        logs = [math.log(tokens / busy) for tokens, busy in per_pod.values() if tokens > 0 and busy > 0]
+        if len(logs) >= 2:
+            mean = sum(logs) / len(logs)
+            squares += sum((value - mean) ** 2 for value in logs)
+            freedom += len(logs) - 1
+    return squares / freedom if freedom else 0.0
 
 
 def goodput_z(canary: WindowStats, stable: WindowStats) -> float | None:
@@ -631,7 +681,8 @@ def goodput_z(canary: WindowStats, stable: WindowStats) -> float | None:
     c, s = canary.goodput_per_sequence, stable.goodput_per_sequence
     if c is None or s is None:
         return None
-    return math.log(c / s) / math.sqrt(_goodput_log_variance(canary) + _goodput_log_variance(stable))
+    pods = _pod_goodput_variance(canary, stable)
+    return math.log(c / s) / math.sqrt(_goodput_log_variance(canary, pods) + _goodput_log_variance(stable, pods))
 
 
 def _share_above(window: WindowStats, threshold: float) -> tuple[float, float] | None:
@@ -750,8 +801,11 @@ def _goodput(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysi
     log_limit = _limit_log(limit)
     p_value = None
     if log_limit is not None:
-        variance = _goodput_log_variance(canary) + _goodput_log_variance(stable)
+        pods = _pod_goodput_variance(canary, stable)
+        variance = _goodput_log_variance(canary, pods) + _goodput_log_variance(stable, pods)
         p_value = sequential_p(log_limit - math.log(c / s), variance, LOG_RATIO_SCALE)
+        beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
+        return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value, beyond_z=beyond)
     return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value)
 
 
@@ -765,7 +819,11 @@ def _tpot(canary: WindowStats, stable: WindowStats, quantile: float, limit: floa
         return f"no {label} measured on the stable revision"
     tail = tail_shortfall(canary, stable, quantile, limit)
     p_value = sequential_p(tail[0], tail[1], scale) if tail is not None else None
-    return Comparison(label, c, s, limit, False, " ms", 1, p_value)
+    beyond = tail[0] / math.sqrt(tail[1]) if tail is not None and tail[1] > 0 else None
+    bound = None
+    if quantile >= 0.99:
+        bound = tail[0] + TAIL_PASS_Z * math.sqrt(tail[1]) if tail is not None else 1.0
+    return Comparison(label, c, s, limit, False, " ms", 1, p_value, bound, beyond)
 
 
 def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis) -> list[Comparison | str]:
@@ -790,6 +848,8 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
         if log_limit is not None:
             variance = sum(_accepted_length_log_variance(side) for side in (canary, stable))
             p_value = sequential_p(log_limit - math.log(c / s), variance, LOG_RATIO_SCALE)
+            beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
+            return [Comparison("accepted length", c, s, limit, True, p_value=p_value, beyond_z=beyond)]
         return [Comparison("accepted length", c, s, limit, True, p_value=p_value)]
     found: list[Comparison | str] = []
     for position in range(shared):
@@ -798,7 +858,7 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
             return [f"no acceptance measured at draft position {position + 1}"]
         if s <= 0:
             continue
-        p_value = None
+        p_value = beyond = None
         if log_limit is not None:
             if c <= 0:
                 p_value = 0.0 if canary.drafts >= thresholds.min_drafts else 1.0
@@ -810,7 +870,9 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
                     for side, share in ((canary, c), (stable, s)))
                 # Bonferroni across positions: the positions together keep the gate's level.
                 p_value = min(1.0, shared * sequential_p(log_limit - math.log(c / s), variance, LOG_RATIO_SCALE))
-        found.append(Comparison(f"acceptance at position {position + 1}", c, s, limit, True, p_value=p_value))
+                beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
+        found.append(Comparison(f"acceptance at position {position + 1}", c, s, limit, True, p_value=p_value,
+                                beyond_z=beyond))
     return found
 
 

@@ -10,8 +10,9 @@ A recording is JSON lines, one per pod per scrape (docs/canary.md, "Replaying a 
 canary's size; when the recording has one, the canary is compared with it and not with the stable);
 `weight` is the canary's percent in the route as it was in force (null or absent: replica-ratio split);
 `metrics` is the pod's /metrics text as scraped (absent or null: the scrape failed); `health` (optional)
-the pod's /health answer. Lines with the same `t` form one scrape round; a verdict and a step of the
-state machine follow each round, as a reconcile follows a scrape in the operator.
+the pod's /health answer (absent: healthy when its /metrics was scraped). Lines with the same `t` form
+one scrape round; a verdict and a step of the state machine follow each round, as a reconcile follows a
+scrape in the operator.
 
 The steps and the analysis come from a YAML header before the first JSON line (the fields of
 `spec.rollout.canary`, or a mapping with a `canary:` key and optional `pool`, `gpusPerPod`, `stableK`,
@@ -291,9 +292,14 @@ class Replayer:
             restarts.append(PodRestarts(record.pod, revision, record.restarts))
             if not record.ready:
                 continue  # the operator scrapes Ready pods only
+            scraped = self._scrape(target, at, record.metrics)
+            results.append(scraped)
+            # The operator probes /health every round; a recording without the answer counts a pod whose
+            # /metrics was scraped as healthy, and leaves one whose scrape failed unprobed.
             if record.health is not None:
                 health.append((target, record.health))
-            results.append(self._scrape(target, at, record.metrics))
+            elif scraped.outcome in ("ok", "incomplete"):
+                health.append((target, True))
         report = self.counters.observe(results)
         if in_flight is not None:
             self.windows.add(report, results, health, restarts)

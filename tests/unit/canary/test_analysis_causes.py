@@ -138,7 +138,8 @@ def test_a_tpot_spike_in_two_intervals_of_one_pod_does_not_fail_the_canary() -> 
     verdict = analyse(canary, stable, thresholds())
     p90 = next(item for item in verdict.comparisons if item.metric == "TPOT p90")
     assert p90.ratio > 1.15
-    assert verdict.outcome == "Inconclusive", verdict.message
+    # Two intervals of one pod are two units, not eighty requests: no proof, so no failure.
+    assert not p90.failed and verdict.outcome != "Fail", verdict.message
 
 
 # Cause 5: the error gate passes on an upper confidence bound, not on a point estimate.
