@@ -1,16 +1,17 @@
 """Canary analysis: one revision's counters against another's over the same window, as a verdict with numbers.
 
-Pure: the scraper turns counter deltas into `WindowStats`, this module only compares them. The method
-(docs/canary.md) in short:
+Pure: the canary evidence turns counter deltas into `WindowStats` (with per pod and scrape interval cells),
+this module only compares them. The method (docs/canary.md) in short:
 
-- samples are finished requests: no verdict before each side finished `minRequests`;
-- every figure that is compared is normalised by per-pod load, so a lightly loaded canary (10% of an
-  HTTPRoute's traffic on one pod beside a full stable set) is judged like a loaded one: speed is goodput
-  per running sequence (generated tokens per request-second of decoding), not tokens/s per GPU;
-- a difference fails a canary only when it is beyond its tolerance AND significant (TPOT: a one-sided
-  Mann-Whitney rank test on the request histograms, as Kayenta does; goodput: a z-test whose spread comes
-  from the same histogram; acceptance: a two-proportion test per draft position; errors: a binomial test);
-  beyond the tolerance but not yet significant is Inconclusive: more requests decide;
+- samples are finished requests: no verdict but a failure before each side finished `minRequests`;
+- nothing is compared at unequal per-pod load or on different traffic (request shares against the weights,
+  prompt and output lengths): such a window is Inconclusive (TrafficMismatch), never failed;
+- standard errors come from what is independent, pods and scrape intervals (ratio estimators with a
+  cluster-robust variance), never from requests or drafts counted as independent trials;
+- a difference fails a canary only beyond its tolerance AND on an always-valid p-value (a mixture
+  sequential probability ratio test), so recomputing the verdict at every reconcile keeps its level;
+- a step passes on evidence: the error rate's upper confidence bound below the limit, a known tail, and
+  every other figure within its limit or within the noise of one look;
 - a K change is judged on what K changes: acceptance per draft position on the positions both sides draft
   must hold, and goodput must reach what the tuner predicted (within the tolerance).
 """

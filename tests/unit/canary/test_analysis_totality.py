@@ -41,3 +41,14 @@ def test_the_analysis_is_total_even_for_a_zero_ratio_built_around_validation() -
                                                  "min_accepted_length_ratio": 0.0})
     verdict = analyse(window(), window(), thresholds)
     assert verdict.outcome in ("Pass", "Inconclusive", "Fail")
+
+
+def test_the_whole_analysis_of_a_1e12_error_counter_is_immediate() -> None:
+    from specdec_operator.canary.analysis import WindowStats
+
+    started = time.process_time()
+    canary = WindowStats(seconds=120.0, gpus=1, k=4, requests=2e12, errors=1e12)
+    verdict = analyse(canary, window(), CanaryAnalysis())
+    assert (verdict.outcome, verdict.reason) == ("Fail", "ErrorRateExceeded")
+    assert analyse(canary, None, CanaryAnalysis()).reason == "ErrorRateExceeded"
+    assert time.process_time() - started < 5.0
