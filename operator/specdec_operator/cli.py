@@ -74,6 +74,31 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _canary_replay(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from specdec_operator.canary.replay import RecordingError, format_result, load_spec, parse_recording, replay
+
+    try:
+        header, records = parse_recording(Path(args.file).read_text())
+        if args.spec:
+            header = yaml.safe_load(Path(args.spec).read_text())
+            if header is not None and not isinstance(header, dict):
+                raise RecordingError(f"{args.spec}: must be a YAML mapping")
+        spec = load_spec(header)
+    except (OSError, RecordingError, yaml.YAMLError) as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    if not records:
+        sys.stderr.write(f"error: {args.file} holds no records\n")
+        return 2
+    result = replay(records, spec)
+    sys.stdout.write(format_result(result, spec))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec-operator", description=__doc__)
     parser.add_argument("--version", action="version", version=version_line())
@@ -88,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.set_defaults(func=_run)
+    canary = sub.add_parser("canary", help="canary tools: `canary replay FILE [--spec FILE]`")
+    canary_sub = canary.add_subparsers(dest="canary_command", required=True)
+    replay = canary_sub.add_parser(
+        "replay", help="replay a recorded canary (JSON lines of /metrics scrapes, docs/canary.md) through the "
+        "operator's analysis and step machine; print each step's verdict and the outcome")
+    replay.add_argument("file", help="the recording: an optional YAML header, then one JSON object per line")
+    replay.add_argument("--spec", default=None,
+                        help="YAML with the steps and analysis (spec.rollout.canary's fields); overrides the header")
+    replay.set_defaults(func=_canary_replay)
     # `status` and `bench` parse their own flags (see main); listed here for --help.
     sub.add_parser(
         "status", help="fleet view of every SpeculativeModel: -n/-A, -l SELECTOR, -o table|wide|json|yaml, --watch "

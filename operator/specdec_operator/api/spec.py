@@ -338,17 +338,27 @@ class CanaryAnalysis(ApiModel):
         "length when per-position counters are missing). A shortfall fails only when significant.",
     )
     min_tokens_per_second_ratio: float = Field(
-        default=0.9, ge=0, le=2,
+        default=0.9, gt=0, le=2,
         description="Canary goodput per running sequence (tokens per request-second, normalised by load) / "
         "stable, at least this; for a tuner K change, at least this times the gain the tuner predicted. A "
         "shortfall fails only when significant.",
     )
     max_tpot_ratio: float = Field(
         default=1.15, ge=1, le=10,
-        description="Canary TPOT p90 / stable TPOT p90, at most this; an excess fails only when a rank test "
-        "on the request histograms makes it significant.",
+        description="Canary TPOT p90 / stable TPOT p90, at most this; an excess fails only when an always-valid "
+        "sequential test on the share of canary requests above this multiple of the stable's p90 makes it "
+        "significant.",
     )
-    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Highest tolerated canary error fraction.")
+    max_tpot_p99_ratio: float = Field(
+        default=2.0, ge=1, le=100,
+        description="Canary TPOT p99 / stable TPOT p99, at most this (the tail gate); an excess fails only when "
+        "significant, as for the p90.",
+    )
+    max_error_rate: float = Field(
+        default=0.01, ge=0, le=1,
+        description="Highest tolerated canary error fraction. A step passes only when the 95% upper confidence "
+        "bound of the canary's error rate is below it; it fails when a sequential test proves the rate above it.",
+    )
     min_requests: int = Field(
         default=100, ge=1, description="Finished requests each side needs before any verdict but a failure."
     )

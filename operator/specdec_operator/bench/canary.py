@@ -1,17 +1,23 @@
-"""`specdec-operator bench canary`: many simulated canaries through the real analysis and step state machine.
+"""`specdec-operator bench canary`: simulated canaries replayed through `canary replay`'s entry point.
 
-Each trial is one canary of a K change (stable K=3, canary K=4, which the tuner predicts +10% goodput):
-healthy, or with 1.5x TPOT, 5% failed requests, or acceptance per position down 30%; on pools of 1, 2, 4
-and 8 replicas; with the default steps (replica-ratio split, no route) and the shipped example's steps
-(examples/canary-httproute.yaml: an HTTPRoute, so the canary's per-pod load is not the stable's).
+Every trial renders, every scrape interval, each pod's vLLM `/metrics` text, and hands the round to
+`canary.replay.Replayer`: the operator's parser, counter windows, canary evidence, analysis and step
+machine decide, nothing is reimplemented here. The traffic has the variety the analysis does not assume:
 
-Requests arrive open-loop (Poisson) at `rate` per replica. Each finished request adds its tokens, its time
-per output token (log-normal around the side's median, which grows with the per-pod running batch as a
-decode step does), its drafts and accepted tokens per position, and maybe an error, to its side's window.
-Every `interval` seconds (the reconcile period) the window goes through `canary.analysis.analyse` and the
-verdict through `canary.progress.advance`, exactly as the operator runs them; a step change opens a fresh
-window. A trial ends when the canary is Promoted or RolledBack. Seeded: the same arguments print the same
-table. Figures, not asserts: `--check` compares them with the targets and exits 1 on a miss.
+- heavy-tailed output lengths (log-normal, median 180 tokens, sigma 1.0, up to 4096) and prompt lengths;
+- per-request acceptance spread (each request's per-token acceptance drawn from a Beta around the mean);
+- pod-to-pod speed spread (3% log-sd per pod) and per-interval batch noise shared by a pod's requests;
+- 1 to 4 requests/s per pod, pool sizes 1 to 16, equal per-pod load by construction (the route's weights
+  follow the replica split: ceil(n x weight) canary pods beside the rest of the pool);
+- load drift (the offered load doubles over the canary), mix bursts (long prompts and outputs on both
+  sides for a while), counter resets (stable pods restart, scrapes go missing);
+- the default steps (replica split, no route) and the shipped example's (HTTPRoute).
+
+Classes are judged one by one: false rollbacks of each healthy class and detection of each bad one. An
+A/A class (identical revisions) also gives the calibration table: per gate, the share of windows whose
+fixed-sample equality test rejects at 5% (the standard errors are right when that share is near 5%), and
+the share that the gate itself fails at its stated sequential level. Seeded: the same arguments print the
+same tables. Figures, not asserts: `--check` compares them with the targets and exits 1 on a miss.
 """
 
 from __future__ import annotations
@@ -22,304 +28,441 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, Rollout
-from specdec_operator.api.status import CanaryStatus
-from specdec_operator.canary.analysis import KChange, WindowStats, analyse
-from specdec_operator.canary.plan import FULL_WEIGHT, CanaryTarget, split_replicas
-from specdec_operator.canary.progress import advance
+from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep
+from specdec_operator.canary.analysis import Verdict, WindowStats, calibration_statistics
+from specdec_operator.canary.replay import Record, Replayer, ReplaySpec, Role
 
-# Issue 21's targets.
-TARGET_FALSE_ROLLBACK = 0.01  # of healthy canaries, at most
-TARGET_DETECTION = 0.99  # of bad canaries, at least
+TARGET_FALSE_ROLLBACK = 0.01  # of each healthy class, at most
+TARGET_DETECTION = 0.99  # of each bad class, at least
+CALIBRATION_LEVEL = 0.05  # the fixed-sample level of the A/A table
+CALIBRATION_FACTOR = 2.0  # each gate's A/A rejection share within this factor of its level
 
-SCENARIOS = ("healthy", "tpot+50%", "errors 5%", "acceptance-30%")
-POOL_SIZES = (1, 2, 4, 8)
-# vLLM 0.33's request_time_per_output_token_seconds buckets (vllm/v1/metrics/buckets.py).
 TPOT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                80.0)
-# Acceptance per draft position of a chat workload (the share of drafts whose first i+1 tokens are accepted).
-POSITIONS = (0.80, 0.65, 0.55, 0.48)
+LENGTH_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
+POOL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+RATES = (1.0, 2.0, 3.0, 4.0)
 STABLE_K, CANARY_K = 3, 4
-BASE_TPOT_S = 0.012  # median time per output token at K=3 on an idle pod
-LOAD_SLOPE = 0.02  # a decode step grows ~2% per running request (memory-bound decode at small batch)
-DRAFT_COST = 0.06  # each drafted position adds ~6% to a step
-TPOT_LOG_SD = 0.35  # per-request spread of TPOT across prompt and output lengths
-BASELINE_ERROR_RATE = 0.002  # a healthy revision still fails a request now and then
-OUTPUT_TOKENS = (64, 512)  # uniform output length range
+PREDICTED_GAIN = 0.10  # what the tuner predicts for K 3 -> 4 in the K-change classes
+MEAN_ACCEPTANCE = 0.62  # per-token acceptance, mean over requests
+ACCEPTANCE_CONCENTRATION = 6.0  # Beta(a, b) with a + b this: requests differ a lot
+BASE_STEP_S = 0.030  # an engine step at K=3 on an idle pod
+LOAD_SLOPE = 0.02  # a decode step grows ~2% per running request
+POD_SPEED_SD = 0.03
+INTERVAL_NOISE_SD = 0.04  # a pod's step time wanders with its batch from interval to interval
+REQUEST_NOISE_SD = 0.10
+BASELINE_ERROR_RATE = 0.002
 
+
+@dataclass(frozen=True)
+class Scenario:
+    """What differs between the canary and the stable, and what the traffic does."""
+
+    name: str
+    healthy: bool
+    k_change: bool = True  # canary K 4 against stable K 3, predicted +10%
+    true_gain: float = PREDICTED_GAIN  # goodput the K change really brings (healthy: what was predicted)
+    canary_step_factor: float = 1.0  # canary engine steps slower by this (after the K change's own cost)
+    canary_error_rate: float = BASELINE_ERROR_RATE
+    canary_acceptance_factor: float = 1.0
+    canary_stall_share: float = 0.0  # share of canary requests that stall (TPOT x5): a tail regression
+    drift: bool = False  # offered load doubles over the canary
+    bursts: bool = False  # long-prompt/long-output bursts on both sides
+    resets: bool = False  # stable pods restart (counter resets) and scrapes go missing
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("A/A identical", True, k_change=False, true_gain=0.0),
+    Scenario("K change", True),
+    Scenario("K +8% (pred. +10%)", True, true_gain=0.08),
+    Scenario("load doubles", True, drift=True),
+    Scenario("mix bursts", True, bursts=True),
+    Scenario("counter resets", True, resets=True),
+    Scenario("TPOT +20%", False, k_change=False, true_gain=0.0, canary_step_factor=1.2),
+    Scenario("errors 2%", False, canary_error_rate=0.02),
+    Scenario("acceptance -15%", False, k_change=False, true_gain=0.0, canary_acceptance_factor=0.85),
+    # A K change predicted +10% that delivers 10% less goodput than the stable: 9% below its limit.
+    Scenario("goodput -10%", False, true_gain=-0.10),
+    Scenario("p99 x3", False, k_change=False, true_gain=0.0, canary_stall_share=0.03),
+)
+
+EXAMPLE_ANALYSIS = CanaryAnalysis(min_accepted_length_ratio=0.9, max_tpot_ratio=1.15, max_error_rate=0.01,
+                                  min_drafts=1000, timeout_seconds=1200)
 STEP_SETS: dict[str, tuple[Canary, bool]] = {
     # Default steps and analysis (strategy: Canary alone); no route, so the split is the replica ratio.
     "default": (Canary(), False),
     # examples/canary-httproute.yaml: its steps and analysis, behind an HTTPRoute.
     "example": (Canary(steps=[CanaryStep(weight=10, pause_seconds=300), CanaryStep(weight=50, pause_seconds=300),
-                              CanaryStep(weight=100, pause_seconds=0)],
-                       analysis=CanaryAnalysis(min_accepted_length_ratio=0.9, max_tpot_ratio=1.15, max_error_rate=0.01,
-                                               min_drafts=1000, timeout_seconds=1200)), True),
+                              CanaryStep(weight=100, pause_seconds=0)], analysis=EXAMPLE_ANALYSIS), True),
 }
-T0 = datetime(2026, 12, 1, tzinfo=UTC)
-
-
-def expected_length(positions: Sequence[float], k: int) -> float:
-    return 1.0 + sum(positions[:k])
-
-
-def step_factor(k: int) -> float:
-    return 1.0 + DRAFT_COST * k
-
-
-def predicted_gain() -> float:
-    """What the tuner predicts for K 3 -> 4 at equal load: goodput per sequence is E(K) / step(K)."""
-    return (expected_length(POSITIONS, CANARY_K) / step_factor(CANARY_K)) / (
-        expected_length(POSITIONS, STABLE_K) / step_factor(STABLE_K)) - 1.0
-
-
-@dataclass(frozen=True)
-class Revision:
-    k: int
-    positions: tuple[float, ...]
-    tpot_scale: float = 1.0
-    error_rate: float = BASELINE_ERROR_RATE
-
-    def median_tpot_s(self, batch: float) -> float:
-        """Median time per output token at a per-pod running batch: step time over tokens per step."""
-        step = step_factor(self.k) * (1.0 + LOAD_SLOPE * batch) / step_factor(STABLE_K)
-        per_token = step * expected_length(POSITIONS, STABLE_K) / expected_length(self.positions, self.k)
-        return BASE_TPOT_S * per_token * self.tpot_scale
-
-
-def revisions(scenario: str) -> tuple[Revision, Revision]:
-    stable = Revision(STABLE_K, POSITIONS)
-    if scenario == "healthy":
-        return stable, Revision(CANARY_K, POSITIONS)
-    if scenario == "tpot+50%":
-        return stable, Revision(CANARY_K, POSITIONS, tpot_scale=1.5)
-    if scenario == "errors 5%":
-        return stable, Revision(CANARY_K, POSITIONS, error_rate=0.05)
-    if scenario == "acceptance-30%":
-        return stable, Revision(CANARY_K, tuple(rate * 0.7 for rate in POSITIONS))
-    raise ValueError(f"unknown scenario {scenario!r}")
+GATES = ("goodput", "tpot_p90", "tpot_p99", "acceptance", "errors", "load", "lengths")
+ONE_SIDED = {"goodput", "tpot_p90", "tpot_p99", "acceptance", "errors"}
+Z_ONE_SIDED = 1.6448536269514722
 
 
 @dataclass
-class _Window:
-    """One side's counters since the step started, as `CanaryWindows.stats` hands them to the analysis."""
+class _Pod:
+    """One vLLM pod's cumulative counters."""
 
+    name: str
     k: int
-    pod_seconds: float = 0.0
-    busy_seconds: float = 0.0
-    generation_tokens: float = 0.0
+    speed: float
+    restarts: int = 0
+    created: float = 1_764_500_000.0
+    generation: float = 0.0
     drafts: float = 0.0
     accepted: list[float] = field(default_factory=list)
-    requests: int = 0
-    errors: int = 0
-    tpot_counts: list[int] = field(default_factory=lambda: [0] * (len(TPOT_BOUNDS) + 1))
+    itl_sum: float = 0.0
+    tpot: list[int] = field(default_factory=lambda: [0] * (len(TPOT_BOUNDS) + 1))
+    tpot_sum: float = 0.0
+    prompts: list[int] = field(default_factory=lambda: [0] * (len(LENGTH_BOUNDS) + 1))
+    outputs: list[int] = field(default_factory=lambda: [0] * (len(LENGTH_BOUNDS) + 1))
+    finished: int = 0
+    errored: int = 0
+    running: float = 0.0
 
-    def stats(self) -> WindowStats:
-        running, cumulative = 0, []
-        for bound, count in zip((*TPOT_BOUNDS, math.inf), self.tpot_counts, strict=True):
-            running += count
-            cumulative.append((bound, float(running)))
-        return WindowStats(
-            seconds=self.pod_seconds, gpus=1, k=self.k, drafts=self.drafts, draft_tokens=self.drafts * self.k,
-            accepted_tokens=sum(self.accepted), generation_tokens=self.generation_tokens,
-            tpot_buckets=tuple(cumulative) if self.requests else (), requests=float(self.requests),
-            errors=float(self.errors), busy_seconds=self.busy_seconds, accepted_per_position=tuple(self.accepted),
-        )
+    def __post_init__(self) -> None:
+        self.accepted = [0.0] * self.k
+
+    def reset(self, at: float) -> None:
+        fresh = _Pod(self.name, self.k, self.speed, self.restarts + 1, at)
+        self.__dict__.update(fresh.__dict__)
+
+    def metrics(self) -> str:
+        labels = 'model_name="m",engine="0"'
+        lines = [f"vllm:num_requests_running{{{labels}}} {self.running:.3f}",
+                 f"vllm:generation_tokens_total{{{labels}}} {self.generation:.1f}",
+                 f"vllm:generation_tokens_created{{{labels}}} {self.created:.1f}",
+                 f"vllm:spec_decode_num_drafts_total{{{labels}}} {self.drafts:.1f}",
+                 f"vllm:spec_decode_num_drafts_created{{{labels}}} {self.created:.1f}",
+                 f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {self.drafts * self.k:.1f}",
+                 f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {sum(self.accepted):.1f}"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{i}"}} {value:.1f}'
+                  for i, value in enumerate(self.accepted)]
+        lines += [f'vllm:inter_token_latency_seconds_bucket{{{labels},le="+Inf"}} {self.drafts:.1f}',
+                  f"vllm:inter_token_latency_seconds_sum{{{labels}}} {self.itl_sum:.4f}",
+                  f"vllm:inter_token_latency_seconds_count{{{labels}}} {self.drafts:.1f}"]
+        lines += _histogram("vllm:request_time_per_output_token_seconds", labels, TPOT_BOUNDS, self.tpot,
+                            self.tpot_sum)
+        lines += _histogram("vllm:request_prompt_tokens", labels, LENGTH_BOUNDS, self.prompts, 0.0)
+        lines += _histogram("vllm:request_generation_tokens", labels, LENGTH_BOUNDS, self.outputs, 0.0)
+        lines += [f'vllm:request_success_total{{{labels},finished_reason="stop"}} {self.finished - self.errored}',
+                  f'vllm:request_success_total{{{labels},finished_reason="error"}} {self.errored}']
+        return "\n".join(lines) + "\n"
+
+
+def _histogram(name: str, labels: str, bounds: Sequence[float], counts: list[int], total: float) -> list[str]:
+    lines, running = [], 0
+    for bound, count in zip((*bounds, math.inf), counts, strict=True):
+        running += count
+        le = "+Inf" if math.isinf(bound) else repr(float(bound))
+        lines.append(f'{name}_bucket{{{labels},le="{le}"}} {running}')
+    return [*lines, f"{name}_sum{{{labels}}} {total:.4f}", f"{name}_count{{{labels}}} {running}"]
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
-    if mean <= 0:
-        return 0
-    if mean > 50:
+    if mean > 30:
         return max(0, round(rng.gauss(mean, math.sqrt(mean))))
-    threshold, count, product = math.exp(-mean), 0, rng.random()
-    while product > threshold:
-        count += 1
+    limit, k, product = math.exp(-mean), 0, rng.random()
+    while product > limit:
+        k += 1
         product *= rng.random()
-    return count
+    return k
 
 
-def _serve(rng: random.Random, window: _Window, revision: Revision, arrivals: int, pods: int, dt: float,
-           batch: float) -> None:
-    """`arrivals` requests finish on this side within `dt` (steady state: finishes follow arrivals)."""
-    window.pod_seconds += pods * dt
-    median = revision.median_tpot_s(batch)
-    if not window.accepted:
-        window.accepted = [0.0] * revision.k
-    for _ in range(arrivals):
-        tokens = rng.randint(*OUTPUT_TOKENS)
-        tpot = median * math.exp(rng.gauss(0.0, TPOT_LOG_SD))
-        window.requests += 1
-        window.errors += rng.random() < revision.error_rate
-        window.generation_tokens += tokens
-        window.busy_seconds += tokens * tpot
-        window.tpot_counts[bisect.bisect_left(TPOT_BOUNDS, tpot)] += 1
-        drafts = tokens / expected_length(revision.positions, revision.k)
-        window.drafts += drafts
-        for position in range(revision.k):
-            window.accepted[position] += drafts * revision.positions[position]
-
-
-@dataclass(frozen=True)
-class Trial:
-    outcome: str  # Promoted or RolledBack
-    seconds: float
-    reason: str  # the event's reason, with the verdict's reason when it failed
-
-
-def _shares(pool: int, weight: int, routed: bool) -> tuple[int, int, float]:
-    """(stable pods, canary pods, canary share of traffic) at a step."""
-    stable, canary = split_replicas(pool, weight)
-    if routed:
-        # Behind an HTTPRoute the stable keeps every replica; the route's weight is the share.
-        return pool if weight < FULL_WEIGHT else 0, canary, weight / FULL_WEIGHT
-    return stable, canary, canary / (stable + canary)
-
-
-def run_trial(scenario: str, pool: int, steps: str, rate_per_replica: float, interval_s: float,
-              rng: random.Random) -> Trial:
-    canary_settings, routed = STEP_SETS[steps]
-    rollout = Rollout(strategy="Canary", canary=canary_settings)
-    stable_rev, canary_rev = revisions(scenario)
-    change = KChange(predicted_gain=predicted_gain())
-    target = CanaryTarget("pool", "rev-stable", "rev-canary", desired_k=CANARY_K)
-    total_rate = rate_per_replica * pool
-    mean_request_s = sum(OUTPUT_TOKENS) / 2 * BASE_TPOT_S
-    status: CanaryStatus | None = None
-    now, step_key = T0, None
-    windows = (_Window(STABLE_K), _Window(CANARY_K))
-    limit = canary_settings.analysis.timeout_seconds * (len(canary_settings.steps) + 1) + 3600
-    while (now - T0).total_seconds() < limit:
-        verdict = None
-        if status is not None and status.weight > 0:
-            stable_stats, canary_stats = windows[0].stats(), windows[1].stats()
-            stable_pods = _shares(pool, status.weight, routed)[0]
-            verdict = analyse(canary_stats, stable_stats if stable_pods > 0 else None, canary_settings.analysis,
-                              change)
-        progress = advance(status, target=target, rollout=rollout, verdict=verdict, now=now, action=None,
-                           canary_ready=True)
-        status = progress.status
-        assert status is not None
-        if status.phase in ("Promoted", "RolledBack"):
-            reason = progress.event.reason if progress.event else status.phase
-            if verdict is not None and verdict.outcome == "Fail":
-                reason = f"{reason}/{verdict.reason}"
-            return Trial(status.phase, (now - T0).total_seconds(), reason)
-        key = (status.step, status.step_started_at, status.weight)
-        if key != step_key:
-            step_key, windows = key, (_Window(STABLE_K), _Window(CANARY_K))
-        if status.weight > 0:
-            stable_pods, canary_pods, share = _shares(pool, status.weight, routed)
-            for side, revision, pods, part in ((0, stable_rev, stable_pods, 1 - share),
-                                               (1, canary_rev, canary_pods, share)):
-                if pods <= 0:
-                    continue
-                arrivals = _poisson(rng, total_rate * part * interval_s)
-                batch = total_rate * part / pods * mean_request_s  # Little's law, per pod
-                _serve(rng, windows[side], revision, arrivals, pods, interval_s, batch)
-        now += timedelta(seconds=interval_s)
-    return Trial("RolledBack", (now - T0).total_seconds(), "BenchLimit")
-
-
-@dataclass(frozen=True)
-class Cell:
+@dataclass
+class _Trial:
+    scenario: Scenario
     steps: str
     pool: int
-    scenario: str
-    trials: tuple[Trial, ...]
+    rate: float
+    seed: int
+    interval: float
+
+    def spec(self) -> ReplaySpec:
+        canary, _ = STEP_SETS[self.steps]
+        if self.scenario.k_change:
+            return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=CANARY_K,
+                              predicted_gain=PREDICTED_GAIN)
+        return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=STABLE_K)
+
+
+def _sizes(pool: int, weight: int) -> tuple[int, int]:
+    """(canary pods, stable pods) at a weight: ceil(n x weight) canary pods, the rest of the pool stable (a
+    one-replica pool keeps its stable pod: it surges). At 100% the stable serves nothing."""
+    if weight >= 100:
+        return pool, 0
+    canary = min(pool, max(1, math.ceil(pool * weight / 100)))
+    stable = pool - canary if pool - canary > 0 else pool
+    return canary, stable
+
+
+def _accepted_length(alpha: float, k: int) -> float:
+    return 1.0 + sum(alpha ** (i + 1) for i in range(k))
+
+
+def run_trial(trial: _Trial, sink: list[Record] | None = None
+              ) -> tuple[str, str, float, list[tuple[WindowStats, WindowStats]]]:
+    """(outcome, reason, seconds to the outcome, the last analysed window of each step with a baseline).
+    `sink` receives every record replayed: a recording `canary replay` reads back."""
+    rng = random.Random(trial.seed)
+    scenario = trial.scenario
+    spec = trial.spec()
+    _, routed = STEP_SETS[trial.steps]
+    last_windows: dict[int, tuple[WindowStats, WindowStats]] = {}
+
+    def on_verdict(step: int, canary: WindowStats, stable: WindowStats | None, verdict: Verdict) -> None:
+        if stable is not None:
+            last_windows[step] = (canary, stable)
+
+    replayer = Replayer(spec, on_verdict=on_verdict)
+    canary_k = CANARY_K if scenario.k_change else STABLE_K
+    pods: dict[str, _Pod] = {}
+    # The canary's step time: a K change's engine step costs what its predicted gain does not deliver.
+    length_ratio = _accepted_length(MEAN_ACCEPTANCE, canary_k) / _accepted_length(MEAN_ACCEPTANCE, STABLE_K)
+    canary_step = BASE_STEP_S * length_ratio / (1 + scenario.true_gain) * scenario.canary_step_factor
+    alpha_canary = MEAN_ACCEPTANCE * scenario.canary_acceptance_factor
+    canary_settings = spec.canary
+    horizon = sum(step.pause_seconds for step in canary_settings.steps) + \
+        canary_settings.analysis.timeout_seconds * len(canary_settings.steps) + 600
+    at = 1_764_500_000.0
+    started = at
+    burst_until = -1.0
+    while not replayer.finished and at - started < horizon:
+        weight = replayer.weight
+        sizing = weight or canary_settings.steps[0].weight
+        if replayer.status is not None and weight == 0:
+            sizing = canary_settings.steps[min(replayer.status.step, len(canary_settings.steps) - 1)].weight
+        n_canary, n_stable = _sizes(trial.pool, sizing)
+        drift = 1.0 + (min(1.0, (at - started) / max(horizon / 3, 1.0)) if scenario.drift else 0.0)
+        if scenario.bursts and at > burst_until and rng.random() < 0.05:
+            burst_until = at + rng.uniform(30, 90)
+        burst = at <= burst_until
+        records = []
+        roles: tuple[tuple[Role, int, int, float, float, float, float], ...] = (
+            ("canary", n_canary, canary_k, canary_step, alpha_canary, scenario.canary_error_rate,
+             scenario.canary_stall_share),
+            ("stable", n_stable, STABLE_K, BASE_STEP_S, MEAN_ACCEPTANCE, BASELINE_ERROR_RATE, 0.0),
+        )
+        for role, count, k, step_s, alpha, errors, stall in roles:
+            for index in range(count):
+                name = f"{role}-{index}"
+                pod = pods.get(name)
+                if pod is None:
+                    pod = pods[name] = _Pod(name, k, math.exp(rng.gauss(0.0, POD_SPEED_SD)), created=at)
+                if weight > 0 or role == "stable":
+                    _serve(pod, rng, trial.rate * drift, trial.interval, step_s, alpha, errors, stall, burst)
+                if scenario.resets and role == "stable" and rng.random() < 0.01:
+                    pod.reset(at)
+                missing = scenario.resets and rng.random() < 0.03
+                records.append(Record(at=at, pod=name, role=role, metrics=None if missing else pod.metrics(),
+                                      restarts=pod.restarts, weight=_route_weight(n_canary, n_stable) if routed
+                                      else None))
+        replayer.round(records)
+        if sink is not None:
+            sink.extend(records)
+        at += trial.interval
+    result = replayer.finish()
+    return result.outcome, result.reason, result.seconds, list(last_windows.values())
+
+
+def recording(records: Sequence[Record], header: dict[str, Any]) -> str:
+    """A recording in `canary replay`'s format: the YAML header, then one JSON object per record."""
+    import json
+
+    import yaml
+
+    lines = [yaml.safe_dump(header, sort_keys=False).rstrip(), "---"]
+    for record in records:
+        line: dict[str, Any] = {"t": record.at, "pod": record.pod, "role": record.role, "phase": record.phase,
+                                "ready": record.ready, "restarts": record.restarts, "weight": record.weight,
+                                "metrics": record.metrics}
+        lines.append(json.dumps(line, separators=(",", ":")))
+    return "\n".join(lines) + "\n"
+
+
+def _route_weight(canary: int, stable: int) -> int:
+    return 100 if stable == 0 else round(100 * canary / (canary + stable))
+
+
+def _serve(pod: _Pod, rng: random.Random, rate: float, interval: float, step_s: float, alpha_mean: float,
+           error_rate: float, stall_share: float, burst: bool) -> None:
+    """One interval of open-loop traffic on one pod: requests finish with their tokens, drafts, TPOT, lengths."""
+    arrivals = _poisson(rng, rate * interval)
+    concentration = ACCEPTANCE_CONCENTRATION
+    a, b = alpha_mean * concentration, (1 - alpha_mean) * concentration
+    # The batch the pod runs (Little's law on the offered load) sets the step time of every request in it.
+    batch = rate * 180 * 2.2 * step_s
+    step = step_s * pod.speed * (1 + LOAD_SLOPE * batch) * math.exp(rng.gauss(0.0, INTERVAL_NOISE_SD))
+    busy = 0.0
+    for _ in range(arrivals):
+        output = min(4096, max(1, round(math.exp(rng.gauss(math.log(360 if burst else 180), 1.0)))))
+        prompt = min(16000, max(1, round(math.exp(rng.gauss(math.log(2400 if burst else 600), 0.9)))))
+        alpha = rng.betavariate(a, b) if a > 0 and b > 0 else alpha_mean
+        length = _accepted_length(alpha, pod.k)
+        drafts = output / length
+        tpot = step / length * math.exp(rng.gauss(0.0, REQUEST_NOISE_SD))
+        if stall_share and rng.random() < stall_share:
+            tpot *= 5
+        pod.generation += output
+        pod.drafts += drafts
+        for i in range(pod.k):
+            pod.accepted[i] += drafts * alpha ** (i + 1)
+        duration = output * tpot
+        busy += duration
+        pod.itl_sum += duration
+        pod.tpot[bisect.bisect_left(TPOT_BOUNDS, tpot)] += 1
+        pod.tpot_sum += tpot
+        pod.prompts[bisect.bisect_left(LENGTH_BOUNDS, prompt)] += 1
+        pod.outputs[bisect.bisect_left(LENGTH_BOUNDS, output)] += 1
+        pod.finished += 1
+        if rng.random() < error_rate:
+            pod.errored += 1
+    pod.running = busy / interval
+
+
+@dataclass
+class ClassResult:
+    scenario: Scenario
+    steps: str
+    outcomes: list[tuple[str, str, float]] = field(default_factory=list)
 
     @property
-    def rolled_back(self) -> int:
-        return sum(trial.outcome == "RolledBack" for trial in self.trials)
+    def trials(self) -> int:
+        return len(self.outcomes)
 
     @property
-    def median_s(self) -> float:
-        return statistics.median(trial.seconds for trial in self.trials)
+    def rolled_back(self) -> float:
+        return sum(outcome != "Promoted" for outcome, _, _ in self.outcomes) / max(self.trials, 1)
 
     @property
-    def p90_s(self) -> float:
-        ordered = sorted(trial.seconds for trial in self.trials)
-        return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+    def median_seconds(self) -> float:
+        return statistics.median(seconds for _, _, seconds in self.outcomes) if self.outcomes else 0.0
 
+    @property
     def top_reason(self) -> str:
-        counts: dict[str, int] = {}
-        for trial in self.trials:
-            counts[trial.reason] = counts.get(trial.reason, 0) + 1
-        return max(counts, key=lambda reason: (counts[reason], reason))
+        reasons: dict[str, int] = {}
+        for outcome, reason, _ in self.outcomes:
+            key = f"{outcome}/{reason}" if outcome != "Promoted" else "Promoted"
+            reasons[key] = reasons.get(key, 0) + 1
+        return max(sorted(reasons), key=lambda key: reasons[key]) if reasons else "-"
+
+    @property
+    def met(self) -> bool:
+        if self.scenario.healthy:
+            return self.rolled_back <= TARGET_FALSE_ROLLBACK
+        return self.rolled_back >= TARGET_DETECTION
 
     def to_json(self) -> dict[str, Any]:
-        return {"steps": self.steps, "pool": self.pool, "scenario": self.scenario, "trials": len(self.trials),
-                "rolled_back": self.rolled_back, "median_s": self.median_s, "p90_s": self.p90_s,
-                "top_reason": self.top_reason()}
+        return {"scenario": self.scenario.name, "steps": self.steps, "healthy": self.scenario.healthy,
+                "trials": self.trials, "rolled_back": self.rolled_back, "median_s": self.median_seconds,
+                "top_reason": self.top_reason, "met": self.met}
 
 
-def run_bench(trials: int, seed: int, rate_per_replica: float, interval_s: float,
-              pools: Sequence[int] = POOL_SIZES, steps: Sequence[str] = tuple(STEP_SETS),
-              scenarios: Sequence[str] = SCENARIOS) -> list[Cell]:
-    cells = []
-    for steps_index, steps_name in enumerate(steps):
-        for pool in pools:
-            for scenario_index, scenario in enumerate(scenarios):
-                # One generator per cell, derived from the seed alone: a cell's figures do not depend on
-                # which other cells run.
-                rng = random.Random(f"{seed}/{steps_index}/{pool}/{scenario_index}")
-                cells.append(Cell(steps_name, pool, scenario, tuple(
-                    run_trial(scenario, pool, steps_name, rate_per_replica, interval_s, rng) for _ in range(trials))))
-    return cells
+@dataclass
+class BenchResult:
+    classes: list[ClassResult]
+    # per gate: (windows judged, fixed-sample rejections at CALIBRATION_LEVEL, gate failures at its level)
+    calibration: dict[str, list[int]]
+
+    def summary(self) -> dict[str, Any]:
+        calibration = {gate: {"windows": n, "rejected": rejected / n if n else None,
+                              "failed": failed / n if n else None}
+                       for gate, (n, rejected, failed) in self.calibration.items()}
+        calibrated = all(item["rejected"] is None or item["rejected"] <= CALIBRATION_FACTOR * CALIBRATION_LEVEL
+                         for item in calibration.values())
+        return {"classes": [item.to_json() for item in self.classes], "calibration": calibration,
+                "targets_met": all(item.met for item in self.classes) and calibrated, "calibrated": calibrated}
 
 
-def summarise(cells: Sequence[Cell]) -> dict[str, Any]:
-    healthy = [trial for cell in cells if cell.scenario == "healthy" for trial in cell.trials]
-    bad = [trial for cell in cells if cell.scenario != "healthy" for trial in cell.trials]
-    false_rollback = sum(t.outcome == "RolledBack" for t in healthy) / len(healthy) if healthy else 0.0
-    detection = sum(t.outcome == "RolledBack" for t in bad) / len(bad) if bad else 1.0
-    default_healthy = [t.seconds for c in cells if c.scenario == "healthy" and c.steps == "default" for t in c.trials]
-    default_bad = [t.seconds for c in cells if c.scenario != "healthy" and c.steps == "default" for t in c.trials]
-    return {
-        "healthy": len(healthy), "bad": len(bad),
-        "false_rollback_rate": false_rollback, "detection_rate": detection,
-        "median_s_to_promotion_default_steps": statistics.median(default_healthy) if default_healthy else None,
-        "median_s_to_rollback_default_steps": statistics.median(default_bad) if default_bad else None,
-        "targets": {"false_rollback_rate_max": TARGET_FALSE_ROLLBACK, "detection_rate_min": TARGET_DETECTION},
-        "targets_met": false_rollback <= TARGET_FALSE_ROLLBACK and detection >= TARGET_DETECTION,
-    }
+def _calibrate(windows: list[tuple[WindowStats, WindowStats]], tally: dict[str, list[int]],
+               thresholds: CanaryAnalysis) -> None:
+    from specdec_operator.canary.analysis import analyse
+
+    for canary, stable in windows:
+        stats = calibration_statistics(canary, stable)
+        verdict = analyse(canary, stable, thresholds)
+        failed_metrics = {item.metric for item in verdict.comparisons if item.failed}
+        for gate in GATES:
+            value = stats[gate]
+            if value is None:
+                continue
+            entry = tally.setdefault(gate, [0, 0, 0])
+            entry[0] += 1
+            rejected = value > Z_ONE_SIDED if gate in ONE_SIDED else value < CALIBRATION_LEVEL
+            entry[1] += rejected
+            gate_failed = {
+                "goodput": any(metric.startswith("goodput") for metric in failed_metrics),
+                "tpot_p90": "TPOT p90" in failed_metrics, "tpot_p99": "TPOT p99" in failed_metrics,
+                "acceptance": any(metric.startswith("accept") for metric in failed_metrics),
+                "errors": verdict.reason == "ErrorRateExceeded",
+                "load": verdict.reason == "TrafficMismatch" and "per-pod load" in verdict.message,
+                "lengths": verdict.reason == "TrafficMismatch" and "lengths differ" in verdict.message,
+            }[gate]
+            entry[2] += gate_failed
 
 
-def _pauses(steps: str) -> str:
-    canary, routed = STEP_SETS[steps]
-    listed = ", ".join(f"{step.weight}%/{step.pause_seconds}s" for step in canary.steps)
-    return (f"{steps} steps {listed} ({'HTTPRoute' if routed else 'replica ratio'}; pauses sum to "
-            f"{sum(step.pause_seconds for step in canary.steps)} s, timeout {canary.analysis.timeout_seconds} s, "
-            f"minRequests {canary.analysis.min_requests})")
+def run_bench(trials: int, seed: int, interval: float = 10.0, *, steps: Sequence[str] = ("default", "example"),
+              scenarios: Sequence[Scenario] = SCENARIOS, pools: Sequence[int] = POOL_SIZES,
+              rates: Sequence[float] = RATES) -> BenchResult:
+    classes: list[ClassResult] = []
+    tally: dict[str, list[int]] = {}
+    for steps_name in steps:
+        for number, scenario in enumerate(scenarios):
+            result = ClassResult(scenario, steps_name)
+            for index in range(trials):
+                rng = random.Random(f"{seed}/{steps_name}/{number}/{index}")
+                trial = _Trial(scenario, steps_name, rng.choice(list(pools)), rng.choice(list(rates)),
+                               rng.randrange(2**31), interval)
+                outcome, reason, seconds, windows = run_trial(trial)
+                result.outcomes.append((outcome, reason, seconds))
+                if scenario.name == "A/A identical":
+                    _calibrate(windows, tally, STEP_SETS[steps_name][0].analysis)
+            classes.append(result)
+    return BenchResult(classes, tally)
 
 
-def format_table(cells: Sequence[Cell], summary: dict[str, Any], rate_per_replica: float, interval_s: float) -> str:
-    lines = [
-        f"canary bench: K {STABLE_K} -> {CANARY_K} (tuner-predicted goodput {predicted_gain():+.1%}), "
-        f"{rate_per_replica:g} req/s per replica, verdict every {interval_s:g} s",
-    ]
-    for steps in dict.fromkeys(cell.steps for cell in cells):
-        header = (f"{'pool':>4}  {'scenario':<15}{'trials':>7}{'rolled back':>13}{'median s':>10}{'p90 s':>8}"
-                  "  top reason")
-        lines += ["", _pauses(steps), header]
-        for cell in (c for c in cells if c.steps == steps):
-            share = cell.rolled_back / len(cell.trials)
-            lines.append(f"{cell.pool:>4}  {cell.scenario:<15}{len(cell.trials):>7}{share:>13.1%}"
-                         f"{cell.median_s:>10.0f}{cell.p90_s:>8.0f}  {cell.top_reason()}")
-    met = "met" if summary["targets_met"] else "MISSED"
-    promoted = summary["median_s_to_promotion_default_steps"]
-    rolled = summary["median_s_to_rollback_default_steps"]
-    lines += [
-        "",
-        f"false rollbacks {summary['false_rollback_rate']:.2%} of {summary['healthy']} healthy canaries "
-        f"(target <= {TARGET_FALSE_ROLLBACK:.0%}); detection {summary['detection_rate']:.2%} of {summary['bad']} bad "
-        f"ones (target >= {TARGET_DETECTION:.0%}): targets {met}",
-    ]
-    if promoted is not None and rolled is not None:
-        lines.append(f"median time to a verdict on the default steps: {promoted:.0f} s to promote a healthy canary, "
-                     f"{rolled:.0f} s to roll back a bad one (step pauses "
-                     f"{' + '.join(f'{step.pause_seconds} s' for step in STEP_SETS['default'][0].steps)})")
+def format_tables(result: BenchResult, interval: float, pools: Sequence[int], rates: Sequence[float]) -> str:
+    summary = result.summary()
+    lines = [f"canary bench: replayed through `canary replay` (parser, windows, analysis, step machine); "
+             f"pools {'/'.join(map(str, pools))}, {'/'.join(f'{r:g}' for r in rates)} req/s per pod, "
+             f"a scrape and a verdict every {interval:g} s", ""]
+    for steps_name in dict.fromkeys(item.steps for item in result.classes):
+        canary, routed = STEP_SETS[steps_name]
+        shape = ", ".join(f"{step.weight}%/{step.pause_seconds}s" for step in canary.steps)
+        split = "HTTPRoute, weights follow the replica split" if routed else "replica split"
+        lines.append(f"{steps_name} steps {shape} ({split}; timeout {canary.analysis.timeout_seconds} s, "
+                     f"minRequests {canary.analysis.min_requests})")
+        lines.append(f"{'class':<22}{'kind':<9}{'trials':>7}{'rolled back':>13}{'median s':>10}  top outcome")
+        for item in result.classes:
+            if item.steps != steps_name:
+                continue
+            kind = "healthy" if item.scenario.healthy else "bad"
+            flag = "" if item.met else "  <- misses target"
+            lines.append(f"{item.scenario.name:<22}{kind:<9}{item.trials:>7}{item.rolled_back:>12.1%}"
+                         f"{item.median_seconds:>10.0f}  {item.top_reason}{flag}")
+        lines.append("")
+    lines.append(f"A/A calibration (identical revisions; the last window of each analysed step): share of windows "
+                 f"whose fixed-sample equality test rejects at {CALIBRATION_LEVEL:.0%} (target <= "
+                 f"{CALIBRATION_FACTOR * CALIBRATION_LEVEL:.0%}), and share the gate fails at its stated level")
+    lines.append(f"{'gate':<12}{'windows':>9}{'rejects at 5%':>15}{'gate fails':>12}")
+    for gate in GATES:
+        item = summary["calibration"].get(gate)
+        if item is None:
+            lines.append(f"{gate:<12}{0:>9}{'-':>15}{'-':>12}")
+            continue
+        rejected = "-" if item["rejected"] is None else f"{item['rejected']:.1%}"
+        failed = "-" if item["failed"] is None else f"{item['failed']:.2%}"
+        lines.append(f"{gate:<12}{item['windows']:>9}{rejected:>15}{failed:>12}")
+    healthy = [item for item in result.classes if item.scenario.healthy]
+    bad = [item for item in result.classes if not item.scenario.healthy]
+    worst_healthy = max((item.rolled_back for item in healthy), default=0.0)
+    worst_bad = min((item.rolled_back for item in bad), default=1.0)
+    lines.append("")
+    lines.append(f"worst healthy class: {worst_healthy:.1%} rolled back (target <= {TARGET_FALSE_ROLLBACK:.0%}); "
+                 f"worst bad class: {worst_bad:.1%} detected (target >= {TARGET_DETECTION:.0%}); calibration "
+                 f"{'within' if summary['calibrated'] else 'NOT within'} {CALIBRATION_FACTOR:g}x: targets "
+                 f"{'met' if summary['targets_met'] else 'MISSED'}")
     return "\n".join(lines) + "\n"

@@ -50,13 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
     tuner.add_argument("--engine", choices=("simulator", "vllm"), default="simulator",
                        help="vllm: the real engine (vLLM's CPU build, tiny models; bench/engine.py)")
-    canary = sub.add_parser("canary", help="simulated canaries through the real analysis: false rollbacks, detection")
-    canary.add_argument("--trials", type=int, default=200, help="canaries per (steps, pool size, scenario)")
-    canary.add_argument("--rate", type=float, default=1.0, help="requests/s per replica (open loop, Poisson)")
-    canary.add_argument("--interval", type=float, default=10.0, help="seconds between verdicts (reconcile period)")
-    canary.add_argument("--pool", type=int, action="append", help="pool sizes (repeatable; default 1 2 4 8)")
+    canary = sub.add_parser(
+        "canary", help="simulated canaries replayed through `canary replay`: false rollbacks, detection, calibration")
+    canary.add_argument("--trials", type=int, default=100, help="canaries per (steps, class)")
+    canary.add_argument("--interval", type=float, default=10.0, help="seconds between scrapes and verdicts")
+    canary.add_argument("--pool", type=int, action="append", help="pool sizes drawn from (repeatable; default "
+                        "1 2 3 4 6 8 12 16)")
+    canary.add_argument("--rate", type=float, action="append", help="requests/s per pod drawn from (repeatable; "
+                        "default 1 2 3 4)")
+    canary.add_argument("--steps", action="append", choices=["default", "example"],
+                        help="step sets (repeatable; default both)")
+    canary.add_argument("--class", dest="classes", action="append", metavar="NAME",
+                        help="only these classes (repeatable; default all)")
     canary.add_argument("--seed", type=int, default=1)
-    canary.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    canary.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     canary.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     hostile = sub.add_parser("hostile", help="one hostile model's pods beside healthy models, real scrape path")
     from specdec_operator.bench.hostile import add_arguments
@@ -91,17 +98,26 @@ def _default_profiles() -> list[str]:
 def canary_main(args: argparse.Namespace) -> int:
     from specdec_operator.bench import canary
 
-    if args.trials < 1 or args.rate <= 0 or args.interval <= 0 or any(size < 1 for size in args.pool or ()):
-        sys.stderr.write("error: need --trials >= 1, --rate > 0, --interval > 0 and --pool >= 1\n")
+    pools = args.pool or list(canary.POOL_SIZES)
+    rates = args.rate or list(canary.RATES)
+    if args.trials < 1 or args.interval <= 0 or any(size < 1 or size > 64 for size in pools) or any(
+            rate <= 0 for rate in rates):
+        sys.stderr.write("error: need --trials >= 1, --interval > 0, 1 <= --pool <= 64 and --rate > 0\n")
         return 2
+    known = {scenario.name: scenario for scenario in canary.SCENARIOS}
+    unknown = [name for name in args.classes or () if name not in known]
+    if unknown:
+        sys.stderr.write(f"error: unknown --class {', '.join(unknown)}; known: {', '.join(known)}\n")
+        return 2
+    scenarios = [known[name] for name in args.classes] if args.classes else list(canary.SCENARIOS)
     started = time.perf_counter()
-    cells = canary.run_bench(args.trials, args.seed, args.rate, args.interval, pools=args.pool or canary.POOL_SIZES)
-    summary = canary.summarise(cells)
+    result = canary.run_bench(args.trials, args.seed, args.interval, steps=args.steps or ("default", "example"),
+                              scenarios=scenarios, pools=pools, rates=rates)
+    summary = result.summary()
     if args.json:
-        sys.stdout.write(json.dumps({"cells": [cell.to_json() for cell in cells], "summary": summary}, indent=2))
-        sys.stdout.write("\n")
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
-        sys.stdout.write(canary.format_table(cells, summary, args.rate, args.interval))
+        sys.stdout.write(canary.format_tables(result, args.interval, pools, rates))
         sys.stdout.write(f"replayed in {time.perf_counter() - started:.1f} s wall\n")
     return 1 if args.check and not summary["targets_met"] else 0
 

@@ -1,16 +1,17 @@
 """Canary analysis: one revision's counters against another's over the same window, as a verdict with numbers.
 
-Pure: the scraper turns counter deltas into `WindowStats`, this module only compares them. The method
-(docs/canary.md) in short:
+Pure: the canary evidence turns counter deltas into `WindowStats` (with per pod and scrape interval cells),
+this module only compares them. The method (docs/canary.md) in short:
 
-- samples are finished requests: no verdict before each side finished `minRequests`;
-- every figure that is compared is normalised by per-pod load, so a lightly loaded canary (10% of an
-  HTTPRoute's traffic on one pod beside a full stable set) is judged like a loaded one: speed is goodput
-  per running sequence (generated tokens per request-second of decoding), not tokens/s per GPU;
-- a difference fails a canary only when it is beyond its tolerance AND significant (TPOT: a one-sided
-  Mann-Whitney rank test on the request histograms, as Kayenta does; goodput: a z-test whose spread comes
-  from the same histogram; acceptance: a two-proportion test per draft position; errors: a binomial test);
-  beyond the tolerance but not yet significant is Inconclusive: more requests decide;
+- samples are finished requests: no verdict but a failure before each side finished `minRequests`;
+- nothing is compared at unequal per-pod load or on different traffic (request shares against the weights,
+  prompt and output lengths): such a window is Inconclusive (TrafficMismatch), never failed;
+- standard errors come from what is independent, pods and scrape intervals (ratio estimators with a
+  cluster-robust variance), never from requests or drafts counted as independent trials;
+- a difference fails a canary only beyond its tolerance AND on an always-valid p-value (a mixture
+  sequential probability ratio test), so recomputing the verdict at every reconcile keeps its level;
+- a step passes on evidence: the error rate's upper confidence bound below the limit, a known tail, and
+  every other figure within its limit or within the noise of one look;
 - a K change is judged on what K changes: acceptance per draft position on the positions both sides draft
   must hold, and goodput must reach what the tuner predicted (within the tolerance).
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from specdec_operator.api.spec import CanaryAnalysis
@@ -64,6 +65,41 @@ def histogram_quantile(quantile: float, buckets: Sequence[tuple[float, float]]) 
 
 
 @dataclass(frozen=True)
+class Cell:
+    """The increases of one pod over one scrape interval (or a few adjacent ones merged): the unit whose
+    spread sizes every standard error. Requests on one pod share its batch and the drafts of one request
+    share its content, so neither requests nor drafts are independent samples; pods and intervals are."""
+
+    pod: str
+    seconds: float
+    generation_tokens: float = 0.0
+    busy_seconds: float = 0.0
+    requests: float = 0.0
+    errors: float = 0.0
+    drafts: float = 0.0
+    accepted_tokens: float = 0.0
+    accepted_per_position: tuple[float, ...] = ()
+    tpot_buckets: Buckets = ()
+
+    def plus(self, other: Cell) -> Cell:
+        size = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        left = self.accepted_per_position + (0.0,) * (size - len(self.accepted_per_position))
+        right = other.accepted_per_position + (0.0,) * (size - len(other.accepted_per_position))
+        return Cell(
+            pod=self.pod,
+            seconds=self.seconds + other.seconds,
+            generation_tokens=self.generation_tokens + other.generation_tokens,
+            busy_seconds=self.busy_seconds + other.busy_seconds,
+            requests=self.requests + other.requests,
+            errors=self.errors + other.errors,
+            drafts=self.drafts + other.drafts,
+            accepted_tokens=self.accepted_tokens + other.accepted_tokens,
+            accepted_per_position=tuple(a + b for a, b in zip(left, right, strict=True)),
+            tpot_buckets=merge_histograms([self.tpot_buckets, other.tpot_buckets]),
+        )
+
+
+@dataclass(frozen=True)
 class WindowStats:
     """Increases of one revision's counters over an analysis window; canary and stable share the window.
 
@@ -73,7 +109,11 @@ class WindowStats:
 
     `busy_seconds` is request-seconds of decoding (vllm:inter_token_latency_seconds' sum: one step time
     per running request per step; the running-requests gauge times the interval as a fallback). Divided
-    by `seconds` (pod-seconds) it is the mean running batch per pod: the per-pod load.
+    by `seconds` (pod-seconds) it is the mean running batch per pod.
+
+    `cells`: the same increases per pod and scrape interval, for standard errors (empty: the analysis
+    falls back to per-request spreads). `prompt_buckets` / `output_buckets`: increases of vLLM's
+    request_prompt_tokens / request_generation_tokens histograms, to check both sides saw the same traffic.
     """
 
     seconds: float
@@ -90,6 +130,10 @@ class WindowStats:
     restarts: int = 0
     busy_seconds: float = 0.0
     accepted_per_position: tuple[float, ...] = ()
+    cells: tuple[Cell, ...] = ()
+    prompt_buckets: Buckets = ()
+    output_buckets: Buckets = ()
+    pods: int = 0
 
     def __post_init__(self) -> None:
         # A negative increase means a counter reset inside the window: the caller must not hand it on.
@@ -101,6 +145,12 @@ class WindowStats:
             raise ValueError("WindowStats.tpot_buckets counts must not be negative")
         if any(count < 0 for count in self.accepted_per_position):
             raise ValueError("WindowStats.accepted_per_position counts must not be negative")
+
+    @property
+    def requests_per_pod_second(self) -> float | None:
+        """Offered load per pod: finished requests per pod-second. Unlike the running batch it does not
+        grow when a side is slower, so it says whether both sides were offered the same load."""
+        return self.requests / self.seconds if self.seconds > 0 else None
 
     @property
     def decode_steps(self) -> float:
@@ -175,14 +225,25 @@ class Comparison:
     unit: str = ""
     decimals: int = 2
     p_value: float | None = None
+    # For a tail: the upper confidence bound of the canary's excess share beyond the limit; the tail is
+    # within its limit only once this bound is below TAIL_PASS_MARGIN (a p99 needs requests to be known).
+    excess_bound: float | None = None
+    # How far beyond the limit the estimate lies, in standard errors of one look (negative: within). A
+    # point estimate beyond the limit by less than DOUBT_Z standard errors is noise: it passes.
+    beyond_z: float | None = None
 
     @property
     def ratio(self) -> float:
         return self.canary / self.stable
 
     @property
+    def tail_known(self) -> bool:
+        return self.excess_bound is None or self.excess_bound < TAIL_PASS_MARGIN
+
+    @property
     def within_limit(self) -> bool:
-        return self.ratio >= self.limit if self.higher_is_better else self.ratio <= self.limit
+        within = self.ratio >= self.limit if self.higher_is_better else self.ratio <= self.limit
+        return within and self.tail_known
 
     @property
     def significant(self) -> bool:
@@ -190,8 +251,12 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        """Fails only beyond the limit with significance; `uncertain` covers beyond-but-not-yet-significant."""
-        return self.within_limit
+        """Within the limit, or beyond it by less than the noise of one look (the benefit of the doubt);
+        a tail must also be known. Fails only beyond the limit with always-valid significance; the rest is
+        `uncertain`: more requests decide."""
+        if self.within_limit:
+            return True
+        return self.tail_known and self.beyond_z is not None and self.beyond_z < DOUBT_Z
 
     @property
     def failed(self) -> bool:
@@ -199,7 +264,7 @@ class Comparison:
 
     @property
     def uncertain(self) -> bool:
-        return not self.within_limit and not self.significant
+        return not self.passed and not self.failed
 
     def describe(self) -> str:
         relation = {(True, True): ">=", (True, False): "<", (False, True): "<=", (False, False): ">"}[
@@ -211,6 +276,11 @@ class Comparison:
         )
         if self.p_value is not None:
             text += f", p={self.p_value:.2g}"
+        if not self.within_limit and self.passed:
+            text += ", within noise"
+        if self.excess_bound is not None and self.excess_bound >= TAIL_PASS_MARGIN:
+            text += f"; excess share above the limit up to {self.excess_bound:.1%}, not yet below " \
+                    f"{TAIL_PASS_MARGIN:.0%}"
         return text + ")"
 
 
@@ -219,6 +289,8 @@ class Verdict:
     """Pass, Fail or Inconclusive, a CamelCase reason for Events, and a message carrying every number.
 
     `canary_requests` / `stable_requests`: finished requests each side had (the sample size).
+    `canary_load` / `stable_load`: offered load per pod (finished requests per pod-second) of each side,
+    recorded in every verdict: a comparison is only as fair as these are equal.
     """
 
     outcome: Outcome
@@ -230,38 +302,48 @@ class Verdict:
     evidence_since: str | None = None
     canary_requests: int = 0
     stable_requests: int = 0
+    canary_load: float | None = None
+    stable_load: float | None = None
+    # The 95% upper confidence bound of the canary's error rate (overdispersion-corrected).
+    error_rate_bound: float | None = None
 
 
-# Evidence an error rate is above its limit must be this strong: the chance that a canary exactly at
-# the limit shows at least as many errors. Strict, because the test is repeated on every reconcile.
-ERROR_SIGNIFICANCE = 0.01
-# The same for every other gated difference (TPOT, goodput, per-position acceptance): a one-sided p-value
-# below this, on top of a ratio beyond its tolerance, fails a canary. The verdict is recomputed on a
-# growing window every reconcile, so the level is strict; `specdec-operator bench canary` measures the
-# false-rollback rate this gives.
+# Always-valid level of every gated difference (goodput, TPOT p90, TPOT p99, acceptance; a Bonferroni
+# share per draft position): the chance that a canary exactly at a limit EVER shows a p-value this small,
+# however often the verdict is recomputed on the growing window (a mixture sequential probability ratio
+# test, Johari, Pekelis and Walsh, "Always valid inference"). docs/canary.md adds the gates up per canary.
 SIGNIFICANCE = 0.001
-
-
-def errors_exceed(errors: float, requests: float, limit: float) -> bool:
-    """Whether `errors` of `requests` show, beyond chance, a true error rate above `limit`.
-
-    One-sided binomial test: P(X >= errors | requests, limit) < ERROR_SIGNIFICANCE. One error in a
-    handful of requests is not proof that a 1% limit is broken; five in a hundred is.
-    """
-    n, k = round(requests), round(errors)
-    if k <= 0 or n <= 0 or k <= limit * n:
-        return False
-    if limit <= 0:
-        return True
-    if limit >= 1:
-        return False
-    # P(X < k), summed in log space so large request counts neither overflow nor underflow.
-    log_p, log_q = math.log(limit), math.log1p(-limit)
-    below = sum(
-        math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q)
-        for i in range(min(k, n + 1))
-    )
-    return 1.0 - below < ERROR_SIGNIFICANCE
+# The same for the error rate (a mixture of binomial SPRTs): proof the rate is above its limit.
+ERROR_SIGNIFICANCE = 0.001
+# A step passes the error gate only when the upper bound of this one-sided confidence is below the limit.
+ERROR_PASS_CONFIDENCE = 0.95
+# Per-pod offered loads (requests per pod-second) differing by more than this factor, significantly
+# (two-sided p < LOAD_SIGNIFICANCE), make a window Inconclusive: nothing at unequal load is compared.
+LOAD_TOLERANCE = 1.25
+LOAD_SIGNIFICANCE = 0.01
+# Request shares off the weights by more than this (relative), at p < MIX_SIGNIFICANCE, or prompt or
+# output lengths whose medians differ by more than LENGTH_TOLERANCE at that p: the sides did not see the
+# same traffic (a sample-ratio or a mix mismatch). Inconclusive, never failed.
+SHARE_TOLERANCE = 0.2
+LENGTH_TOLERANCE = 1.25
+MIX_SIGNIFICANCE = 0.001
+# The p99 passes only once the canary's share of requests beyond the limit exceeds the stable's share
+# beyond its p99 by less than this, at 95% confidence: a tail is not known from a handful of requests.
+TAIL_PASS_MARGIN = 0.01
+# A point estimate beyond its limit by less than this many standard errors (one-sided p > 0.2 at one look)
+# is not evidence of a regression: it passes. More than this and not yet proven: Inconclusive.
+DOUBT_Z = 0.8416212335729143
+TAIL_PASS_Z = 1.6448536269514722
+# Mixture scales of the sequential tests: the size of a regression the test is most sensitive to, on the
+# scale of each statistic (log ratio; share of requests above a tail threshold).
+LOG_RATIO_SCALE = 0.1
+P90_SHARE_SCALE = 0.05
+P99_SHARE_SCALE = 0.02
+# Error-rate alternatives the binomial mixture spreads its weight over, as multiples of the limit.
+ERROR_ALTERNATIVES = (1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+# Up to this many errors the binomial tail is summed exactly; beyond, a normal or Chernoff tail: the
+# work is bounded whatever a pod's counters say.
+EXACT_TAIL_TERMS = 2000
 
 
 def _normal_sf(z: float) -> float:
@@ -269,47 +351,259 @@ def _normal_sf(z: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
+def _log_normal_cdf(z: float) -> float:
+    """log P(Z <= z), accurate far into the lower tail."""
+    if z > -30:
+        return math.log(max(0.5 * math.erfc(-z / math.sqrt(2.0)), 1e-300))
+    return -0.5 * z * z - math.log(-z) - 0.5 * math.log(2 * math.pi)
+
+
+def _binomial_log_pmf(i: int, n: int, log_p: float, log_q: float) -> float:
+    return math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
+
+
+def binomial_tail(errors: float, requests: float, limit: float) -> float:
+    """P(X >= errors) for X ~ Binomial(requests, limit), with work bounded whatever the counts: exact up to
+    EXACT_TAIL_TERMS errors, then the normal tail (continuity-corrected) where the variance is large, else
+    the Chernoff bound exp(-n KL(k/n || p)), which never understates the tail."""
+    n, k = round(requests), round(errors)
+    if k <= 0:
+        return 1.0
+    if n <= 0 or k > n:
+        return 0.0 if n > 0 else 1.0
+    if limit <= 0:
+        return 0.0
+    if limit >= 1:
+        return 1.0
+    if k <= EXACT_TAIL_TERMS:
+        log_p, log_q = math.log(limit), math.log1p(-limit)
+        # P(X >= k) = 1 - P(X < k); summed in log space so large n neither overflows nor underflows.
+        below = math.fsum(math.exp(_binomial_log_pmf(i, n, log_p, log_q)) for i in range(k))
+        return max(0.0, 1.0 - below)
+    variance = n * limit * (1 - limit)
+    if variance >= 25:
+        return _normal_sf((k - 0.5 - n * limit) / math.sqrt(variance))
+    share = k / n
+    if share <= limit:
+        return 1.0
+    divergence = share * math.log(share / limit) + (
+        (1 - share) * math.log((1 - share) / (1 - limit)) if share < 1 else 0.0)
+    return math.exp(-n * divergence)
+
+
+def errors_exceed(errors: float, requests: float, limit: float, significance: float = 0.01) -> bool:
+    """Whether `errors` of `requests` show, beyond chance, a true error rate above `limit`: the fixed-sample
+    one-sided binomial test P(X >= errors | requests, limit) < `significance`. O(1) in the counts."""
+    if errors <= 0 or requests <= 0 or errors <= limit * requests:
+        return False
+    if limit <= 0:
+        return True
+    if limit >= 1:
+        return False
+    return binomial_tail(errors, requests, limit) < significance
+
+
+def error_sequential_p(errors: float, requests: float, limit: float) -> float:
+    """Always-valid p-value of the error rate being above `limit`: 1 / the mean of binomial likelihood ratios
+    against alternatives above the limit (ERROR_ALTERNATIVES). Each ratio, and so their mean, is a
+    supermartingale for any rate at or below the limit, so P(ever below alpha) <= alpha (Ville)."""
+    if errors <= 0 or requests <= 0:
+        return 1.0
+    errors = min(errors, requests)
+    if limit <= 0:
+        return 0.0
+    if limit >= 1:
+        return 1.0
+    logs = []
+    for multiple in ERROR_ALTERNATIVES:
+        alternative = min(limit * multiple, (1 + limit) / 2)
+        logs.append(errors * math.log(alternative / limit)
+                    + (requests - errors) * (math.log1p(-alternative) - math.log1p(-limit)))
+    top = max(logs)
+    log_mean = top + math.log(math.fsum(math.exp(value - top) for value in logs) / len(logs))
+    return 1.0 if log_mean <= 0 else math.exp(-log_mean)
+
+
+def wilson_bounds(hits: float, trials: float, confidence: float) -> tuple[float, float]:
+    """The one-sided Wilson score bounds (lower, upper) of a proportion at `confidence`; (0, 1) without trials."""
+    if trials <= 0:
+        return 0.0, 1.0
+    z = -_normal_quantile_low(1 - confidence)
+    share = min(max(hits / trials, 0.0), 1.0)
+    denominator = 1 + z * z / trials
+    centre = (share + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(share * (1 - share) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _normal_quantile_low(probability: float) -> float:
+    """The standard normal quantile for a small probability (bisection on erfc: bounded, exact enough)."""
+    low, high = -40.0, 40.0
+    for _ in range(100):
+        middle = (low + high) / 2
+        if 0.5 * math.erfc(-middle / math.sqrt(2.0)) < probability:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def sequential_p(shortfall: float, variance: float, scale: float) -> float:
+    """Always-valid one-sided p-value from a normal mixture SPRT (mSPRT).
+
+    `shortfall`: how far the estimate lies on the bad side of the limit (negative: the good side);
+    `variance`: its squared standard error; `scale`: the mixture's spread (a half-normal prior on the true
+    shortfall). The mixture likelihood ratio is a martingale at the limit, so the chance that 1/ratio is ever
+    below alpha, over any number of looks at a growing window, is at most alpha.
+    """
+    if not math.isfinite(shortfall) or not math.isfinite(variance):
+        return 1.0
+    if variance <= 0:
+        return 0.0 if shortfall > 0 else 1.0
+    total = variance + scale * scale
+    log_ratio = (math.log(2.0) + 0.5 * math.log(variance / total)
+                 + shortfall * shortfall * scale * scale / (2 * variance * total)
+                 + _log_normal_cdf(shortfall * scale / math.sqrt(variance * total)))
+    return 1.0 if log_ratio <= 0 else math.exp(-log_ratio)
+
+
+def _points(buckets: Buckets) -> list[tuple[float, float]]:
+    """Sorted (bound, cumulative) made monotone: scrape races can dip a count between buckets."""
+    ordered = buckets if all(buckets[i][0] < buckets[i + 1][0] for i in range(len(buckets) - 1)) \
+        else tuple(sorted(buckets))
+    monotone: list[tuple[float, float]] = []
+    highest = 0.0
+    for bound, count in ordered:
+        if count > highest:
+            highest = count
+        monotone.append((bound, highest))
+    return monotone
+
+
+def count_at_or_below(buckets: Buckets, value: float) -> float:
+    """Observations at or below `value`, interpolated linearly inside its bucket (as histogram_quantile
+    does); what lies in the +Inf bucket counts as above any finite value."""
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in _points(buckets):
+        if value <= bound:
+            if math.isinf(bound):
+                return lower_count
+            if bound <= lower_bound:
+                return count
+            return lower_count + (count - lower_count) * max(0.0, value - lower_bound) / (bound - lower_bound)
+        lower_bound, lower_count = bound, count
+    return lower_count
+
+
+def histogram_total(buckets: Buckets) -> float:
+    return max((count for _, count in buckets), default=0.0)
+
+
+def rebin(buckets: Buckets, bounds: Sequence[float]) -> Buckets:
+    """The histogram re-expressed on other bucket bounds (ending at +Inf), interpolating inside buckets."""
+    total = histogram_total(buckets)
+    return tuple((bound, total if math.isinf(bound) else count_at_or_below(buckets, bound)) for bound in bounds)
+
+
+def merge_histograms(histograms: Sequence[Buckets]) -> Buckets:
+    """The sum of cumulative histograms; layouts that differ (vLLM versions, a pod set up otherwise) are
+    first rebinned onto the union of their bounds, so no side is judged on a layout artefact."""
+    present = [item for item in histograms if item]
+    if not present:
+        return ()
+    layouts = {tuple(bound for bound, _ in sorted(item)) for item in present}
+    if len(layouts) == 1:
+        bounds = next(iter(layouts))
+        sums = [0.0] * len(bounds)
+        for item in present:
+            for index, (_, count) in enumerate(_points(item)):
+                sums[index] += count
+        return tuple(zip(bounds, sums, strict=True))
+    union = sorted({bound for layout in layouts for bound in layout} | {math.inf})
+    sums = [0.0] * len(union)
+    for item in present:
+        for index, (_, count) in enumerate(rebin(item, union)):
+            sums[index] += count
+    return tuple(zip(union, sums, strict=True))
+
+
+def _ratio(pairs: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """Ratio estimator sum(y) / sum(x) over independent units (y, x), and its cluster-robust variance
+    (None with fewer than two units that carry data)."""
+    total_x = math.fsum(x for _, x in pairs)
+    if total_x <= 0:
+        return None, None
+    ratio = math.fsum(y for y, _ in pairs) / total_x
+    used = [(y, x) for y, x in pairs if x > 0 or y > 0]
+    if len(used) < 2:
+        return ratio, None
+    residuals = math.fsum((y - ratio * x) ** 2 for y, x in used)
+    return ratio, len(used) / (len(used) - 1) * residuals / total_x**2
+
+
+def _with_floor(estimated: float | None, floor: float) -> float:
+    return floor if estimated is None else max(estimated, floor)
+
+
 def _bucket_counts(buckets: Buckets) -> tuple[list[tuple[float, float]], float]:
     """Per-bucket (upper bound, count) from cumulative buckets, made monotone, and the total."""
-    ordered = sorted(buckets)
     counts: list[tuple[float, float]] = []
-    highest = previous = 0.0
-    for bound, cumulative in ordered:
-        highest = max(highest, cumulative)
-        counts.append((bound, highest - previous))
-        previous = highest
-    return counts, highest
+    previous = 0.0
+    for bound, cumulative in _points(buckets):
+        counts.append((bound, cumulative - previous))
+        previous = cumulative
+    return counts, previous
 
 
-def rank_test_slower(canary: Buckets, stable: Buckets) -> float | None:
-    """One-sided Mann-Whitney U test on two histograms with the same bounds: the p-value of the canary's
-    observations being stochastically larger (slower) than the stable's. None without observations.
-
-    Every observation in one bucket ties with the others there (mid-ranks); the normal approximation
-    carries the tie correction and a continuity correction, as scipy's `mannwhitneyu` does.
-    """
-    canary_counts, n_c = _bucket_counts(canary)
-    stable_counts, n_s = _bucket_counts(stable)
-    if n_c <= 0 or n_s <= 0:
+def rank_test_shifted(first: Buckets, second: Buckets) -> float | None:
+    """Two-sided Mann-Whitney p-value of two histograms (rebinned onto shared bounds first). Valid for
+    checking that both sides saw the same requests: each request's side is drawn at random by the split, so
+    its rank among all requests is exchangeable whatever the requests have in common."""
+    if not first or not second:
         return None
-    stable_by_bound = dict(stable_counts)
-    canary_by_bound = dict(canary_counts)
-    bounds = sorted(set(stable_by_bound) | set(canary_by_bound))
-    u = 0.0
-    stable_below = 0.0
-    ties = 0.0
-    for bound in bounds:
-        c, s = canary_by_bound.get(bound, 0.0), stable_by_bound.get(bound, 0.0)
-        u += c * (stable_below + 0.5 * s)
-        stable_below += s
-        t = c + s
-        ties += t**3 - t
-    n = n_c + n_s
-    variance = n_c * n_s / 12.0 * ((n + 1) - ties / (n * (n - 1))) if n > 1 else 0.0
+    merged = merge_histograms([first, second])
+    bounds = [bound for bound, _ in merged]
+    first_counts, n_1 = _bucket_counts(rebin(first, bounds))
+    second_counts, n_2 = _bucket_counts(rebin(second, bounds))
+    if n_1 < 1 or n_2 < 1:
+        return None
+    u = below = ties = 0.0
+    for (_, a), (_, b) in zip(first_counts, second_counts, strict=True):
+        u += a * (below + 0.5 * b)
+        below += b
+        ties += (a + b) ** 3 - (a + b)
+    n = n_1 + n_2
+    variance = n_1 * n_2 / 12.0 * ((n + 1) - ties / (n * (n - 1))) if n > 1 else 0.0
     if variance <= 0:
         return 1.0
-    z = (u - n_c * n_s / 2.0 - 0.5) / math.sqrt(variance)
-    return _normal_sf(z)
+    z = abs(u - n_1 * n_2 / 2.0) / math.sqrt(variance)
+    return min(1.0, 2 * _normal_sf(max(0.0, z - 0.5 / math.sqrt(variance))))
+
+
+def _cells(window: WindowStats) -> tuple[Cell, ...]:
+    return window.cells
+
+
+def _error_overdispersion(window: WindowStats) -> float:
+    """How much more errors vary between pods and intervals than independent requests would (>= 1): bursts
+    of errors count as fewer independent events."""
+    share, variance = _ratio([(cell.errors, cell.requests) for cell in _cells(window)])
+    if share is None or variance is None or window.requests <= 0:
+        return 1.0
+    binomial = max(share * (1 - share), 1.0 / window.requests) / window.requests
+    return max(1.0, variance / binomial)
+
+
+def error_counts(window: WindowStats) -> tuple[float, float]:
+    """(errors, requests) as independent events: divided by the overdispersion."""
+    factor = _error_overdispersion(window)
+    return window.errors / factor, window.requests / factor
+
+
+def error_rate_bound(window: WindowStats) -> tuple[float, float]:
+    """The (lower, upper) one-sided ERROR_PASS_CONFIDENCE bounds of a side's error rate."""
+    errors, requests = error_counts(window)
+    return wilson_bounds(errors, requests, ERROR_PASS_CONFIDENCE)
 
 
 def _log_spread(buckets: Buckets) -> float | None:
@@ -347,36 +641,121 @@ DEFAULT_LOG_SPREAD = 0.3
 MIN_LOG_SPREAD = 0.12
 
 
-def _goodput_p_value(canary: WindowStats, stable: WindowStats, limit: float) -> float | None:
-    """One-sided p-value of the canary's goodput per sequence being below `limit` x the stable's.
+def _goodput_log_variance(window: WindowStats, pod_variance: float = 0.0) -> float:
+    """Variance of log goodput per sequence: from the spread between pods and intervals, never below what
+    independent requests with the TPOT histogram's spread would give, nor below the pod-to-pod spread
+    (`pod_variance`, per pod) over the side's pods: a pod's hardware stays as fast or slow all window."""
+    measured = _log_spread(window.tpot_buckets)
+    spread = max(measured if measured is not None else DEFAULT_LOG_SPREAD, MIN_LOG_SPREAD)
+    floor = max(spread**2 / max(window.requests, 1.0), pod_variance / max(_pod_count(window), 1))
+    ratio, variance = _ratio([(cell.generation_tokens, cell.busy_seconds) for cell in _cells(window)])
+    if ratio is None or ratio <= 0 or variance is None:
+        return floor
+    return max(variance / ratio**2, floor)
 
-    Goodput per sequence is 1 / mean TPOT over the window's requests; its log has a standard error of
-    about spread / sqrt(requests) per side, the spread read from the TPOT histogram.
-    """
+
+def _pod_count(window: WindowStats) -> int:
+    return len({cell.pod for cell in window.cells}) or window.pods
+
+
+def _pod_goodput_variance(*windows: WindowStats) -> float:
+    """Between-pod variance of log goodput per sequence within each side, pooled over both sides: how much
+    pods of one revision differ from each other. 0 without two pods on a side."""
+    squares, freedom = 0.0, 0
+    for window in windows:
+        per_pod: dict[str, list[float]] = {}
+        for cell in window.cells:
+            sums = per_pod.setdefault(cell.pod, [0.0, 0.0])
+            sums[0] += cell.generation_tokens
+            sums[1] += cell.busy_seconds
+        logs = [math.log(tokens / busy) for tokens, busy in per_pod.values() if tokens > 0 and busy > 0]
+        if len(logs) >= 2:
+            mean = sum(logs) / len(logs)
+            squares += sum((value - mean) ** 2 for value in logs)
+            freedom += len(logs) - 1
+    return squares / freedom if freedom else 0.0
+
+
+def goodput_z(canary: WindowStats, stable: WindowStats) -> float | None:
+    """log(canary / stable goodput per sequence) over its standard error: the fixed-sample statistic of
+    equality, for calibration."""
     c, s = canary.goodput_per_sequence, stable.goodput_per_sequence
-    if c is None or s is None or canary.requests < 1 or stable.requests < 1:
+    if c is None or s is None:
         return None
-
-    def spread(window: WindowStats) -> float:
-        measured = _log_spread(window.tpot_buckets)
-        return max(measured if measured is not None else DEFAULT_LOG_SPREAD, MIN_LOG_SPREAD)
-
-    se = math.sqrt(spread(canary) ** 2 / canary.requests + spread(stable) ** 2 / stable.requests)
-    z = (math.log(limit) - math.log(c / s)) / se
-    return _normal_sf(z)
+    pods = _pod_goodput_variance(canary, stable)
+    return math.log(c / s) / math.sqrt(_goodput_log_variance(canary, pods) + _goodput_log_variance(stable, pods))
 
 
-def _proportion_p_value(canary_hits: float, canary_n: float, stable_hits: float, stable_n: float,
-                        limit: float) -> float | None:
-    """One-sided p-value of the canary's proportion being below `limit` x the stable's (a z-test, Wald form)."""
-    if canary_n <= 0 or stable_n <= 0:
+def _share_above(window: WindowStats, threshold: float) -> tuple[float, float] | None:
+    """(share of the side's requests with TPOT above `threshold`, its variance) over pods and intervals,
+    never below the binomial variance of that many requests."""
+    total = histogram_total(window.tpot_buckets)
+    if total <= 0:
         return None
-    pc, ps = canary_hits / canary_n, stable_hits / stable_n
-    target = limit * ps
-    variance = pc * (1 - pc) / canary_n + limit**2 * ps * (1 - ps) / stable_n
-    if variance <= 0:
-        return 0.0 if pc < target else 1.0
-    return _normal_sf((target - pc) / math.sqrt(variance))
+    above = total - count_at_or_below(window.tpot_buckets, threshold)
+    share = above / total
+    floor = max(share * (1 - share), 0.25 / total) / total
+    pairs = []
+    for cell in _cells(window):
+        if cell.tpot_buckets:
+            cell_total = histogram_total(cell.tpot_buckets)
+            pairs.append((cell_total - count_at_or_below(cell.tpot_buckets, threshold), cell_total))
+    _, variance = _ratio(pairs)
+    return share, _with_floor(variance, floor)
+
+
+def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
+                   limit: float) -> tuple[float, float] | None:
+    """(excess, variance): the share of canary requests slower than `limit` x the stable's quantile, minus the
+    stable's share above that quantile. At most 0 when the canary's quantile is within `limit` x the stable's,
+    whatever the shapes: the quantile comparison as a comparison of shares, with standard errors from pods
+    and intervals. Works across bucket layouts (each side interpolates its own)."""
+    q = histogram_quantile(quantile, stable.tpot_buckets)
+    if q is None or q <= 0:
+        return None
+    canary_share = _share_above(canary, limit * q)
+    stable_share = _share_above(stable, q)
+    if canary_share is None or stable_share is None:
+        return None
+    return canary_share[0] - stable_share[0], canary_share[1] + stable_share[1]
+
+
+def _layout(buckets: Buckets) -> frozenset[float]:
+    return frozenset(bound for bound, _ in buckets)
+
+
+def shared_tpot_layout(canary: WindowStats, stable: WindowStats) -> tuple[WindowStats, WindowStats]:
+    """Both sides' TPOT histograms (cells included) on the bucket bounds both layouts have, where they differ
+    (another vLLM version): counts at shared bounds are exact on both sides, so neither is judged on where
+    interpolation inside a wide bucket puts its requests. Fewer than two shared finite bounds: as they are
+    (each side interpolates its own)."""
+    layouts = {_layout(window.tpot_buckets) for window in (canary, stable) if window.tpot_buckets}
+    layouts |= {_layout(cell.tpot_buckets) for window in (canary, stable) for cell in window.cells
+                if cell.tpot_buckets}
+    if len(layouts) <= 1:
+        return canary, stable
+    shared = frozenset.intersection(*layouts)
+    if len([bound for bound in shared if math.isfinite(bound)]) < 2:
+        return canary, stable
+    bounds = sorted(shared | {math.inf})
+
+    def on_shared(window: WindowStats) -> WindowStats:
+        cells = tuple(replace(cell, tpot_buckets=rebin(cell.tpot_buckets, bounds)) if cell.tpot_buckets else cell
+                      for cell in window.cells)
+        return replace(window, tpot_buckets=rebin(window.tpot_buckets, bounds) if window.tpot_buckets else (),
+                       cells=cells)
+
+    return on_shared(canary), on_shared(stable)
+
+
+def _acceptance_log_variance(window: WindowStats, pairs: list[tuple[float, float]], share: float,
+                             trials: float) -> float:
+    """Variance of log(a proportion of drafts) from pods and intervals; per-draft binomial as a floor."""
+    floor = (1 - share) / max(share * trials, 1e-12) if share > 0 else math.inf
+    ratio, variance = _ratio(pairs)
+    if ratio is None or ratio <= 0 or variance is None:
+        return floor
+    return max(variance / ratio**2, floor)
 
 
 def _error_text(canary: WindowStats, thresholds: CanaryAnalysis) -> str:
@@ -387,15 +766,25 @@ def _error_text(canary: WindowStats, thresholds: CanaryAnalysis) -> str:
 
 
 def _immediate_failures(canary: WindowStats, thresholds: CanaryAnalysis) -> list[tuple[str, str]]:
-    """Engine-health failures: each alone proves the canary is broken, whatever the sample size."""
+    """Engine-health failures and a proven error rate: each alone fails the canary, whatever the sample size
+    or the load (an error rate needs no baseline)."""
     failures: list[tuple[str, str]] = []
     if canary.health_failures > 0:
         failures.append(("HealthCheckFailed", f"canary /health failed {canary.health_failures} times"))
     if canary.restarts > 0:
         failures.append(("ContainerRestarts", f"canary containers restarted {canary.restarts} times"))
-    if errors_exceed(canary.errors, canary.requests, thresholds.max_error_rate):
+    errors, requests = error_counts(canary)
+    if canary.errors > 0 and thresholds.max_error_rate <= 0:
         failures.append(("ErrorRateExceeded", _error_text(canary, thresholds)))
+    elif canary.errors > 0:
+        p_value = error_sequential_p(errors, requests, thresholds.max_error_rate)
+        if p_value < ERROR_SIGNIFICANCE:
+            failures.append(("ErrorRateExceeded", f"{_error_text(canary, thresholds)} (p={p_value:.2g})"))
     return failures
+
+
+def _limit_log(limit: float) -> float | None:
+    return math.log(limit) if limit > 0 and math.isfinite(limit) else None
 
 
 def _goodput(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis,
@@ -410,17 +799,32 @@ def _goodput(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysi
     expected = 1.0 + max(change.predicted_gain, 0.0) if change is not None else 1.0
     limit = thresholds.min_tokens_per_second_ratio * expected
     metric = "goodput per sequence" if change is None else f"goodput per sequence (tuner predicted {expected:.2f}x)"
-    return Comparison(metric, c, s, limit, True, " tok/s", 1, _goodput_p_value(canary, stable, limit))
+    log_limit = _limit_log(limit)
+    p_value = None
+    if log_limit is not None:
+        pods = _pod_goodput_variance(canary, stable)
+        variance = _goodput_log_variance(canary, pods) + _goodput_log_variance(stable, pods)
+        p_value = sequential_p(log_limit - math.log(c / s), variance, LOG_RATIO_SCALE)
+        beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
+        return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value, beyond_z=beyond)
+    return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value)
 
 
-def _tpot(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis) -> Comparison | str:
-    c, s = canary.tpot_ms(0.9), stable.tpot_ms(0.9)
+def _tpot(canary: WindowStats, stable: WindowStats, quantile: float, limit: float,
+          scale: float) -> Comparison | str:
+    label = f"TPOT p{round(quantile * 100)}"
+    c, s = canary.tpot_ms(quantile), stable.tpot_ms(quantile)
     if c is None:
-        return "no TPOT p90 measured on the canary"
+        return f"no {label} measured on the canary"
     if s is None or s <= 0:
-        return "no TPOT p90 measured on the stable revision"
-    return Comparison("TPOT p90", c, s, thresholds.max_tpot_ratio, False, " ms", 1,
-                      rank_test_slower(canary.tpot_buckets, stable.tpot_buckets))
+        return f"no {label} measured on the stable revision"
+    tail = tail_shortfall(canary, stable, quantile, limit)
+    p_value = sequential_p(tail[0], tail[1], scale) if tail is not None else None
+    beyond = tail[0] / math.sqrt(tail[1]) if tail is not None and tail[1] > 0 else None
+    bound = None
+    if quantile >= 0.99:
+        bound = tail[0] + TAIL_PASS_Z * math.sqrt(tail[1]) if tail is not None else 1.0
+    return Comparison(label, c, s, limit, False, " ms", 1, p_value, bound, beyond)
 
 
 def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis) -> list[Comparison | str]:
@@ -431,7 +835,9 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
     if min(canary.drafts, stable.drafts) < thresholds.min_drafts:
         return [f"{min(canary.drafts, stable.drafts):.0f} drafts on the smaller side; acceptance needs "
                 f"{thresholds.min_drafts} each"]
-    if not canary.accepted_per_position or not stable.accepted_per_position:
+    limit = thresholds.min_accepted_length_ratio
+    log_limit = _limit_log(limit)
+    if len(canary.accepted_per_position) < shared or len(stable.accepted_per_position) < shared:
         # A vLLM without per-position counters: accepted length, when both sides draft the same K. At
         # different K there is nothing like for like; goodput (against the tuner's prediction) still gates.
         if canary.k != stable.k:
@@ -439,7 +845,13 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
         c, s = canary.mean_accepted_length, stable.mean_accepted_length
         if c is None or s is None:
             return ["no accepted length measured"]
-        return [Comparison("accepted length", c, s, thresholds.min_accepted_length_ratio, True)]
+        p_value = None
+        if log_limit is not None:
+            variance = sum(_accepted_length_log_variance(side) for side in (canary, stable))
+            p_value = sequential_p(log_limit - math.log(c / s), variance, LOG_RATIO_SCALE)
+            beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
+            return [Comparison("accepted length", c, s, limit, True, p_value=p_value, beyond_z=beyond)]
+        return [Comparison("accepted length", c, s, limit, True, p_value=p_value)]
     found: list[Comparison | str] = []
     for position in range(shared):
         c, s = canary.position_acceptance(position), stable.position_acceptance(position)
@@ -447,10 +859,73 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
             return [f"no acceptance measured at draft position {position + 1}"]
         if s <= 0:
             continue
-        p_value = _proportion_p_value(c * canary.drafts, canary.drafts, s * stable.drafts, stable.drafts,
-                                      thresholds.min_accepted_length_ratio)
-        found.append(Comparison(f"acceptance at position {position + 1}", c, s,
-                                thresholds.min_accepted_length_ratio, True, p_value=p_value))
+        p_value = beyond = None
+        if log_limit is not None:
+            if c <= 0:
+                p_value = 0.0 if canary.drafts >= thresholds.min_drafts else 1.0
+            else:
+                variance = sum(
+                    _acceptance_log_variance(
+                        side, [(cell.accepted_per_position[position], cell.drafts) for cell in _cells(side)
+                               if len(cell.accepted_per_position) > position], share, side.drafts)
+                    for side, share in ((canary, c), (stable, s)))
+                # Bonferroni across positions: the positions together keep the gate's level.
+                p_value = min(1.0, shared * sequential_p(log_limit - math.log(c / s), variance, LOG_RATIO_SCALE))
+                beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
+        found.append(Comparison(f"acceptance at position {position + 1}", c, s, limit, True, p_value=p_value,
+                                beyond_z=beyond))
+    return found
+
+
+def _accepted_length_log_variance(window: WindowStats) -> float:
+    length = window.mean_accepted_length or 1.0
+    per_draft = window.accepted_tokens / window.drafts if window.drafts > 0 else 0.0
+    floor = max(per_draft * max(window.k - per_draft, 0.0) / max(window.k, 1), 0.05) / max(window.drafts, 1.0)
+    ratio, variance = _ratio([(cell.accepted_tokens, cell.drafts) for cell in _cells(window)])
+    return _with_floor(variance, floor) / length**2 if ratio is not None else floor / length**2
+
+
+def load_z(canary: WindowStats, stable: WindowStats) -> tuple[float, float] | None:
+    """(canary / stable requests per pod-second, z of its log): Poisson per side, or the spread between pods
+    and intervals where larger."""
+    c, s = canary.requests_per_pod_second, stable.requests_per_pod_second
+    if not c or not s:
+        return None
+
+    def variance(window: WindowStats, rate: float) -> float:
+        _, estimated = _ratio([(cell.requests, cell.seconds) for cell in _cells(window)])
+        return _with_floor(None if estimated is None else estimated / rate**2, 1.0 / max(window.requests, 1.0))
+
+    return c / s, math.log(c / s) / math.sqrt(variance(canary, c) + variance(stable, s))
+
+
+def traffic_mismatches(canary: WindowStats, stable: WindowStats, expected_share: float | None) -> list[str]:
+    """Why the two sides did not see the same traffic, if they did not: per-pod offered load, the request
+    shares against the weights (sample-ratio mismatch), prompt and output lengths. Each needs a difference
+    beyond its tolerance AND significant, so noise alone holds no step."""
+    found: list[str] = []
+    load = load_z(canary, stable)
+    if load is not None:
+        ratio, z = load
+        if abs(math.log(ratio)) > math.log(LOAD_TOLERANCE) and 2 * _normal_sf(abs(z)) < LOAD_SIGNIFICANCE:
+            found.append(f"per-pod load {canary.requests_per_pod_second:.2f} vs "
+                         f"{stable.requests_per_pod_second:.2f} requests/s (ratio {ratio:.2f}, tolerance "
+                         f"{LOAD_TOLERANCE:.2f}x): not compared at unequal load")
+    total = canary.requests + stable.requests
+    if expected_share is not None and 0 < expected_share < 1 and total > 0:
+        share = canary.requests / total
+        z = (share - expected_share) / math.sqrt(expected_share * (1 - expected_share) / total)
+        if abs(share / expected_share - 1) > SHARE_TOLERANCE and 2 * _normal_sf(abs(z)) < MIX_SIGNIFICANCE:
+            found.append(f"sample-ratio mismatch: the canary served {share:.1%} of the requests, its weight says "
+                         f"{expected_share:.1%}")
+    for name, c_hist, s_hist in (("prompt", canary.prompt_buckets, stable.prompt_buckets),
+                                 ("output", canary.output_buckets, stable.output_buckets)):
+        p_value = rank_test_shifted(c_hist, s_hist)
+        c_median, s_median = histogram_quantile(0.5, c_hist), histogram_quantile(0.5, s_hist)
+        if p_value is None or not c_median or not s_median:
+            continue
+        if abs(math.log(c_median / s_median)) > math.log(LENGTH_TOLERANCE) and p_value < MIX_SIGNIFICANCE:
+            found.append(f"{name} lengths differ: median {c_median:.0f} vs {s_median:.0f} tokens (p={p_value:.2g})")
     return found
 
 
@@ -462,28 +937,49 @@ def _context(canary: WindowStats, stable: WindowStats) -> list[str]:
     canary_p50, stable_p50 = canary.tpot_ms(0.5), stable.tpot_ms(0.5)
     if canary_p50 is not None and stable_p50 is not None:
         notes.append(f"TPOT p50 {canary_p50:.1f} ms vs stable {stable_p50:.1f} ms")
-    canary_load, stable_load = canary.load_per_pod, stable.load_per_pod
-    if canary_load is not None and stable_load is not None:
-        notes.append(f"load {canary_load:.1f} vs {stable_load:.1f} running requests per pod")
+    canary_batch, stable_batch = canary.load_per_pod, stable.load_per_pod
+    if canary_batch is not None and stable_batch is not None:
+        notes.append(f"batch {canary_batch:.1f} vs {stable_batch:.1f} running requests per pod")
     c_tps, s_tps = canary.tokens_per_second_per_gpu, stable.tokens_per_second_per_gpu
     if c_tps is not None and s_tps is not None:
         notes.append(f"tokens/s per GPU {c_tps:.1f} vs {s_tps:.1f} (follows load; not gated)")
     notes.append(f"K {canary.k} vs {stable.k}")
-    notes.append(_samples(canary, stable))
     return notes
 
 
 def _samples(canary: WindowStats, stable: WindowStats | None) -> str:
     seconds = max(canary.seconds, stable.seconds) if stable is not None else canary.seconds
+    c_load = canary.requests_per_pod_second or 0.0
     if stable is None:
-        return f"{canary.requests:.0f} canary requests over {seconds:.0f} s"
-    return f"{canary.requests:.0f} canary and {stable.requests:.0f} stable requests over {seconds:.0f} s"
+        return f"{canary.requests:.0f} canary requests over {seconds:.0f} pod-s ({c_load:.2f} requests/s per pod)"
+    s_load = stable.requests_per_pod_second or 0.0
+    return (f"{canary.requests:.0f} canary and {stable.requests:.0f} stable requests over {seconds:.0f} pod-s; "
+            f"load {c_load:.2f} vs {s_load:.2f} requests/s per pod")
 
 
 def _verdict(outcome: Outcome, reason: str, message: str, canary: WindowStats, stable: WindowStats | None,
              comparisons: tuple[Comparison, ...] = ()) -> Verdict:
     return Verdict(outcome, reason, message, comparisons, canary_requests=round(canary.requests),
-                   stable_requests=round(stable.requests) if stable is not None else 0)
+                   stable_requests=round(stable.requests) if stable is not None else 0,
+                   canary_load=canary.requests_per_pod_second,
+                   stable_load=stable.requests_per_pod_second if stable is not None else None,
+                   error_rate_bound=error_rate_bound(canary)[1] if canary.requests > 0 else None)
+
+
+def _error_pass(canary: WindowStats, stable: WindowStats | None, thresholds: CanaryAnalysis) -> str | None:
+    """None when the error rate is shown to be within the limit: its upper confidence bound below
+    `maxErrorRate`, or below the stable's lower bound (the canary significantly better than a stable that is
+    itself above the limit). Otherwise why not."""
+    if thresholds.max_error_rate <= 0:
+        # No error tolerated: any error fails at once (above); none is within the limit.
+        return None if canary.errors <= 0 else "canary errors with none tolerated"
+    _, upper = error_rate_bound(canary)
+    if upper < thresholds.max_error_rate:
+        return None
+    if stable is not None and stable.requests > 0 and upper < error_rate_bound(stable)[0]:
+        return None
+    return (f"canary error rate {canary.error_rate or 0.0:.2%} ({canary.errors:.0f} of {canary.requests:.0f}), "
+            f"{ERROR_PASS_CONFIDENCE:.0%} upper bound {upper:.2%} not below {thresholds.max_error_rate:.2%} yet")
 
 
 def analyse(
@@ -491,17 +987,22 @@ def analyse(
     stable: WindowStats | None,
     thresholds: CanaryAnalysis,
     change: KChange | None = None,
+    *,
+    expected_share: float | None = None,
 ) -> Verdict:
     """Judge the canary against the stable revision over the same window.
 
-    `stable` None: no stable replica serves during this step (a one-replica pool whose canary took its
-    only replica in place); the canary is then judged on what needs no baseline: health, restarts and the
-    error rate over at least `minRequests` finished requests.
+    `stable` None: no stable replica serves during this step (the 100% step, or a one-replica pool whose
+    canary took its only replica in place); the canary is then judged on what needs no baseline: health,
+    restarts and the error rate (its upper bound below the limit) over at least `minRequests` finished requests.
     `change`: the tuner's K change under test, if that is all the canary changes.
+    `expected_share`: the canary's expected share of both sides' requests (its weight), for the
+    sample-ratio check; None where the split is not known.
     """
     failures = _immediate_failures(canary, thresholds)
     if failures:
-        return _verdict("Fail", failures[0][0], "; ".join(text for _, text in failures), canary, stable)
+        return _verdict("Fail", failures[0][0], "; ".join([*(text for _, text in failures), _samples(canary, stable)]),
+                        canary, stable)
 
     fewest = min(canary.requests, stable.requests) if stable is not None else canary.requests
     if fewest <= 0 or fewest < thresholds.min_requests:
@@ -509,28 +1010,38 @@ def analyse(
                         f"{_samples(canary, stable)}; need {thresholds.min_requests} finished requests each",
                         canary, stable)
 
-    error_rate = canary.error_rate
-    if error_rate is not None and error_rate > thresholds.max_error_rate:
-        # Above the limit, but not yet beyond chance: no step passes on it; more requests decide.
-        return _verdict("Inconclusive", "ErrorRateUncertain",
-                        f"{_error_text(canary, thresholds)}, not yet significant; {_samples(canary, stable)}",
-                        canary, stable)
+    if stable is not None:
+        mismatches = traffic_mismatches(canary, stable, expected_share)
+        if mismatches:
+            # Nothing measured on different traffic is evidence about the revision: hold, never fail.
+            return _verdict("Inconclusive", "TrafficMismatch", "; ".join([*mismatches, _samples(canary, stable)]),
+                            canary, stable)
 
+    errors_uncertain = _error_pass(canary, stable, thresholds)
     if stable is None:
+        if errors_uncertain is not None:
+            return _verdict("Inconclusive", "ErrorRateUncertain", f"{errors_uncertain}; {_samples(canary, None)}",
+                            canary, None)
         return _verdict("Pass", "NoBaselineHealthy",
-                        f"no stable replica serves in this step (one-replica pool replaced in place): judged on "
-                        f"health, restarts and errors only; error rate {error_rate or 0.0:.2%}; "
+                        f"no stable replica serves in this step: judged on health, restarts and errors; error rate "
+                        f"{canary.error_rate or 0.0:.2%}, {ERROR_PASS_CONFIDENCE:.0%} upper bound "
+                        f"{error_rate_bound(canary)[1]:.2%} < {thresholds.max_error_rate:.2%}; "
                         f"{_samples(canary, None)}", canary, None)
 
     candidates: list[Comparison | str] = [*_acceptance(canary, stable, thresholds),
                                           _goodput(canary, stable, thresholds, change)]
     if canary.tpot_buckets or stable.tpot_buckets:
-        candidates.append(_tpot(canary, stable, thresholds))
+        canary_tpot, stable_tpot = shared_tpot_layout(canary, stable)
+        candidates.append(_tpot(canary_tpot, stable_tpot, 0.9, thresholds.max_tpot_ratio, P90_SHARE_SCALE))
+        candidates.append(_tpot(canary_tpot, stable_tpot, 0.99, thresholds.max_tpot_p99_ratio, P99_SHARE_SCALE))
     comparisons = tuple(item for item in candidates if isinstance(item, Comparison))
     missing = [item for item in candidates if isinstance(item, str)]
     # Failed checks lead the message so the reason reads first in `kubectl describe` and Events.
     ordered = sorted(comparisons, key=lambda item: (not item.failed, not item.uncertain))
-    message = "; ".join([*(item.describe() for item in ordered), *missing, *_context(canary, stable)])
+    notes = [*(item.describe() for item in ordered), *missing]
+    if errors_uncertain is not None:
+        notes.append(errors_uncertain)
+    message = "; ".join([*notes, *_context(canary, stable), _samples(canary, stable)])
     if any(item.failed for item in comparisons):
         failed = next(item for item in ordered if item.failed)
         reason = "TPOTExceeded" if failed.metric.startswith("TPOT") else (
@@ -540,4 +1051,44 @@ def analyse(
         return _verdict("Inconclusive", "MissingMeasurements", message, canary, stable, comparisons)
     if any(item.uncertain for item in comparisons):
         return _verdict("Inconclusive", "DifferenceUncertain", message, canary, stable, comparisons)
+    if errors_uncertain is not None:
+        return _verdict("Inconclusive", "ErrorRateUncertain", message, canary, stable, comparisons)
     return _verdict("Pass", "ThresholdsMet", message, canary, stable, comparisons)
+
+
+def calibration_statistics(canary: WindowStats, stable: WindowStats) -> dict[str, float | None]:
+    """Fixed-sample test statistics of EQUALITY per gate (one window, one look), for the bench's A/A
+    calibration: z in the gate's bad direction for goodput, TPOT p90 and p99 shares, acceptance at
+    position 1 and the error rate; two-sided p-values for per-pod load and the length mix. Identical
+    revisions should exceed a level's critical value at about that level if the standard errors are right."""
+    found: dict[str, float | None] = {"goodput": None, "tpot_p90": None, "tpot_p99": None, "acceptance": None,
+                                      "errors": None, "load": None, "lengths": None}
+    z = goodput_z(canary, stable)
+    found["goodput"] = -z if z is not None else None
+    canary_tpot, stable_tpot = shared_tpot_layout(canary, stable)
+    for name, quantile in (("tpot_p90", 0.9), ("tpot_p99", 0.99)):
+        tail = tail_shortfall(canary_tpot, stable_tpot, quantile, 1.0)
+        if tail is not None and tail[1] > 0:
+            found[name] = tail[0] / math.sqrt(tail[1])
+    c, s = canary.position_acceptance(0), stable.position_acceptance(0)
+    if c and s:
+        variance = sum(
+            _acceptance_log_variance(side, [(cell.accepted_per_position[0], cell.drafts) for cell in side.cells
+                                            if cell.accepted_per_position], share, side.drafts)
+            for side, share in ((canary, c), (stable, s)))
+        found["acceptance"] = -math.log(c / s) / math.sqrt(variance)
+    if canary.requests > 0 and stable.requests > 0:
+        c_errors, c_requests = error_counts(canary)
+        s_errors, s_requests = error_counts(stable)
+        pooled = (c_errors + s_errors) / (c_requests + s_requests)
+        variance = pooled * (1 - pooled) * (1 / c_requests + 1 / s_requests)
+        if variance > 0:
+            found["errors"] = (c_errors / c_requests - s_errors / s_requests) / math.sqrt(variance)
+    load = load_z(canary, stable)
+    if load is not None:
+        found["load"] = 2 * _normal_sf(abs(load[1]))
+    p_values = [p for p in (rank_test_shifted(canary.prompt_buckets, stable.prompt_buckets),
+                            rank_test_shifted(canary.output_buckets, stable.output_buckets)) if p is not None]
+    if p_values:
+        found["lengths"] = min(1.0, len(p_values) * min(p_values))
+    return found

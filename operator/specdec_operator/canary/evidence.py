@@ -30,16 +30,19 @@ from typing import Any
 
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.api.status import CanaryStatus, TuningDecision
-from specdec_operator.canary.analysis import KChange, Verdict, WindowStats, analyse
+from specdec_operator.canary.analysis import Buckets, Cell, KChange, Verdict, WindowStats, analyse, merge_histograms
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
-from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
-from specdec_operator.tuner.window import WindowDelta, WindowReport
+from specdec_operator.tuner.samples import HistogramSnapshot, ScrapeResult, ScrapeTarget
+from specdec_operator.tuner.window import CounterWindows, WindowDelta, WindowReport
 from specdec_runtime import contract
 
 SCRAPED_OK = ("ok", "incomplete")
 FAILURES_IN_A_ROW = 3
 
 StepKey = tuple[str, str, int]  # (canary revision, stepStartedAt, step)
+# Cells kept per pod and step: beyond this, adjacent intervals merge pairwise (longer blocks), so memory is
+# bounded however long a step runs, and blocks grow past the time over which a pod's load stays correlated.
+CELLS_PER_POD = 64
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,12 @@ class CanaryWindows:
     taken_over: bool = False
     # Deltas of the first scrape after a takeover may reach back before the window (stale baselines).
     drop_next_deltas: bool = False
+    # The same increases per pod and scrape interval (the units standard errors are estimated over), from
+    # a counter window fed one pod at a time; and the prompt/output length histograms' increases.
+    per_pod: CounterWindows = field(default_factory=CounterWindows)
+    cells: dict[str, dict[str, list[Cell]]] = field(default_factory=dict)
+    lengths: dict[str, tuple[Buckets, Buckets]] = field(default_factory=dict)
+    last_lengths: dict[str, tuple[HistogramSnapshot | None, HistogramSnapshot | None]] = field(default_factory=dict)
 
     def follow(self, canary: CanaryStatus | None, now: float, max_gap_s: float | None = None) -> None:
         """Track the step in flight; a new step (or a resumed one) starts an empty window at `now`.
@@ -112,6 +121,7 @@ class CanaryWindows:
             return
         self.step, self.deltas, self.health_failures = key, {}, Counter()
         self.restart_base, self.restarts_seen, self.pod_revision = {}, {}, {}
+        self.cells, self.lengths = {}, {}
         self.opened_at = now
         watching_since = self.watching_since if self.watching_since is not None else now
         # Stamps are whole seconds: a step this process started in its first second reads as its own.
@@ -130,8 +140,11 @@ class CanaryWindows:
         health: list[tuple[ScrapeTarget, bool]],
         restarts: Sequence[PodRestarts] = (),
     ) -> None:
-        deltas = {} if self.drop_next_deltas else report.deltas
+        dropping = self.drop_next_deltas
+        deltas = {} if dropping else report.deltas
         self.drop_next_deltas = False
+        for scraped in results:
+            self._cell(scraped, keep=not dropping)
         for key, delta in deltas.items():
             self.ks[key.revision] = key.k
             self.deltas[key.revision] = self.deltas[key.revision].plus(delta) if key.revision in self.deltas else delta
@@ -151,6 +164,37 @@ class CanaryWindows:
                 self._failed(target)
         for pod in restarts:
             self._restarts(pod)
+
+    def _cell(self, scraped: ScrapeResult, keep: bool) -> None:
+        """One pod's increases over its last interval, as a unit of the analysis' standard errors."""
+        sample = scraped.sample
+        if scraped.outcome != "ok" or sample is None or not sample.complete:
+            return
+        uid = scraped.target.uid
+        lengths = (sample.prompt_tokens, sample.output_tokens)
+        before = self.last_lengths.get(uid)
+        self.last_lengths[uid] = lengths
+        report = self.per_pod.observe([scraped])
+        if not keep:
+            return
+        for key, delta in report.deltas.items():
+            requests, errors = _requests_and_errors(delta)
+            cell = Cell(
+                pod=uid, seconds=delta.pod_seconds, generation_tokens=delta.generation_tokens,
+                busy_seconds=delta.itl_sum if delta.itl_count > 0 else delta.running_seconds,
+                requests=requests, errors=errors, drafts=delta.drafts, accepted_tokens=delta.accepted,
+                accepted_per_position=delta.accepted_per_position, tpot_buckets=delta.tpot_buckets,
+            )
+            pods = self.cells.setdefault(key.revision, {})
+            cells = pods.setdefault(uid, [])
+            cells.append(cell)
+            if len(cells) > CELLS_PER_POD:
+                pods[uid] = [a.plus(b) for a, b in zip(cells[0::2], cells[1::2], strict=False)] + (
+                    [cells[-1]] if len(cells) % 2 else [])
+            if before is not None:
+                prompt, output = self.lengths.get(key.revision, ((), ()))
+                self.lengths[key.revision] = (_grown(prompt, before[0], lengths[0]),
+                                              _grown(output, before[1], lengths[1]))
 
     def _restarts(self, pod: PodRestarts) -> None:
         # The first sight of a pod is its baseline: restarts before this window are not the step's.
@@ -182,7 +226,21 @@ class CanaryWindows:
             restarts=sum(n for uid, n in self.restarts_seen.items() if self.pod_revision.get(uid) == revision),
             busy_seconds=delta.itl_sum if delta.itl_count > 0 else delta.running_seconds,
             accepted_per_position=delta.accepted_per_position,
+            cells=tuple(cell for cells in self.cells.get(revision, {}).values() for cell in cells),
+            prompt_buckets=self.lengths.get(revision, ((), ()))[0],
+            output_buckets=self.lengths.get(revision, ((), ()))[1],
+            pods=len(self.cells.get(revision, {})),
         )
+
+
+def _grown(total: Buckets, before: HistogramSnapshot | None, after: HistogramSnapshot | None) -> Buckets:
+    """`total` plus what a length histogram gained between two scrapes of one pod (nothing across a reset)."""
+    if before is None or after is None:
+        return total
+    grown = after.minus(before)
+    if grown is None or any(count < 0 for _, count in grown.buckets):
+        return total
+    return merge_histograms([total, grown.buckets])
 
 
 def _requests_and_errors(delta: WindowDelta) -> tuple[float, float]:
@@ -217,11 +275,13 @@ def canary_verdicts(
     *,
     last_decision: TuningDecision | None = None,
     stable_serving: bool = True,
+    expected_share: float | None = None,
 ) -> dict[str, Verdict | None]:
     """The verdict on the canary revision of the step in flight; empty before traffic reaches it.
 
     `stable_serving` False: the stable Deployment has no replica in this step (a one-replica pool canaried
-    in place), so there is no baseline to compare against (see `analyse`).
+    in place), so there is no baseline to compare against (see `analyse`). `expected_share`: the canary's
+    share of both sides' requests the route's weights promise, for the sample-ratio check (None: unknown).
     """
     if canary is None or canary.phase not in IN_FLIGHT_PHASES or canary.weight == 0 or thresholds is None:
         return {}
@@ -232,6 +292,7 @@ def canary_verdicts(
         stable if stable_serving else None,
         thresholds,
         k_change_under_test(canary, last_decision, windows.ks.get(canary.stable_revision)),
+        expected_share=expected_share,
     )
     since = windows.evidence_since if windows.step == (canary.canary_revision, canary.step_started_at, canary.step) \
         else None

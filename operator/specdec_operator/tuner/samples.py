@@ -32,6 +32,9 @@ GENERATION_TOKENS = "vllm:generation_tokens"
 REQUESTS_RUNNING = "vllm:num_requests_running"
 INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
 TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"
+# Per finished request, its prompt and output lengths: the canary checks both sides saw the same traffic.
+PROMPT_TOKENS = "vllm:request_prompt_tokens"
+OUTPUT_TOKENS = "vllm:request_generation_tokens"
 # Finished requests by FinishReason; "error" is a request-level engine failure, which vLLM always
 # answers with HTTP 500 (vllm/v1/engine/__init__.py).
 REQUEST_SUCCESS = "vllm:request_success"
@@ -42,6 +45,7 @@ HTTP_REQUESTS = "http_requests"
 
 _SPEC_FAMILIES = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POSITION)
 _HISTOGRAMS = (INTER_TOKEN_LATENCY, TIME_PER_OUTPUT_TOKEN)
+_LENGTH_HISTOGRAMS = (PROMPT_TOKENS, OUTPUT_TOKENS)  # optional: missing ones are no problem
 # Labels that split one logical series; every other label (model_name, engine) is summed over,
 # so a data-parallel pod with several engines reads as one pod.
 _KEY_LABELS = ("position", "le", "finished_reason", "status")
@@ -106,6 +110,8 @@ class PodSample:
     problems: tuple[str, ...] = field(default=())
     requests: RequestCounters = field(default_factory=RequestCounters)
     violations: tuple[str, ...] = field(default=())  # values vLLM cannot produce: the pod is left out and named
+    prompt_tokens: HistogramSnapshot | None = None
+    output_tokens: HistogramSnapshot | None = None
 
     @property
     def complete(self) -> bool:
@@ -113,8 +119,13 @@ class PodSample:
 
     @property
     def k(self) -> int:
-        """K the pod runs, as vLLM reveals it: one position series per draft position."""
-        return len(self.spec.accepted_per_position) if self.spec else 0
+        """K the pod runs, as vLLM reveals it: one position series per draft position, or (a vLLM without
+        per-position counters) draft tokens per draft, since every draft proposes K tokens."""
+        if not self.spec:
+            return 0
+        if self.spec.accepted_per_position:
+            return len(self.spec.accepted_per_position)
+        return round(self.spec.draft_tokens / self.spec.drafts) if self.spec.drafts > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -171,7 +182,8 @@ def parse_metrics(text: str) -> PodSample:
 _WANTED_NAMES = frozenset(
     [f"{name}{suffix}" for name in (*_SPEC_FAMILIES, GENERATION_TOKENS) for suffix in ("", "_total")]
     + [DRAFTS + "_created", GENERATION_TOKENS + "_created", REQUESTS_RUNNING]
-    + [f"{name}{suffix}" for name in _HISTOGRAMS for suffix in ("", "_bucket", "_sum", "_count")]
+    + [f"{name}{suffix}" for name in (*_HISTOGRAMS, *_LENGTH_HISTOGRAMS)
+       for suffix in ("", "_bucket", "_sum", "_count")]
     + [f"{name}{suffix}" for name in (REQUEST_SUCCESS, HTTP_REQUESTS) for suffix in ("", "_total")]
 )
 
@@ -211,6 +223,10 @@ def _build_sample(series: _Series) -> PodSample:
     if generation is None:
         problems.append(f"{GENERATION_TOKENS}_total missing")
     histograms = {name: _histogram(series, name, problems, violations) for name in _HISTOGRAMS}
+    # Request-length histograms only inform the canary's same-traffic check: a malformed one is left out, it
+    # neither fails the sample nor excludes the pod.
+    lengths = {name: _histogram(series, name, [], []) if name + "_bucket" in series else None
+               for name in _LENGTH_HISTOGRAMS}
     numbers: list[float] = [value for by_key in series.values() for value in by_key.values()]
     if not all(math.isfinite(value) and value >= 0 for value in numbers):
         violations.append("negative or non-finite value")
@@ -224,6 +240,8 @@ def _build_sample(series: _Series) -> PodSample:
         created=min(created) if created else None,
         problems=tuple(problems),
         requests=_request_counters(series),
+        prompt_tokens=lengths[PROMPT_TOKENS],
+        output_tokens=lengths[OUTPUT_TOKENS],
     )
     if not violations:
         violations += impossible_counters(sample)
@@ -286,6 +304,10 @@ def _spec_counters(series: _Series, problems: list[str], violations: list[str]) 
     present = [name for name in _SPEC_FAMILIES if name + "_total" in series]
     if not present:
         return None
+    if present == list(_SPEC_FAMILIES[:3]):
+        # A vLLM without per-position counters: the totals still give accepted length and K.
+        drafts, draft_tokens, accepted = (_total(series, name + "_total") or 0.0 for name in present)
+        return SpecCounters(drafts, draft_tokens, accepted, ())
     if len(present) < len(_SPEC_FAMILIES):
         missing = sorted(set(_SPEC_FAMILIES) - set(present))
         problems.append(f"partial spec-decode counters: missing {', '.join(missing)}")

@@ -42,6 +42,11 @@ class Scrape:
     finished: dict[str, float] = field(default_factory=dict)  # by finished_reason
     http: dict[str, float] = field(default_factory=dict)  # by status group, e.g. "2xx", "5xx"
     created: float = CREATED
+    per_position: bool = True  # False: a vLLM without vllm:spec_decode_num_accepted_tokens_per_pos
+    running: float = 8.0
+    # vllm:request_prompt_tokens / vllm:request_generation_tokens, cumulative (le, count); empty: not served
+    prompt_buckets: Buckets = ()
+    output_buckets: Buckets = ()
 
 
 class _Exposition(Collector):
@@ -58,7 +63,7 @@ class _Exposition(Collector):
 
         running = GaugeMetricFamily("vllm:num_requests_running", "Number of requests in model execution batches.",
                                     labels=LABELS)
-        running.add_metric(VALUES, 8)
+        running.add_metric(VALUES, s.running)
         families: list[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily] = [
             running, counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens),
         ]
@@ -78,6 +83,14 @@ class _Exposition(Collector):
                                     labels=LABELS)
         itl.add_metric(VALUES, [(floatToGoString(bound), 0.0) for bound in (*TPOT_BOUNDS, math.inf)], 0.0)
         families.append(itl)
+        for name, doc, histogram in (
+            ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", s.prompt_buckets),
+            ("vllm:request_generation_tokens", "Number of generation tokens processed.", s.output_buckets),
+        ):
+            if histogram:
+                family = HistogramMetricFamily(name, doc, labels=LABELS)
+                family.add_metric(VALUES, [(floatToGoString(bound), count) for bound, count in histogram], 0.0)
+                families.append(family)
         if s.http:
             http = CounterMetricFamily("http_requests", "Total number of requests by method, status and handler.",
                                        labels=("method", "status", "handler"))
@@ -94,7 +107,8 @@ class _Exposition(Collector):
                                                "Accepted tokens per draft position.", labels=(*LABELS, "position"))
             for position in range(s.k):
                 per_position.add_metric([*VALUES, str(position)], s.accepted_tokens / s.k, created=s.created)
-            families.append(per_position)
+            if s.per_position:
+                families.append(per_position)
         return families
 
 

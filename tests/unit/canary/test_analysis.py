@@ -100,9 +100,9 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], str, str,
             "TPOT p90 ",
             "accepted length 2.70 vs stable 2.70",
             "TPOT p50 ",
-            "load 8.0 vs 8.0 running requests per pod",
+            "batch 8.0 vs 8.0 running requests per pod",
             "tokens/s per GPU 22.5 vs 22.5 (follows load; not gated)",
-            "100 canary and 100 stable requests over 120 s",
+            "400 canary and 400 stable requests over 120 pod-s; load 3.33 vs 3.33 requests/s per pod",
         ],
     ),
     (
@@ -165,21 +165,21 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], str, str,
     ),
     (
         "errors",
-        {"errors": 5.0, "requests": 100.0},
+        {"errors": 20.0},
         {},
         {},
         "Fail",
         "ErrorRateExceeded",
-        ["canary error rate 5.00% (5 of 100 requests) > 1.00%"],
+        ["canary error rate 5.00% (20 of 400 requests) > 1.00% (p="],
     ),
     (
         "errors-above-the-limit-by-chance-hold-the-step",
-        {"errors": 3.0, "requests": 100.0},
+        {"errors": 12.0},
         {},
         {},
         "Inconclusive",
         "ErrorRateUncertain",
-        ["canary error rate 3.00% (3 of 100 requests) > 1.00%, not yet significant"],
+        ["canary error rate 3.00% (12 of 400), 95% upper bound 4.75% not below 1.00% yet"],
     ),
     (
         "one-error-in-one-request-proves-nothing-yet",
@@ -188,16 +188,16 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], str, str,
         {},
         "Inconclusive",
         "InsufficientSamples",
-        ["1 canary and 100 stable requests over 120 s; need 100 finished requests each"],
+        ["1 canary and 400 stable requests over 120 pod-s", "need 100 finished requests each"],
     ),
     (
         "errors-above-the-limit-with-enough-requests-hold-the-step",
-        {"errors": 2.0, "requests": 100.0},
+        {"errors": 8.0},
         {},
         {},
         "Inconclusive",
         "ErrorRateUncertain",
-        ["2.00% (2 of 100 requests)"],
+        ["2.00% (8 of 400)"],
     ),
     (
         "with-no-errors-tolerated-one-is-enough",
@@ -210,8 +210,8 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], str, str,
     ),
     (
         "errors-within-budget",
-        {"errors": 1.0, "requests": 200.0},
-        {},
+        {"errors": 1.0, "requests": 600.0, "tpot_buckets": tpot_spread(0.040, 600)},
+        {"requests": 600.0, "tpot_buckets": tpot_spread(0.040, 600)},
         {},
         "Pass",
         "ThresholdsMet",
@@ -224,7 +224,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], str, str,
         {},
         "Fail",
         "HealthCheckFailed",
-        ["/health failed 1 times", "restarted 1 times", "error rate 50.00%"],
+        ["/health failed 1 times", "restarted 1 times", "error rate 12.50%"],
     ),
     (
         "too-few-canary-drafts",
@@ -281,7 +281,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], str, str,
         [
             "goodput per sequence 2.8 tok/s vs stable 1.6 tok/s (ratio 1.80 >= 0.90",
             "K 4 vs 0",
-            "100 canary and 100 stable requests",
+            "400 canary and 400 stable requests",
         ],
     ),
     (
@@ -328,8 +328,8 @@ def test_failed_checks_lead_the_message() -> None:
     verdict = analyse(window(tpot_buckets=tpot_spread(0.090)), window(), thresholds())
     assert verdict.message.startswith("TPOT p90 ")
     assert [item.metric for item in verdict.comparisons] == [
-        *(f"acceptance at position {i}" for i in range(1, 5)), "goodput per sequence", "TPOT p90"]
-    assert [item.failed for item in verdict.comparisons] == [False] * 5 + [True]
+        *(f"acceptance at position {i}" for i in range(1, 5)), "goodput per sequence", "TPOT p90", "TPOT p99"]
+    assert [item.failed for item in verdict.comparisons][:6] == [False] * 5 + [True]
 
 
 def test_tpot_figures_match_histogram_quantile() -> None:

@@ -1,5 +1,4 @@
-"""`bench canary` in --check mode over a reduced number of trials: the real analysis and step machine meet
-the targets on every scenario, the table has its figures, and the example's steps are the shipped ones."""
+"""`bench canary` on replay: a reduced run prints its tables, is deterministic, and --check fails on a miss."""
 
 from __future__ import annotations
 
@@ -9,39 +8,45 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdec_operator.bench.canary import STEP_SETS, run_bench, summarise
+from specdec_operator.bench.canary import SCENARIOS, STEP_SETS, run_bench
 from specdec_operator.bench.cli import bench_main
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "canary-httproute.yaml"
+REDUCED = ["--trials", "1", "--steps", "default", "--pool", "2", "--rate", "3"]
 
 
-def test_check_mode_meets_the_targets_on_a_reduced_run(capsys: pytest.CaptureFixture[str]) -> None:
-    code = bench_main(["canary", "--check", "--trials", "3", "--pool", "1", "--pool", "4"])
+def test_a_reduced_run_prints_every_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench_main(["canary", *REDUCED, "--class", "A/A identical", "--class", "TPOT +20%"])
     out = capsys.readouterr().out
-    assert code == 0, out
-    assert "false rollbacks 0.00% of 12 healthy canaries" in out
-    assert "detection 100.00% of 36 bad ones" in out
-    assert "median time to a verdict on the default steps" in out and "step pauses 120 s + 120 s + 0 s" in out
+    assert code in (0, 1)
+    assert "default steps 10%/120s, 50%/120s, 100%/0s (replica split" in out
+    assert "A/A identical" in out and "TPOT +20%" in out
+    assert "A/A calibration" in out and "rejects at 5%" in out
+    assert "worst healthy class:" in out
 
 
 def test_the_same_seed_gives_the_same_figures() -> None:
-    first = [cell.to_json() for cell in run_bench(2, 7, 1.0, 10.0, pools=(2,))]
-    again = [cell.to_json() for cell in run_bench(2, 7, 1.0, 10.0, pools=(2,))]
+    scenarios = [SCENARIOS[0], SCENARIOS[6]]
+    first = run_bench(1, 7, steps=("default",), scenarios=scenarios, pools=(2,), rates=(2.0,)).summary()
+    again = run_bench(1, 7, steps=("default",), scenarios=scenarios, pools=(2,), rates=(2.0,)).summary()
     assert first == again
 
 
-def test_a_miss_fails_the_check(capsys: pytest.CaptureFixture[str]) -> None:
-    # So little traffic that no step can gather minRequests before its timeout: every canary times out,
-    # the healthy ones too, and --check says so.
-    code = bench_main(["canary", "--check", "--trials", "1", "--pool", "1", "--rate", "0.01", "--json"])
+def test_a_bad_canary_is_caught_and_a_miss_fails_the_check(capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench_main(["canary", *REDUCED, "--class", "errors 2%", "--json", "--check"])
     report = json.loads(capsys.readouterr().out)
-    assert code == 1
-    assert report["summary"]["false_rollback_rate"] == 1.0 and not report["summary"]["targets_met"]
+    [row] = report["classes"]
+    assert row["scenario"] == "errors 2%" and row["rolled_back"] == 1.0
+    # So little traffic that no step gathers its requests before its timeout: a healthy class misses.
+    code = bench_main(["canary", "--trials", "1", "--steps", "default", "--pool", "1", "--rate", "0.02",
+                       "--class", "K change", "--json", "--check"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and not report["targets_met"]
 
 
-def test_the_summary_counts_healthy_and_bad_canaries_apart() -> None:
-    summary = summarise(run_bench(1, 1, 1.0, 10.0, pools=(2,)))
-    assert (summary["healthy"], summary["bad"]) == (2, 6)
+def test_unknown_classes_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_main(["canary", "--class", "nope"]) == 2
+    assert "unknown --class nope" in capsys.readouterr().err
 
 
 def test_the_example_steps_are_the_shipped_examples() -> None:

@@ -61,7 +61,7 @@ def test_a_canary_with_1_5x_the_step_time_fails_on_tpot_alone() -> None:
 
 
 def test_a_canary_failing_5_percent_of_requests_fails_on_the_error_rate() -> None:
-    windows = simulated_windows("quick", "e2e-erroring", seconds=60.0)
+    windows = simulated_windows("quick", "e2e-erroring", seconds=120.0)
     canary = windows.stats("canary", 3, 1)
     assert canary.requests > 200
     assert canary.error_rate == pytest.approx(0.05, abs=0.04)
@@ -71,11 +71,14 @@ def test_a_canary_failing_5_percent_of_requests_fails_on_the_error_rate() -> Non
 
 
 def test_healthy_simulated_canary_passes_every_gate() -> None:
-    verdict = simulated_verdict("quick", "quick")
+    # Two minutes: enough clean requests that the error rate's 95% upper bound is below 1%.
+    windows = simulated_windows("quick", "quick", seconds=120.0)
+    thresholds = CanaryAnalysis(min_drafts=200, min_requests=20)
+    verdict = analyse(windows.stats("canary", 3, 1), windows.stats("stable", 3, 1), thresholds)
     assert verdict.outcome == "Pass", verdict.message
     assert [item.metric for item in verdict.comparisons] == [
         "acceptance at position 1", "acceptance at position 2", "acceptance at position 3", "goodput per sequence",
-        "TPOT p90"]
+        "TPOT p90", "TPOT p99"]
 
 
 def test_the_api_servers_5xx_count_when_they_show_more_errors_than_the_engine() -> None:
@@ -198,4 +201,5 @@ def test_restarts_of_pods_that_are_never_ready_count_too() -> None:
     windows.add(counters.observe([]), [], [], pod_restarts([crash_looping_pod(6), {"metadata": {"uid": "x"}}]))
     assert windows.stats("rev-new", 4, 1).restarts == 2
     verdict = analyse(windows.stats("rev-new", 4, 1), window(), CanaryAnalysis())
-    assert (verdict.reason, verdict.message) == ("ContainerRestarts", "canary containers restarted 2 times")
+    assert verdict.reason == "ContainerRestarts"
+    assert verdict.message.startswith("canary containers restarted 2 times; 0 canary and 400 stable requests")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import pytest
+
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Buckets, Verdict
@@ -77,14 +79,20 @@ def verdict_of(
     return verdict
 
 
-def test_a_healthy_canary_given_a_fifth_of_a_stable_pods_load_is_not_failed_for_it() -> None:
-    # examples/canary-httproute.yaml's first step on 2 replicas: the canary pod gets ~0.22 of a stable pod's load.
+def test_a_canary_given_a_fifth_of_a_stable_pods_load_is_held_never_judged_on_it() -> None:
+    # examples/canary-httproute.yaml's first step on 2 replicas before weights followed the replica split: the
+    # canary pod got ~0.22 of a stable pod's load. Nothing measured at unequal load is evidence either way.
     stable = delta(pods=2, batch=8.0)
     canary = delta(pods=1, batch=8.0 * 0.22)
     verdict = verdict_of(canary, stable)
-    assert verdict.outcome == "Pass", verdict.message
-    assert "load 1.8 vs 8.0 running requests per pod" in verdict.message
-    assert "(follows load; not gated)" in verdict.message
+    assert (verdict.outcome, verdict.reason) == ("Inconclusive", "TrafficMismatch"), verdict.message
+    assert "per-pod load 1.08 vs 4.92 requests/s (ratio 0.22, tolerance 1.25x): not compared at unequal load" \
+        in verdict.message
+    assert verdict.canary_load == pytest.approx(1.08, abs=0.01)
+    assert verdict.stable_load == pytest.approx(4.92, abs=0.01)
+    # The same slowed down by half is still not failed: unequal load holds, whatever else it shows.
+    slow = delta(pods=1, batch=8.0 * 0.22, step_s=0.080)
+    assert verdict_of(slow, stable).outcome == "Inconclusive"
 
 
 def test_a_tpot_p90_on_three_requests_is_no_verdict() -> None:
@@ -138,7 +146,7 @@ def test_a_one_replica_pool_canaried_in_place_reaches_a_verdict() -> None:
     verdict = canary_verdicts(windows, status, CanaryAnalysis(), 1, 4, stable_serving=False)[status.canary_revision]
     assert verdict is not None
     assert (verdict.outcome, verdict.reason) == ("Pass", "NoBaselineHealthy"), verdict.message
-    assert "one-replica pool replaced in place" in verdict.message
+    assert "no stable replica serves in this step" in verdict.message
     # With errors it still fails: what needs no baseline is still judged.
     erroring = delta(pods=1, batch=8.0)
     erroring = WindowDelta(**{**erroring.__dict__, "requests": RequestCounters(finished=190.0, errored=10.0)})
@@ -148,8 +156,9 @@ def test_a_one_replica_pool_canaried_in_place_reaches_a_verdict() -> None:
 
 
 def test_without_per_position_counters_a_k_change_is_judged_on_goodput_not_held_forever() -> None:
-    stable = delta(pods=1, batch=8.0, k=2, positions=(0.8, 0.6))
-    canary = delta(pods=1, batch=8.0, k=4)
+    # Both sides offered the same requests per pod (a K change finishes them faster, not more of them).
+    stable = delta(pods=1, batch=8.0, k=2, positions=(0.8, 0.6), requests=450.0)
+    canary = delta(pods=1, batch=8.0, k=4, requests=450.0)
     bare = [WindowDelta(**{**side.__dict__, "accepted_per_position": ()}) for side in (canary, stable)]
     verdict = verdict_of(bare[0], bare[1], canary_status(canary_k=4), canary_k=4, stable_k=2)
     assert verdict.outcome == "Pass", verdict.message

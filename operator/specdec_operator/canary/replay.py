@@ -1,0 +1,430 @@
+"""Replay a recorded canary through the operator's own path: /metrics parsing, counter windows, canary
+evidence, analysis and the step machine, exactly as the operator runs them, with the recording's clock.
+
+A recording is JSON lines, one per pod per scrape (docs/canary.md, "Replaying a canary"):
+
+    {"t": 1764500000.0, "pod": "llama-canary-0", "role": "canary", "phase": "Running", "ready": true,
+     "restarts": 0, "weight": 10, "metrics": "# HELP vllm:...\\n..."}
+
+`t` is Unix seconds (or RFC 3339); `role` is stable, canary or baseline (a stable-revision Deployment of the
+canary's size; when the recording has one, the canary is compared with it and not with the stable);
+`weight` is the canary's percent in the route as it was in force (null or absent: replica-ratio split);
+`metrics` is the pod's /metrics text as scraped (absent or null: the scrape failed); `health` (optional)
+the pod's /health answer (absent: healthy when its /metrics was scraped). Lines with the same `t` form
+one scrape round; a verdict and a step of the state machine follow each round, as a reconcile follows a
+scrape in the operator.
+
+The steps and the analysis come from a YAML header before the first JSON line (the fields of
+`spec.rollout.canary`, or a mapping with a `canary:` key and optional `pool`, `gpusPerPod`, `stableK`,
+`canaryK`, `predictedGain`), or from a separate file (`--spec`).
+
+Pure: no I/O but what the caller hands in. The bench (bench/canary.py) drives `Replayer.round` with
+generated rounds; the CLI and the tests call `replay` on a file's lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, cast
+
+import yaml
+from pydantic import ValidationError
+
+from specdec_operator.api.spec import Canary, Rollout
+from specdec_operator.api.status import CanaryStatus, TuningDecision
+from specdec_operator.canary.analysis import Verdict, WindowStats
+from specdec_operator.canary.evidence import CanaryWindows, PodRestarts, canary_verdicts
+from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget
+from specdec_operator.canary.progress import advance
+from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, ScrapeTarget, parse_metrics
+from specdec_operator.tuner.window import CounterWindows
+
+Role = Literal["stable", "canary", "baseline"]
+ROLES: tuple[Role, ...] = ("stable", "canary", "baseline")
+STABLE_REVISION = "stable"
+CANARY_REVISION = "canary"
+
+
+class RecordingError(ValueError):
+    """A recording or spec the replay cannot read; the message names the line and the field."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One pod at one scrape."""
+
+    at: float
+    pod: str
+    role: Role
+    metrics: str | None = None
+    phase: str = "Running"
+    ready: bool = True
+    restarts: int = 0
+    weight: int | None = None
+    health: bool | None = None
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    """What the operator would know besides the pods: the canary settings and the K change under test."""
+
+    canary: Canary = field(default_factory=Canary)
+    pool: str = "pool"
+    gpus_per_pod: int = 1
+    stable_k: int | None = None
+    canary_k: int | None = None
+    predicted_gain: float | None = None
+
+    def rollout(self) -> Rollout:
+        return Rollout(strategy="Canary", canary=self.canary)
+
+    def decision(self) -> TuningDecision | None:
+        if self.predicted_gain is None or self.stable_k is None or self.canary_k is None:
+            return None
+        return TuningDecision(id="replay", time="1970-01-01T00:00:00Z", pool=self.pool, from_k=self.stable_k,
+                              to_k=self.canary_k, action="Change", reason="recorded",
+                              predicted_gain=self.predicted_gain, confidence=1.0)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """How one step ended (or where the recording left it), with the last verdict on its window."""
+
+    step: int
+    weight: int
+    ended: str  # Passed, Failed, TimedOut, Promoted, RolledBack, Aborted, Unfinished
+    seconds: float
+    verdict: Verdict | None
+    event: str
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    outcome: str  # Promoted, RolledBack, Aborted, Unfinished
+    reason: str  # the closing event's reason, e.g. CanaryFailed; with the verdict's reason for a failure
+    message: str
+    seconds: float  # from the canary's start to the outcome (or the last round)
+    steps: tuple[StepResult, ...]
+
+
+VerdictHook = Callable[[int, WindowStats, WindowStats | None, Verdict], None]
+
+
+def _stamp(value: Any, where: str) -> float:
+    if isinstance(value, bool) or value is None:
+        raise RecordingError(f"{where}: t must be Unix seconds or an RFC 3339 time, got {value!r}")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise RecordingError(f"{where}: t must be finite")
+        return float(value)
+    try:
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError as err:
+        raise RecordingError(f"{where}: t {value!r} is not an RFC 3339 time") from err
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def parse_record(line: Mapping[str, Any], where: str) -> Record:
+    role = line.get("role")
+    if role not in ROLES:
+        raise RecordingError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}")
+    pod = line.get("pod")
+    if not isinstance(pod, str) or not pod:
+        raise RecordingError(f"{where}: pod must be a non-empty string")
+    metrics = line.get("metrics")
+    if metrics is not None and not isinstance(metrics, str):
+        raise RecordingError(f"{where}: metrics must be the /metrics text or null")
+    weight = line.get("weight")
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100):
+        raise RecordingError(f"{where}: weight must be an integer percent 0..100 or null, got {weight!r}")
+    restarts = line.get("restarts", 0)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise RecordingError(f"{where}: restarts must be a non-negative integer, got {restarts!r}")
+    health = line.get("health")
+    if health is not None and not isinstance(health, bool):
+        raise RecordingError(f"{where}: health must be true, false or null")
+    ready = line.get("ready", True)
+    if not isinstance(ready, bool):
+        raise RecordingError(f"{where}: ready must be true or false")
+    return Record(at=_stamp(line.get("t"), where), pod=pod, role=cast(Role, role), metrics=metrics,
+                  phase=str(line.get("phase", "Running")), ready=ready, restarts=restarts, weight=weight,
+                  health=health)
+
+
+def parse_recording(text: str) -> tuple[dict[str, Any] | None, list[Record]]:
+    """(the YAML header, if any, and the records) of a recording."""
+    lines = text.splitlines()
+    first = next((index for index, line in enumerate(lines) if line.lstrip().startswith("{")), len(lines))
+    header_text = "\n".join(line for line in lines[:first] if line.strip() != "---")
+    header: dict[str, Any] | None = None
+    if header_text.strip():
+        try:
+            loaded = yaml.safe_load(header_text)
+        except yaml.YAMLError as err:
+            raise RecordingError(f"header: not YAML: {err}") from err
+        if loaded is not None and not isinstance(loaded, dict):
+            raise RecordingError("header: must be a YAML mapping")
+        header = loaded
+    records = []
+    for number, line in enumerate(lines[first:], start=first + 1):
+        if not line.strip():
+            continue
+        try:
+            decoded = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RecordingError(f"line {number}: not JSON: {err.msg}") from err
+        if not isinstance(decoded, dict):
+            raise RecordingError(f"line {number}: must be a JSON object")
+        records.append(parse_record(decoded, f"line {number}"))
+    return header, records
+
+
+def load_spec(header: Mapping[str, Any] | None) -> ReplaySpec:
+    """The replay settings from a header or spec file: `spec.rollout.canary`'s fields, or a mapping with a
+    `canary:` key (also accepted under `spec.rollout`) and the optional replay keys."""
+    if header is None:
+        return ReplaySpec()
+    body: Mapping[str, Any] = header
+    spec = body.get("spec")
+    if isinstance(spec, Mapping) and isinstance(spec.get("rollout"), Mapping):
+        body = spec["rollout"]
+    canary_body = body.get("canary", body if "steps" in body or "analysis" in body else {})
+    if not isinstance(canary_body, Mapping):
+        raise RecordingError("spec: canary must be a mapping (the fields of spec.rollout.canary)")
+    try:
+        canary = Canary.model_validate(dict(canary_body))
+    except ValidationError as err:
+        raise RecordingError(f"spec.rollout.canary: {err}") from err
+
+    def number(key: str, kind: type) -> Any:
+        value = header.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise RecordingError(f"spec: {key} must be a number")
+        return None if value is None else kind(value)
+
+    gpus = number("gpusPerPod", int)
+    return ReplaySpec(canary=canary, pool=str(header.get("pool", "pool")), gpus_per_pod=gpus or 1,
+                      stable_k=number("stableK", int), canary_k=number("canaryK", int),
+                      predicted_gain=number("predictedGain", float))
+
+
+def rounds(records: Iterable[Record]) -> Iterator[list[Record]]:
+    """Records grouped into scrape rounds (equal `t`), in time order."""
+    ordered = sorted(records, key=lambda record: record.at)
+    batch: list[Record] = []
+    for record in ordered:
+        if batch and record.at != batch[0].at:
+            yield batch
+            batch = []
+        batch.append(record)
+    if batch:
+        yield batch
+
+
+def _moment(at: float) -> datetime:
+    return datetime.fromtimestamp(at, UTC)
+
+
+class Replayer:
+    """The operator's canary path for one pool, fed one scrape round at a time."""
+
+    def __init__(self, spec: ReplaySpec, *, compare_with: Role = "stable", on_verdict: VerdictHook | None = None):
+        self.spec = spec
+        self.compare_with = compare_with
+        self.on_verdict = on_verdict
+        self.rollout = spec.rollout()
+        self.thresholds = spec.canary.analysis
+        self.target = CanaryTarget(pool=spec.pool, stable_revision=STABLE_REVISION, desired_revision=CANARY_REVISION,
+                                   desired_k=spec.canary_k, decision_id="replay" if spec.predicted_gain else None)
+        self.windows = CanaryWindows()
+        self.counters = CounterWindows()
+        self.status: CanaryStatus | None = None
+        self.started_at: float | None = None
+        self.last_at: float | None = None
+        self.step_started: float | None = None
+        self.last_verdict: Verdict | None = None
+        self.steps: list[StepResult] = []
+        self.result: ReplayResult | None = None
+        self.last_decision = spec.decision()
+
+    @property
+    def weight(self) -> int:
+        """The canary's weight in force: what a traffic source must send it now."""
+        return self.status.weight if self.status is not None and self.status.phase in IN_FLIGHT_PHASES else 0
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    def _revision(self, role: Role) -> str | None:
+        if role == "canary":
+            return CANARY_REVISION
+        return STABLE_REVISION if role == self.compare_with else None
+
+    def round(self, records: list[Record]) -> None:
+        """One scrape round, then one reconcile: the verdict on the step's window and the step machine."""
+        if self.result is not None or not records:
+            return
+        at = records[0].at
+        now = _moment(at)
+        starting = self.status is None
+        if starting:
+            # The reconcile that sees the new revision starts its canary; the next ones step it.
+            self.started_at = at
+            self._advance(None, at, now, canary_ready=False, route_percent=None)
+        in_flight = self.status if self.status is not None and self.status.phase in IN_FLIGHT_PHASES else None
+        self.windows.follow(in_flight, at)
+        results: list[ScrapeResult] = []
+        health = []
+        restarts = []
+        for record in records:
+            revision = self._revision(record.role)
+            if revision is None:
+                continue
+            target = ScrapeTarget(pod=record.pod, uid=record.pod, ip="127.0.0.1", port=0, pool=self.spec.pool,
+                                  revision=revision, k=0, restart_count=record.restarts)
+            restarts.append(PodRestarts(record.pod, revision, record.restarts))
+            if not record.ready:
+                continue  # the operator scrapes Ready pods only
+            scraped = self._scrape(target, at, record.metrics)
+            results.append(scraped)
+            # The operator probes /health every round; a recording without the answer counts a pod whose
+            # /metrics was scraped as healthy, and leaves one whose scrape failed unprobed.
+            if record.health is not None:
+                health.append((target, record.health))
+            elif scraped.outcome in ("ok", "incomplete"):
+                health.append((target, True))
+        report = self.counters.observe(results)
+        if in_flight is not None:
+            self.windows.add(report, results, health, restarts)
+        canary_pods = [record for record in records if record.role == "canary"]
+        canary_ready = bool(canary_pods) and all(record.ready for record in canary_pods)
+        weights = [record.weight for record in records if record.weight is not None]
+        route_percent = weights[0] if weights else None
+        compared = [record for record in records if record.role == self.compare_with and record.ready]
+        stable_serving = bool(compared) and (self.status is None or self.status.weight < 100
+                                             or self.compare_with == "baseline")
+        if starting:
+            return
+        verdict = self._verdict(route_percent, stable_serving)
+        self._advance(verdict, at, now, canary_ready=canary_ready, route_percent=route_percent)
+
+    def _scrape(self, target: ScrapeTarget, at: float, metrics: str | None) -> ScrapeResult:
+        if metrics is None:
+            return ScrapeResult(target, at, "http_error", error="no /metrics in the recording")
+        try:
+            sample = parse_metrics(metrics)
+        except MetricsParseError as err:
+            return ScrapeResult(target, at, "parse_error", error=str(err))
+        with_k = ScrapeTarget(target.pod, target.uid, target.ip, target.port, target.pool, target.revision,
+                              sample.k, target.restart_count)
+        return ScrapeResult(with_k, at, "ok" if sample.complete else "incomplete", sample)
+
+    def _verdict(self, route_percent: int | None, stable_serving: bool) -> Verdict | None:
+        status = self.status
+        if status is None:
+            return None
+        expected = None
+        if route_percent is not None and self.compare_with == "stable" and 0 < route_percent < 100:
+            expected = route_percent / 100
+        verdicts = canary_verdicts(
+            self.windows, status, self.thresholds, self.spec.gpus_per_pod, self.spec.canary_k or 1,
+            last_decision=self.last_decision, stable_serving=stable_serving, expected_share=expected)
+        verdict = verdicts.get(status.canary_revision)
+        if verdict is not None:
+            self.last_verdict = verdict
+            if self.on_verdict is not None:
+                fallback = status.canary_k if status.canary_k is not None else 1
+                canary = self.windows.stats(CANARY_REVISION, self.windows.ks.get(CANARY_REVISION, fallback),
+                                            self.spec.gpus_per_pod)
+                stable = self.windows.stats(STABLE_REVISION, self.windows.ks.get(STABLE_REVISION, fallback),
+                                            self.spec.gpus_per_pod) if stable_serving else None
+                self.on_verdict(status.step, canary, stable, verdict)
+        return verdict
+
+    def _advance(self, verdict: Verdict | None, at: float, now: datetime, *, canary_ready: bool,
+                 route_percent: int | None) -> None:
+        before = self.status
+        progress = advance(before, target=self.target, rollout=self.rollout, verdict=verdict, now=now, action=None,
+                           canary_ready=canary_ready, route_percent=route_percent)
+        after = progress.status
+        self.status = after
+        self.last_at = at
+        event = progress.event
+        if after is None or event is None:
+            return
+        if event.reason == "CanaryStepStarted":
+            self.step_started = at
+            self.last_verdict = None
+            return
+        if before is None or event.reason == "CanaryStarted":
+            return
+        steps = self.spec.canary.steps
+        weight = steps[min(before.step, len(steps) - 1)].weight
+        seconds = at - (self.step_started if self.step_started is not None else at)
+        ended = {"CanaryStepPassed": "Passed", "CanaryFailed": "Failed", "CanaryTimedOut": "TimedOut",
+                 "CanaryPromoted": "Promoted", "CanaryAborted": "Aborted", "CanaryCancelled": "Aborted"}.get(
+                     event.reason, event.reason)
+        if event.reason in ("CanaryStepPassed", "CanaryFailed", "CanaryTimedOut", "CanaryPromoted",
+                            "CanaryAborted", "CanaryCancelled"):
+            self.steps.append(StepResult(before.step, weight, ended, seconds, verdict, event.message))
+            self.step_started = at
+        if after.phase not in IN_FLIGHT_PHASES:
+            reason = event.reason
+            if event.reason == "CanaryFailed" and verdict is not None:
+                reason = f"{event.reason}/{verdict.reason}"
+            self.result = ReplayResult(after.phase, reason, event.message, at - (self.started_at or at),
+                                       tuple(self.steps))
+
+    def finish(self) -> ReplayResult:
+        """The outcome; a recording that ends mid-canary is Unfinished, with where it stood."""
+        if self.result is not None:
+            return self.result
+        status = self.status
+        steps = list(self.steps)
+        if status is not None and status.phase in IN_FLIGHT_PHASES:
+            weight = self.spec.canary.steps[min(status.step, len(self.spec.canary.steps) - 1)].weight
+            seconds = (self.last_at or 0.0) - (self.step_started or self.last_at or 0.0)
+            message = self.last_verdict.message if self.last_verdict is not None else "no verdict yet"
+            steps.append(StepResult(status.step, weight, "Unfinished", seconds, self.last_verdict, message))
+        verdict = self.last_verdict
+        return ReplayResult("Unfinished", verdict.reason if verdict is not None else "NoVerdict",
+                            "the recording ends before the canary does",
+                            (self.last_at or 0.0) - (self.started_at or 0.0), tuple(steps))
+
+
+def replay(records: Iterable[Record], spec: ReplaySpec, on_verdict: VerdictHook | None = None) -> ReplayResult:
+    """Replay a whole recording; the canary is compared with `baseline` pods when the recording has any."""
+    listed = list(records)
+    compare_with: Role = "baseline" if any(record.role == "baseline" for record in listed) else "stable"
+    replayer = Replayer(spec, compare_with=compare_with, on_verdict=on_verdict)
+    for batch in rounds(listed):
+        replayer.round(batch)
+        if replayer.finished:
+            break
+    return replayer.finish()
+
+
+def format_result(result: ReplayResult, spec: ReplaySpec) -> str:
+    """Each step's end with its verdict and numbers, then the outcome."""
+    lines = []
+    total = len(spec.canary.steps)
+    for step in result.steps:
+        verdict = step.verdict
+        head = f"step {step.step + 1}/{total} ({step.weight}%) {step.ended} after {step.seconds:.0f} s"
+        if verdict is not None:
+            load = ""
+            if verdict.canary_load is not None:
+                stable = f" vs {verdict.stable_load:.2f}" if verdict.stable_load is not None else ""
+                load = f"; per-pod load {verdict.canary_load:.2f}{stable} requests/s"
+            lines.append(f"{head}: {verdict.outcome} ({verdict.reason}){load}\n  {verdict.message}")
+        else:
+            lines.append(f"{head}: no verdict\n  {step.event}")
+    lines.append(f"outcome: {result.outcome} ({result.reason}) after {result.seconds:.0f} s: {result.message}")
+    return "\n".join(lines) + "\n"

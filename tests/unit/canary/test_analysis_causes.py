@@ -1,0 +1,225 @@
+"""Issue 31's causes, each driven through the production path (vLLM /metrics text -> parser -> counter
+windows -> canary evidence -> analysis) where the cause lives in it. Written before the fix; each failed on
+the code it replaced (see the commit message)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from specdec_operator.canary import analysis
+from specdec_operator.canary.analysis import WindowStats, analyse
+from specdec_operator.canary.evidence import CanaryWindows
+from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget, parse_metrics
+from specdec_operator.tuner.window import CounterWindows
+from tests.unit.canary.canaryfactories import TPOT_BOUNDS, thresholds, tpot_spread, window
+from tests.unit.canary.exposition import Scrape, feed, scrape_text
+
+LENGTH_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+INTERVAL_S = 10.0
+
+
+def cumulative(bounds: Sequence[float], observations: Sequence[float]) -> tuple[tuple[float, float], ...]:
+    counts = [0] * (len(bounds) + 1)
+    for value in observations:
+        counts[bisect.bisect_left(bounds, value)] += 1
+    running, out = 0, []
+    for bound, count in zip((*bounds, math.inf), counts, strict=True):
+        running += count
+        out.append((float(bound), float(running)))
+    return tuple(out)
+
+
+@dataclass
+class Pod:
+    """One simulated vLLM pod: its cumulative counters, grown interval by interval."""
+
+    revision: str
+    name: str
+    k: int = 4
+    per_position: bool = True
+    tpot_bounds: Sequence[float] = TPOT_BOUNDS
+    scrape: Scrape = field(default_factory=Scrape)
+    tpots: list[float] = field(default_factory=list)
+    prompts: list[float] = field(default_factory=list)
+    outputs: list[float] = field(default_factory=list)
+
+    def target(self) -> ScrapeTarget:
+        return ScrapeTarget(pod=f"ns/{self.name}", uid=self.name, ip="127.0.0.1", port=8000, pool="p",
+                            revision=self.revision, k=self.k)
+
+    def grow(self, *, tokens: float, tpots: Sequence[float], errors: int = 0, acceptance: float = 0.425,
+             prompts: Sequence[float] = (), outputs: Sequence[float] = ()) -> None:
+        s = self.scrape
+        drafts = tokens / (1 + acceptance * self.k)
+        self.tpots += tpots
+        self.prompts += prompts
+        self.outputs += outputs
+        finished = dict(s.finished)
+        finished["length"] = finished.get("length", 0.0) + len(tpots) - errors
+        finished["error"] = finished.get("error", 0.0) + errors
+        self.scrape = replace(
+            s, k=self.k, per_position=self.per_position, drafts=s.drafts + drafts,
+            draft_tokens=s.draft_tokens + drafts * self.k, accepted_tokens=s.accepted_tokens + tokens - drafts,
+            generation_tokens=s.generation_tokens + tokens, finished=finished,
+            tpot_buckets=cumulative(self.tpot_bounds, self.tpots),
+            prompt_buckets=cumulative(LENGTH_BOUNDS, self.prompts) if self.prompts else (),
+            output_buckets=cumulative(LENGTH_BOUNDS, self.outputs) if self.outputs else (),
+        )
+
+
+def scrape_round(windows: CanaryWindows, counters: CounterWindows, pods: Sequence[Pod], at: float) -> None:
+    results = []
+    for pod in pods:
+        sample = parse_metrics(scrape_text(pod.scrape))
+        results.append(ScrapeResult(pod.target(), at, "ok" if sample.complete else "incomplete", sample))
+    feed(windows, counters, results)
+
+
+def simulate(canary: Pod, stable: Pod, intervals: Sequence[tuple[dict[str, object], dict[str, object]]]
+             ) -> tuple[WindowStats, WindowStats]:
+    windows, counters = CanaryWindows(), CounterWindows()
+    windows.follow(None, 0.0)
+    scrape_round(windows, counters, [canary, stable], 1000.0)
+    for index, (on_canary, on_stable) in enumerate(intervals):
+        canary.grow(**on_canary)  # type: ignore[arg-type]
+        stable.grow(**on_stable)  # type: ignore[arg-type]
+        scrape_round(windows, counters, [canary, stable], 1000.0 + INTERVAL_S * (index + 1))
+    return windows.stats(canary.revision, canary.k, 1), windows.stats(stable.revision, stable.k, 1)
+
+
+def spread(centre: float, count: int, width: float = 0.2) -> list[float]:
+    return [centre * (1 - width + 2 * width * i / max(count - 1, 1)) for i in range(count)]
+
+
+# Cause 2: requests on one pod share its batch; the variance must come from pods and intervals.
+def test_goodput_that_swings_with_the_batch_between_intervals_is_not_proof_of_a_regression() -> None:
+    swings = [0.55, 1.05, 0.6, 1.1, 0.62, 1.0, 0.58, 1.08, 0.6, 1.02, 0.57, 1.07]  # mean 0.82 of the stable's
+    intervals = [({"tokens": 2000 * swing, "tpots": spread(0.040, 40)},
+                  {"tokens": 2000.0, "tpots": spread(0.040, 40)}) for swing in swings]
+    canary, stable = simulate(Pod("new", "new-0"), Pod("old", "old-0"), intervals)
+    verdict = analyse(canary, stable, thresholds())
+    goodput = next(item for item in verdict.comparisons if item.metric == "goodput per sequence")
+    assert goodput.ratio == pytest.approx(0.82, abs=0.02)
+    # Twelve intervals that disagree by +-30% cannot prove a 9% shortfall beyond the tolerance.
+    assert verdict.outcome == "Inconclusive", verdict.message
+    assert not goodput.failed
+
+
+# Cause 2: a verdict recomputed at every look keeps its level over all the looks.
+def test_the_sequential_p_value_keeps_its_level_over_many_looks() -> None:
+    rng = random.Random(31)
+    looks, runs, alpha = 40, 1500, 0.05
+    ever_sequential = ever_fixed = 0
+    for _ in range(runs):
+        total = 0.0
+        crossed_sequential = crossed_fixed = False
+        for look in range(1, looks + 1):
+            total += rng.gauss(0.0, 1.0)  # a statistic exactly at the limit: every crossing is a false alarm
+            mean, variance = total / look, 1.0 / look
+            crossed_sequential |= analysis.sequential_p(mean, variance, 0.5) < alpha
+            crossed_fixed |= mean / math.sqrt(variance) > 1.645
+        ever_sequential += crossed_sequential
+        ever_fixed += crossed_fixed
+    assert ever_fixed / runs > 2 * alpha  # the problem: a fixed-level test looked at 40 times
+    assert ever_sequential / runs <= alpha
+
+
+# Cause 3: the TPOT test must not count the requests of one slow interval as independent evidence.
+def test_a_tpot_spike_in_two_intervals_of_one_pod_does_not_fail_the_canary() -> None:
+    intervals = [({"tokens": 2000.0, "tpots": spread(0.080 if index in (3, 8) else 0.040, 40)},
+                  {"tokens": 2000.0, "tpots": spread(0.040, 40)}) for index in range(12)]
+    canary, stable = simulate(Pod("new", "new-0"), Pod("old", "old-0"), intervals)
+    verdict = analyse(canary, stable, thresholds())
+    p90 = next(item for item in verdict.comparisons if item.metric == "TPOT p90")
+    assert p90.ratio > 1.15
+    # Two intervals of one pod are two units, not eighty requests: no proof, so no failure.
+    assert not p90.failed and verdict.outcome != "Fail", verdict.message
+
+
+# Cause 5: the error gate passes on an upper confidence bound, not on a point estimate.
+@pytest.mark.parametrize("errors", [0.0, 1.0])
+def test_a_clean_error_count_on_110_requests_does_not_pass_a_1_percent_limit(errors: float) -> None:
+    canary = window(requests=110.0, errors=errors, tpot_buckets=tpot_spread(0.040, 110))
+    stable = window(requests=110.0, tpot_buckets=tpot_spread(0.040, 110))
+    with_baseline = analyse(canary, stable, thresholds())
+    assert (with_baseline.outcome, with_baseline.reason) == ("Inconclusive", "ErrorRateUncertain")
+    assert "upper bound" in with_baseline.message
+    alone = analyse(canary, None, thresholds())
+    assert (alone.outcome, alone.reason) == ("Inconclusive", "ErrorRateUncertain")
+    # With enough clean requests the bound is below the limit and both pass.
+    many = window(requests=1000.0, tpot_buckets=tpot_spread(0.040, 1000))
+    assert analyse(many, None, thresholds()).outcome == "Pass"
+
+
+# Cause 6: a tail gate.
+def test_a_tripled_p99_with_the_median_unchanged_fails_on_the_tail() -> None:
+    healthy = spread(0.040, 2000)
+    tail = [*spread(0.040, 1920), *([0.200] * 80)]  # 4% of requests stall 5x
+    verdict = analyse(window(requests=2000.0, tpot_buckets=cumulative(TPOT_BOUNDS, tail)),
+                      window(requests=2000.0, tpot_buckets=cumulative(TPOT_BOUNDS, healthy)), thresholds())
+    assert (verdict.outcome, verdict.reason) == ("Fail", "TPOTExceeded"), verdict.message
+    assert verdict.message.startswith("TPOT p99 ")
+    assert "TPOT p90" in verdict.message and "TPOT p50" in verdict.message
+
+
+def test_the_tail_gate_has_a_threshold_in_the_analysis_spec() -> None:
+    assert thresholds().max_tpot_p99_ratio == 2.0
+    assert thresholds(max_tpot_p99_ratio=6.0).max_tpot_p99_ratio == 6.0
+
+
+# Cause 7: both sides must have seen the same traffic before their difference means anything.
+def test_longer_prompts_on_the_canary_hold_the_step_instead_of_failing_it() -> None:
+    intervals = [({"tokens": 2000.0, "tpots": spread(0.060, 40), "prompts": spread(3000, 40, 0.3),
+                   "outputs": spread(300, 40)},
+                  {"tokens": 2000.0, "tpots": spread(0.040, 40), "prompts": spread(800, 40, 0.3),
+                   "outputs": spread(300, 40)}) for _ in range(12)]
+    canary, stable = simulate(Pod("new", "new-0"), Pod("old", "old-0"), intervals)
+    assert canary.prompt_buckets and stable.output_buckets  # the evidence windows collect them
+    verdict = analyse(canary, stable, thresholds())
+    assert (verdict.outcome, verdict.reason) == ("Inconclusive", "TrafficMismatch"), verdict.message
+    assert "prompt lengths differ" in verdict.message
+    assert "output lengths" not in verdict.message
+
+
+def test_request_shares_off_the_weights_are_a_sample_ratio_mismatch() -> None:
+    # Equal load per pod (one canary pod, three stable pods), but the canary was to get half the requests.
+    canary = window(requests=400.0)
+    stable = window(requests=1200.0, seconds=360.0, tpot_buckets=tpot_spread(0.040, 1200))
+    verdict = analyse(canary, stable, thresholds(), expected_share=0.5)
+    assert (verdict.outcome, verdict.reason) == ("Inconclusive", "TrafficMismatch"), verdict.message
+    assert "sample-ratio mismatch: the canary served 25.0% of the requests, its weight says 50.0%" in verdict.message
+    assert analyse(canary, stable, thresholds(), expected_share=0.25).outcome == "Pass"
+
+
+# Cause 8: odd inputs.
+def test_tpot_histograms_with_different_bucket_bounds_compare_like_for_like() -> None:
+    # The canary's vLLM (another version) buckets TPOT otherwise; the requests are the same.
+    finer = (0.02, 0.045, 0.07, 0.1, 0.2, 0.5, 1.0)
+    intervals = [({"tokens": 2000.0, "tpots": spread(0.040, 40)}, {"tokens": 2000.0, "tpots": spread(0.040, 40)})
+                 for _ in range(12)]
+    empty = Scrape(tpot_buckets=cumulative(finer, []))
+    canary, stable = simulate(Pod("new", "new-0", tpot_bounds=finer, scrape=empty), Pod("old", "old-0"), intervals)
+    assert [bound for bound, _ in canary.tpot_buckets] != [bound for bound, _ in stable.tpot_buckets]
+    verdict = analyse(canary, stable, thresholds())
+    assert verdict.outcome == "Pass", verdict.message
+
+
+def test_a_vllm_without_per_position_counters_is_judged_on_accepted_length() -> None:
+    def run(acceptance: float) -> analysis.Verdict:
+        intervals = [({"tokens": 2000.0, "tpots": spread(0.040, 40), "acceptance": acceptance},
+                      {"tokens": 2000.0, "tpots": spread(0.040, 40)}) for _ in range(12)]
+        canary, stable = simulate(Pod("new", "new-0", per_position=False),
+                                  Pod("old", "old-0", per_position=False), intervals)
+        return analyse(canary, stable, thresholds())
+
+    healthy = run(0.425)
+    assert healthy.outcome == "Pass", healthy.message
+    assert "accepted length 2.70 vs stable 2.70" in healthy.message
+    dropped = run(0.15)
+    assert (dropped.outcome, dropped.reason) == ("Fail", "AcceptanceDropped"), dropped.message
