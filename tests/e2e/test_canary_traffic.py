@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.cluster import LocalCluster
+from specdec_operator.canary.plan import equal_load_percent
 from specdec_runtime import contract
 from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
 from tests.e2e.kube import Kube, wait_for
@@ -343,12 +344,14 @@ def test_healthy_canaries_promote_and_each_revision_takes_its_route_share_at_eve
     failures, measured = [], {}
     for name in pools:
         shares = measured[name] = meter.shares(name)
-        for weight in STEP_WEIGHTS[:-1]:  # the 100% step has no pause to measure
+        for step_weight in STEP_WEIGHTS[:-1]:  # the 100% step has no pause to measure
+            # The route follows the step's replica split, so each pod of either revision takes the same load.
+            weight = equal_load_percent(pools[name], step_weight)
             canary, total = shares.get(weight, (0.0, 0.0))
             assert total >= 50, f"{name}: only {total:.0f} requests measured at {weight}% ({shares})"
             if abs(canary / total - weight / 100) > SHARE_TOLERANCE:
-                failures.append(f"{name} at {weight}%: canary pods took {canary:.0f} of {total:.0f} "
-                                f"({canary / total:.1%})")
+                failures.append(f"{name} at step {step_weight}% (route {weight}%): canary pods took {canary:.0f} "
+                                f"of {total:.0f} ({canary / total:.1%})")
     print(f"requests (canary, total) per weight: {measured}")  # shown with -rA: the figures behind the pass
     assert not failures, (failures, measured)
     report_failed_requests(loads)

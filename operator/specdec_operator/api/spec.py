@@ -394,6 +394,23 @@ class CanaryTraffic(ApiModel):
     )
 
 
+class InsufficientTraffic(ApiModel):
+    """What a canary does when its model gets too few requests to judge it."""
+
+    max_wait_seconds: int = Field(
+        default=3600, ge=30, le=604800,
+        description="A step that lacks only requests (fewer than minRequests finished) is not rolled back at "
+        "analysis.timeoutSeconds: it holds with reason InsufficientTraffic and carries on when traffic comes. "
+        "After this long in the step (counted like the timeout), `action` decides.",
+    )
+    action: Literal["Promote", "RollBack"] = Field(
+        default="Promote",
+        description="After maxWaitSeconds without enough requests: Promote when the canary's window is clean "
+        "(no failed request, no failed health check, no container restart); RollBack otherwise or when set "
+        "to RollBack. A canary is never rolled back for lack of requests alone before then.",
+    )
+
+
 class Canary(ApiModel):
     """Canary steps, analysis and traffic."""
 
@@ -421,6 +438,10 @@ class Canary(ApiModel):
     )
     analysis: CanaryAnalysis = Field(default_factory=CanaryAnalysis, description="Pass/fail thresholds.")
     traffic: CanaryTraffic = Field(default_factory=CanaryTraffic, description="Traffic split backend.")
+    insufficient_traffic: InsufficientTraffic = Field(
+        default_factory=InsufficientTraffic,
+        description="Quiet models: how long a step waits for requests, and what happens then.",
+    )
 
     @model_validator(mode="after")
     def _weights_increase(self) -> Canary:

@@ -197,6 +197,19 @@ class CanaryStatus(ApiModel):
     )
     verdict: str = Field(default="", description="Last analysis verdict: Pass, Fail or Inconclusive.")
     message: str = Field(default="", description="Last analysis numbers or the rollback reason.")
+    hold_reason: str = Field(
+        default="",
+        description="Why the step holds past its timeout: InsufficientTraffic (too few requests to judge; it "
+        "carries on when traffic comes, see spec.rollout.canary.insufficientTraffic). Empty otherwise.",
+    )
+    stable_tpot_p90_ms: float | None = Field(
+        default=None,
+        description="The stable's TPOT p90 (ms) in the last step that passed against it: the reference the 100% "
+        "step, where the stable serves nothing, is judged against.",
+    )
+    stable_reference_step: int | None = Field(
+        default=None, description="The step (index) whose window stableTpotP90Ms comes from."
+    )
 
 
 class Summary(ApiModel):

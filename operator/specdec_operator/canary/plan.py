@@ -82,6 +82,21 @@ def split_replicas(total: int, weight: int) -> tuple[int, int]:
     return max(total - canary, 1), canary
 
 
+def equal_load_percent(total: int, weight: int) -> int:
+    """The canary's share of a route at a step of `weight` percent: its share of the step's replicas.
+
+    Behind an HTTPRoute the route's weights decide each side's requests and the replicas decide how they
+    spread, so a canary pod and a stable pod carry the same offered load only when the route's split is the
+    replica split (Argo Rollouts' `setCanaryScale: {matchTrafficWeight: true}` read the other way round). The
+    replicas come from `split_replicas`, as without a route, so both backends split alike; the route weight
+    is that split to the whole percent (a per-pod load within half a percent of traffic of equal).
+    """
+    stable, canary = split_replicas(total, weight)
+    if canary == 0:
+        return 0
+    return max(1, math.floor(FULL_WEIGHT * canary / (stable + canary) + 0.5))
+
+
 @dataclass(frozen=True)
 class ServingReplicas:
     """Ready replicas of each track now, and the canary Deployment's current size."""

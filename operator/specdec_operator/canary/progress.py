@@ -15,14 +15,16 @@ from there, so a failover delays a step's end but never turns into a timeout or 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Literal, cast, get_args
 
 from specdec_operator import GROUP
-from specdec_operator.api.spec import Canary, CanaryStep, Rollout
+from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, Rollout
 from specdec_operator.api.status import CanaryStatus
-from specdec_operator.canary.analysis import Verdict
+from specdec_operator.canary.analysis import SIGNIFICANCE, Verdict, WindowStats, histogram_quantile
 from specdec_operator.canary.plan import (
     FULL_WEIGHT,
     IN_FLIGHT_PHASES,
@@ -35,6 +37,13 @@ from specdec_operator.canary.plan import (
 ManualAction = Literal["pause", "resume", "abort", "promote"]
 MANUAL_ACTIONS: tuple[str, ...] = get_args(ManualAction)
 CANARY_ACTION_ANNOTATION = f"{GROUP}/canary-action"
+# `analyse` says InsufficientSamples when a side has fewer than minRequests finished requests; `judge_step`
+# makes it InsufficientTraffic when the canary's window is also clean (no error, failed probe or restart).
+INSUFFICIENT_SAMPLES = "InsufficientSamples"
+INSUFFICIENT_TRAFFIC = "InsufficientTraffic"
+# The 100% step's TPOT gate: if the canary were no slower than the stable, at most this share of its
+# requests would be slower than the stable's p90 times maxTpotRatio.
+_TAIL_SHARE = 0.10
 
 
 def manual_action(annotations: Mapping[str, str] | None) -> ManualAction | None:
@@ -97,6 +106,12 @@ def _start(
         RolloutPlan(0, steps[0].weight, keep_canary=True),
         CanaryEvent("Normal", "CanaryStarted", message),
     )
+
+
+def _clearing(progress: CanaryProgress, clear_action: bool) -> CanaryProgress:
+    if not clear_action:
+        return progress
+    return replace(progress, plan=replace(progress.plan, clear_action=True))
 
 
 def _finish(
@@ -167,6 +182,7 @@ def _step(
     action: ManualAction | None,
     canary_ready: bool,
     route_percent: int | None = None,
+    route_target: int | None = None,
 ) -> CanaryProgress:
     steps = settings.steps
     if status.step >= len(steps):
@@ -220,13 +236,19 @@ def _step(
     elapsed = _elapsed_seconds(status, now)
     # The step's weight must be in the route as read before the step can pass: a route write lost to an
     # API server outage would otherwise let a step pass that never sent the canary its share.
-    routed = route_percent is None or route_percent >= status.weight
+    wanted = route_target if route_target is not None else status.weight
+    routed = route_percent is None or route_percent >= wanted
     window_over = elapsed >= step.pause_seconds
-    # At 100% the stable serves nothing, so there is no baseline to pass against: the last window
-    # only has to finish without a failure (health, errors and restarts still fail it above).
-    verdict_ok = (verdict is not None and verdict.outcome == "Pass") or step.weight == FULL_WEIGHT
+    # Every step, the 100% one included, passes only on a passing verdict over its own window: at 100% that
+    # is `analyse(canary, None)` (minRequests, health, restarts, errors) and `judge_step`'s TPOT against the
+    # stable's figures from the previous step. An empty window never passes.
+    verdict_ok = verdict is not None and verdict.outcome == "Pass"
     if window_over and canary_ready and routed and verdict_ok:
         return _pass_step(status, steps, label, verdict, now, one_shot)
+    quiet = verdict is None or (verdict.outcome == "Inconclusive"
+                                and verdict.reason in (INSUFFICIENT_SAMPLES, INSUFFICIENT_TRAFFIC))
+    if elapsed >= max(step.pause_seconds, timeout) and quiet and canary_ready and routed:
+        return _quiet(status, settings, label, verdict, elapsed, plan)
     if elapsed >= max(step.pause_seconds, timeout):
         detail = verdict.message if verdict is not None else "no analysis verdict"
         if not canary_ready:
@@ -240,6 +262,44 @@ def _step(
         )
         return _finish(status, "RolledBack", event, verdict=verdict, clear_action=one_shot)
     return CanaryProgress(_with_verdict(status, verdict), plan)
+
+
+def _quiet(
+    status: CanaryStatus, settings: Canary, label: str, verdict: Verdict | None, elapsed: float, plan: RolloutPlan
+) -> CanaryProgress:
+    """Past the timeout with too few requests: a quiet model. Hold until traffic comes, for at most
+    `insufficientTraffic.maxWaitSeconds`, then promote a clean canary or roll back (the spec says which)."""
+    policy = settings.insufficient_traffic
+    detail = verdict.message if verdict is not None else "no measurements"
+    if elapsed < policy.max_wait_seconds:
+        held = _with_verdict(status, verdict, hold_reason=INSUFFICIENT_TRAFFIC)
+        held = held.model_copy(update={"message": f"{INSUFFICIENT_TRAFFIC}: {label} holds for requests "
+                                                  f"({elapsed:.0f} s of at most {policy.max_wait_seconds} s, then "
+                                                  f"{policy.action}): {detail}"})
+        if status.hold_reason == INSUFFICIENT_TRAFFIC:
+            return CanaryProgress(held, plan)
+        event = CanaryEvent("Normal", "CanaryInsufficientTraffic",
+                            f"{label} has too few requests to judge after {elapsed:.0f} s; it holds and carries "
+                            f"on when traffic comes (at most {policy.max_wait_seconds} s, then {policy.action}): "
+                            f"{detail}")
+        return CanaryProgress(held, plan, event)
+    clean = verdict is not None and verdict.reason == INSUFFICIENT_TRAFFIC
+    if policy.action == "Promote" and clean:
+        event = CanaryEvent(
+            "Normal", "CanaryPromoted",
+            f"{label}: too few requests to judge after {elapsed:.0f} s (insufficientTraffic.maxWaitSeconds "
+            f"{policy.max_wait_seconds}); promoted on a clean window (no failed request, health check or restart): "
+            f"revision {status.canary_revision} replaces {status.stable_revision}; {detail}",
+        )
+        return _finish(status, "Promoted", event, verdict=verdict, clear_action=plan.clear_action)
+    why = "insufficientTraffic.action is RollBack" if policy.action == "RollBack" else (
+        "its window is not clean (failed requests, or nothing measured)")
+    event = CanaryEvent(
+        "Warning", "CanaryTimedOut",
+        f"{label}: {INSUFFICIENT_TRAFFIC}, too few requests to judge after {elapsed:.0f} s "
+        f"(insufficientTraffic.maxWaitSeconds {policy.max_wait_seconds}) and {why}: {detail}",
+    )
+    return _finish(status, "RolledBack", event, verdict=verdict, clear_action=plan.clear_action)
 
 
 def _await_ready(
@@ -283,12 +343,7 @@ def _pass_step(
     now: datetime,
     clear_action: bool,
 ) -> CanaryProgress:
-    if verdict is not None and verdict.outcome == "Pass":
-        evidence = verdict.message
-    else:
-        # The 100% step has no baseline and passes on the absence of failures; an Inconclusive verdict's
-        # "need N requests" would read as a reason not to promote.
-        evidence = "no failure in its window (health, restarts and error rate checked; no baseline at 100%)"
+    evidence = verdict.message if verdict is not None else ""
     if status.step + 1 == len(steps):
         event = CanaryEvent(
             "Normal",
@@ -298,9 +353,11 @@ def _pass_step(
         )
         return _finish(status, "Promoted", event, verdict=verdict, clear_action=clear_action)
     following = steps[status.step + 1]
+    reference = _stable_tpot_p90(verdict)
+    recorded = {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step} if reference else {}
     moved = _with_verdict(
         status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_time(now),
-        evidence_since=None,
+        evidence_since=None, hold_reason="", **recorded,
     )
     event = CanaryEvent(
         "Normal",
@@ -310,6 +367,80 @@ def _pass_step(
     return CanaryProgress(
         moved, RolloutPlan(following.weight, following.weight, keep_canary=True, clear_action=clear_action), event
     )
+
+
+def _stable_tpot_p90(verdict: Verdict | None) -> float | None:
+    """The stable's TPOT p90 (ms) that a passing verdict compared against, if it had one."""
+    for comparison in verdict.comparisons if verdict is not None else ():
+        if comparison.metric == "TPOT p90" and comparison.stable > 0:
+            return comparison.stable
+    return None
+
+
+def _binomial_tail(successes: int, trials: int, p: float) -> float:
+    """P(X >= successes) for X ~ Binomial(trials, p), summed in log space."""
+    if successes <= 0:
+        return 1.0
+    total = 0.0
+    for k in range(successes, trials + 1):
+        log_term = (math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1)
+                    + k * math.log(p) + (trials - k) * math.log1p(-p))
+        total += math.exp(log_term)
+    return min(1.0, total)
+
+
+def _slower_than(canary: WindowStats, limit_s: float) -> tuple[int, int]:
+    """(requests certainly slower than `limit_s`, all requests) from the canary's TPOT histogram: a bucket
+    counts only when its lower bound is at or above the limit, so rebinning never manufactures a failure."""
+    previous_bound, previous_count, slower = 0.0, 0.0, 0.0
+    for bound, count in canary.tpot_buckets:
+        if previous_bound >= limit_s:
+            slower += count - previous_count
+        previous_bound, previous_count = bound, count
+    return round(slower), round(previous_count)
+
+
+def judge_step(
+    verdict: Verdict | None,
+    canary: WindowStats | None,
+    status: CanaryStatus | None,
+    thresholds: CanaryAnalysis | None,
+) -> Verdict | None:
+    """What the step machine needs on top of `analyse`'s verdict; pure, the handler (and a replay) call it.
+
+    - A window short of requests whose canary side is clean (no failed request, health check or restart) is
+      `InsufficientTraffic`: a quiet model, which `advance` holds rather than rolls back.
+    - At 100% the stable serves nothing; `analyse(canary, None, ...)` judged health, restarts and errors over
+      `minRequests`. TPOT is judged here against the stable's p90 recorded from the previous step
+      (`status.stableTpotP90Ms`): it fails when significantly more than 10% of the canary's requests are
+      slower than that p90 times `maxTpotRatio` (one-sided binomial, p < SIGNIFICANCE), and holds as
+      `DifferenceUncertain` when its own p90 is beyond the limit without significance.
+    """
+    if verdict is None or canary is None or status is None or thresholds is None:
+        return verdict
+    if verdict.outcome == "Inconclusive" and verdict.reason == INSUFFICIENT_SAMPLES:
+        clean = canary.errors == 0 and canary.health_failures == 0 and canary.restarts == 0
+        return replace(verdict, reason=INSUFFICIENT_TRAFFIC) if clean else verdict
+    reference = status.stable_tpot_p90_ms
+    if status.weight != FULL_WEIGHT or verdict.outcome != "Pass" or not reference or not canary.tpot_buckets:
+        return verdict
+    limit_ms = reference * thresholds.max_tpot_ratio
+    slower, requests = _slower_than(canary, limit_ms / 1000)
+    p90_s = histogram_quantile(0.9, canary.tpot_buckets)
+    if requests <= 0 or p90_s is None:
+        return verdict
+    p90_ms = p90_s * 1000
+    p_value = _binomial_tail(slower, requests, _TAIL_SHARE)
+    recorded_at = (status.stable_reference_step or 0) + 1
+    text = (f"TPOT p90 {p90_ms:.1f} ms vs stable {reference:.1f} ms recorded at step {recorded_at} "
+            f"(ratio {p90_ms / reference:.2f}, limit {thresholds.max_tpot_ratio:.2f}; {slower} of {requests} "
+            f"requests slower than {limit_ms:.1f} ms, p={p_value:.2g})")
+    if p90_ms <= limit_ms:
+        return replace(verdict, message=f"{verdict.message}; {text}")
+    if p_value < SIGNIFICANCE:
+        return replace(verdict, outcome="Fail", reason="TPOTExceeded", message=f"{text}; {verdict.message}")
+    return replace(verdict, outcome="Inconclusive", reason="DifferenceUncertain",
+                   message=f"{text}, not yet significant; {verdict.message}")
 
 
 def advance(
@@ -322,12 +453,14 @@ def advance(
     action: ManualAction | None,
     canary_ready: bool,
     route_percent: int | None = None,
+    route_target: int | None = None,
 ) -> CanaryProgress:
     """One reconcile's worth of canary progress for one pool. `now` must be timezone-aware.
 
     `verdict` is the analysis of the current step's window (since stepStartedAt), or None when
     nothing could be measured yet. `route_percent`: the canary's share in the HTTPRoute as last read, None
-    without a route; a step does not pass while the route gives the canary less than the step's weight.
+    without a route; a step does not pass while the route gives the canary less than `route_target` (the
+    percent the route must carry for this step, `equal_load_percent`; the step's weight when None).
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -346,13 +479,14 @@ def advance(
         return CanaryProgress(current, _idle(one_shot))
 
     if current is None or current.canary_revision != target.desired_revision:
-        # Manual actions wait for the next call: they address the canary in flight, not a new one.
-        return _start(target, settings.steps, now, current)
+        # A one-shot action present now was meant for an earlier canary: it is cleared, never applied to
+        # this one (a promote carried over would promote the new revision unanalysed).
+        return _clearing(_start(target, settings.steps, now, current), one_shot)
     if current.phase not in IN_FLIGHT_PHASES:
         if target.decision_id is not None and target.decision_id != current.decision_id:
             # A new tuner decision for a revision that failed before: the tuner's evidence changed
             # (tuner/policy.py), so the revision gets a fresh canary, not a silent revert.
-            return _start(target, settings.steps, now, current)
+            return _clearing(_start(target, settings.steps, now, current), one_shot)
         # A rolled-back revision is not retried on its own: the spec (or a new decision) must change first.
         return CanaryProgress(current, _terminal_plan(current, one_shot))
-    return _step(current, settings, rollout.paused, verdict, now, action, canary_ready, route_percent)
+    return _step(current, settings, rollout.paused, verdict, now, action, canary_ready, route_percent, route_target)

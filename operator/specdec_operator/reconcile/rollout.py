@@ -16,11 +16,13 @@ from specdec_operator.api.spec import Rollout
 from specdec_operator.api.status import CanaryStatus, RejectedK, TuningDecision
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.plan import (
+    FULL_WEIGHT,
     IN_FLIGHT_PHASES,
     CanaryEvent,
     CanaryTarget,
     RolloutPlan,
     ServingReplicas,
+    equal_load_percent,
     in_place_canary_size,
     split_replicas,
 )
@@ -281,9 +283,11 @@ def _canary_pool(
         canary_ready = canary_ready and _size(canary_live) >= step_target
     target = CanaryTarget(pool.name, stable_rev, pool.revision, desired_k=pool.k,
                           decision_id=_decision_id(last_decision, pool, current))
+    in_step = current is not None and current.phase in IN_FLIGHT_PHASES and current.weight > 0
     progress = advance(
         current, target=target, rollout=rollout, verdict=verdicts.get(pool.revision), now=now, action=action,
         canary_ready=canary_ready, route_percent=route_percent,
+        route_target=equal_load_percent(total, current.weight) if in_step and current is not None else None,
     )
     result.canary = progress.status if progress.status is not None else previous
     result.clear_action = progress.plan.clear_action
@@ -296,8 +300,10 @@ def _canary_pool(
         _in_place_sizes(result, pool, plan.promote, plan.keep_canary, plan.sizing_weight, stable_template, serving,
                         in_place_budget, canary_name, _template_revision(canary_live))
     else:
-        _surge_sizes(result, pool, plan, stable_template, routed, canary_name, serving, canary_live is not None)
-    result.route_weight = plan.weight
+        _surge_sizes(result, pool, plan, stable_template, canary_name, serving, canary_live is not None)
+    # The route follows the replica split, so both sides' pods carry the same load (docs/canary.md).
+    routing_step = plan.keep_canary and not plan.promote and 0 < plan.weight < FULL_WEIGHT
+    result.route_weight = equal_load_percent(total, plan.weight) if routing_step else plan.weight
     finished = progress.status
     rolled_back = finished is not None and finished.phase in ("RolledBack", "Aborted")
     if rolled_back and finished is not None and finished.canary_k is not None:
@@ -333,23 +339,22 @@ def _surge_sizes(
     pool: DesiredPool,
     plan: RolloutPlan,
     stable_template: Mapping[str, Any],
-    routed: bool,
     canary_name: str,
     serving: ServingReplicas,
     canary_exists: bool,
 ) -> None:
     """Sizes with free GPUs: the canary's replicas beside the stable ones.
 
-    Behind a route the stable set keeps its full size. Without one (the replica ratio is the split) it
-    gives up a replica only for a canary replica that is ready, so serving replicas never drop.
+    Behind a route as without one the step's replicas are `split_replicas` (the route's weight follows that
+    split, `equal_load_percent`), so a canary pod and a stable pod carry the same load. The stable gives up a
+    replica only for a canary replica that is ready, so serving replicas never drop.
     """
     total = pool.plan.replicas
     if plan.promote:
         result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], total, "stable"))
     else:
-        stable_size, canary_target = split_replicas(total, plan.sizing_weight) if not routed else (total, 0)
-        if not routed:
-            stable_size = max(stable_size, total - min(serving.canary_ready, canary_target))
+        stable_size, canary_target = split_replicas(total, plan.sizing_weight)
+        stable_size = max(stable_size, total - min(serving.canary_ready, canary_target))
         result.deployments.append(_with(pool.deployment, stable_template, stable_size, "stable"))
     if plan.keep_canary:
         _, canary_size = split_replicas(total, plan.sizing_weight)

@@ -34,7 +34,7 @@ TICK_S = 0.5
 # every 15 s opens a new one each time; the simulator does the same, not aiohttp's 75 s.
 HTTP_KEEP_ALIVE_S = 5.0
 # vLLM's instrumentator leaves these out of http_requests_total.
-UNCOUNTED_HANDLERS = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
+UNCOUNTED_HANDLERS = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info", "/faults"})
 
 INJECTED_ERROR = "injected fault (simulator profile faults.error_rate)"
 
@@ -54,6 +54,9 @@ class Simulator:
         self.sleep = sleep
         seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**32)
         self.rng = random.Random(seed + 1)
+        # The profile's error rate, which POST /faults may change while the simulator serves (an e2e test makes
+        # a canary start failing exactly when its 100% step starts).
+        self.error_rate = profile.faults.error_rate
         self.replica = VirtualReplica(
             profile, options.speculation(), model_name=options.served_model_name, seed=seed, start_time=clock()
         )
@@ -76,7 +79,7 @@ class Simulator:
         return unhealthy_after is None or self.replica.now < self.replica.ready_at + unhealthy_after
 
     def inject_error(self) -> bool:
-        return self.rng.random() < self.profile.faults.error_rate
+        return self.rng.random() < self.error_rate
 
 
 SIMULATOR = web.AppKey("simulator", Simulator)
@@ -105,6 +108,19 @@ async def _serve_only_when_loaded(request: web.Request, handler: Handler) -> web
 
 async def health(request: web.Request) -> web.Response:
     return web.Response(status=200 if request.app[SIMULATOR].healthy else 503)
+
+
+async def faults(request: web.Request) -> web.Response:
+    """POST {"error_rate": r}: fail that share of the requests from now on (faults.error_rate at runtime)."""
+    try:
+        body = await request.json()
+        rate = float(body["error_rate"])
+    except (ValueError, KeyError, TypeError):
+        return _error(400, "body must be {\"error_rate\": a number from 0 to 1}", "BadRequestError")
+    if not 0.0 <= rate <= 1.0:
+        return _error(400, f"error_rate must be from 0 to 1, got {rate}", "BadRequestError")
+    request.app[SIMULATOR].error_rate = rate
+    return web.json_response({"error_rate": rate})
 
 
 async def version(request: web.Request) -> web.Response:
@@ -197,6 +213,7 @@ def build_app(simulator: Simulator, *, background_tick: bool = True) -> web.Appl
     app.router.add_get("/ping", health)
     app.router.add_post("/ping", health)
     app.router.add_get("/version", version)
+    app.router.add_post("/faults", faults)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", _completion_handler(chat=False))

@@ -136,8 +136,10 @@ def test_a_takeover_restarts_the_steps_clock_instead_of_timing_it_out() -> None:
     early = advance(still.status, target=target(), rollout=plan, verdict=passed, now=at(139), action=None,
                     canary_ready=True)
     assert early.status is not None and early.status.step == 0
-    # A timeout measured from the new window still ends a step that never gets its evidence.
-    late = advance(still.status, target=target(), rollout=plan, verdict=INCONCLUSIVE,
+    # A timeout measured from the new window still ends a step that never gets its evidence (an uncertain
+    # difference; a window short of requests holds as InsufficientTraffic instead, canary/progress.py).
+    uncertain = Verdict("Inconclusive", "DifferenceUncertain", "numbers")
+    late = advance(still.status, target=target(), rollout=plan, verdict=uncertain,
                    now=at(80) + timedelta(seconds=90), action=None, canary_ready=True)
     assert late.event is not None and late.event.reason == "CanaryTimedOut"
 

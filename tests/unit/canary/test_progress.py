@@ -35,6 +35,9 @@ from tests.unit.canary.canaryfactories import (
 )
 
 KEEP = {"keep_canary": True}
+UNCERTAIN = Verdict("Inconclusive", "DifferenceUncertain", "TPOT p90 52 ms vs stable 40 ms (ratio 1.30 > 1.15, p=0.2)")
+NO_BASELINE_PASS = Verdict("Pass", "NoBaselineHealthy",
+                           "judged on health, restarts and errors only; error rate 0.00%; 120 canary requests")
 ROLL_BACK = RolloutPlan(0, 0, keep_canary=False, roll_back=True)
 
 
@@ -88,11 +91,11 @@ CASES = [
         message_fragments=("replaces canary rev-new that was at step 2",),
     ),
     Case(
-        "start-waits-for-the-next-call-to-abort",
+        "start-clears-a-one-shot-action-meant-for-an-earlier-canary",
         None,
         0,
         {"phase": "Progressing"},
-        RolloutPlan(0, 10, **KEEP),
+        RolloutPlan(0, 10, **KEEP, clear_action=True),
         "CanaryStarted",
         action="abort",
     ),
@@ -202,8 +205,8 @@ CASES = [
         {"phase": "RolledBack", "weight": 0, "verdict": "Inconclusive"},
         ROLL_BACK,
         "CanaryTimedOut",
-        verdict=INCONCLUSIVE,
-        message_fragments=("step 1/3 (10%) still inconclusive after 901 s (timeout 900 s): 120 canary",),
+        verdict=UNCERTAIN,
+        message_fragments=("step 1/3 (10%) still inconclusive after 901 s (timeout 900 s): TPOT p90",),
     ),
     Case(
         "a-window-longer-than-the-timeout-is-waited-for",
@@ -236,14 +239,23 @@ CASES = [
         rollout=rollout(paused=True),
     ),
     Case(
-        "full-weight-step-promotes-without-a-baseline",
+        "full-weight-step-does-not-pass-on-an-empty-window",
+        canary_status(step=2, weight=100),
+        0,
+        {"phase": "Progressing", "weight": 100},
+        RolloutPlan(100, 100, **KEEP),
+        None,
+        verdict=INCONCLUSIVE,
+    ),
+    Case(
+        "full-weight-step-promotes-on-its-own-passing-window",
         canary_status(step=2, weight=100),
         0,
         {"phase": "Promoted", "weight": 100},
         RolloutPlan(100, 100, keep_canary=True, promote=True),
         "CanaryPromoted",
-        verdict=INCONCLUSIVE,
-        message_fragments=("all 3 steps passed; revision rev-new replaces rev-old", "no failure in its window"),
+        verdict=NO_BASELINE_PASS,
+        message_fragments=("all 3 steps passed; revision rev-new replaces rev-old", "judged on health"),
     ),
     Case(
         "last-partial-step-needs-a-pass",

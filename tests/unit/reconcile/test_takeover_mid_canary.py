@@ -82,7 +82,9 @@ def test_the_canary_goes_on_once_the_deployments_are_seen_again() -> None:
     plan = evaluate(observed(CHANGED, status=status_wire(held), children=children), SETTINGS, T3)
     assert plan.status is not None and plan.status.canary is not None
     assert (plan.status.canary.phase, plan.status.canary.step, plan.status.canary.weight) == ("Progressing", 0, 10)
-    assert plan.route_weight == 10
+    # The route follows the step's replica split (equal load per pod): at 10% of this two-replica pool, one
+    # canary beside one stable replica.
+    assert plan.route_weight == 50
     assert all(revision(body) == stable for name, body in deployments(plan).items() if name == POOL)
 
 

@@ -1,0 +1,119 @@
+"""Canary steps under routed load (issue 31): equal load per pod by construction, so a healthy change promotes
+while the offered load moves; requests go through the Gateway stand-in, by the HTTPRoute's weights, as in
+production (docs/local-traffic.md)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+
+from specdec_runtime import contract
+from tests.e2e.kube import Kube, wait_for
+from tests.e2e.nodes_fixture import test_nodes  # noqa: F401 - fixture
+from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
+from tests.e2e.test_canary_traffic import (  # noqa: F401 - fixtures
+    ANALYSIS,
+    PAUSE_S,
+    STEP_TIMEOUT_S,
+    TUNED_FROM_K,
+    TUNER,
+    canary_story,
+    gateway,
+    gateway_standin,
+    hostname,
+    http_route,
+    model,
+    own_nodes,
+    phase,
+    ready,
+    rollback_event,
+)
+from tests.e2e.traffic import RATE, BackgroundLoad, GatewayStandIn
+
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group("test_canary_traffic")]
+
+DONE = ("Promoted", "RolledBack", "Aborted")
+
+
+def canary(kube: Kube, name: str) -> dict[str, Any]:
+    return (kube.get("sm", name) or {}).get("status", {}).get("canary") or {}
+
+
+def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_doubles_mid_step(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn,  # noqa: F811
+) -> None:
+    """The tuner's K change on a pool of 8 replicas behind the example's route: when the canary's 50% step starts,
+    a second open-loop load of the same rate joins the first (a morning ramp inside a step). Both sides' pods see
+    the same offered load per pod at every step, so the doubling moves both alike and the change promotes."""
+    name = "ramp8"
+    body = model(name, 8, str(kube.namespace), analysis=ANALYSIS)
+    body["spec"]["speculation"]["autotune"] = TUNER
+    body["spec"]["speculation"]["initialK"] = TUNED_FROM_K
+    kube.apply([http_route(name), body])
+    wait_for(f"{name} Ready", lambda: ready(kube, name), 180)
+    with BackgroundLoad(gateway.url, hostname(name), seed=11, model=name, rate=RATE):
+        wait_for("the 50% step started", lambda: canary(kube, name).get("weight") == 50
+                 or canary(kube, name).get("phase") in DONE, STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5,
+                 describe=lambda: canary_story(kube, name))
+        doubled_at = canary(kube, name)
+        assert doubled_at.get("phase") == "Progressing", (doubled_at, rollback_event(kube, name))
+        with BackgroundLoad(gateway.url, hostname(name), seed=12, model=name, rate=RATE):
+            wait_for("canary decided", lambda: canary(kube, name).get("phase") in DONE,
+                     STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5, describe=lambda: canary_story(kube, name))
+    final = canary(kube, name)
+    assert final.get("phase") == "Promoted", (final, rollback_event(kube, name))
+    events = kube.events_once(name, "CanaryPromoted", "KChanged")
+    passed = [e["message"] for e in events if e["reason"] == "CanaryStepPassed"]
+    promoted = [e["message"] for e in events if e["reason"] == "CanaryPromoted"]
+    print(f"{name}: {passed} {promoted}")  # shown with -rA: the numbers the promotion rests on
+    assert len(passed) == 2 and promoted, (passed, promoted)
+
+
+def serving(pod: dict[str, Any]) -> bool:
+    """Ready, with an IP, and not on its way out: a pod the Gateway stand-in routes requests to."""
+    conditions = pod["status"].get("conditions") or []
+    return (bool(pod["status"].get("podIP")) and not pod["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in conditions))
+
+
+def fail_requests(ip: str, rate: float) -> None:
+    """Tell one simulator (a fake pod on its loopback IP) to fail this share of its requests from now on."""
+    request = urllib.request.Request(f"http://{ip}:8000/faults", data=json.dumps({"error_rate": rate}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+
+
+def test_a_canary_that_starts_failing_at_the_100_percent_step_rolls_back_citing_the_error_rate(
+    kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn,  # noqa: F811
+) -> None:
+    """A drafter change that serves well at 10% and 50%; when status.canary shows the 100% step started, its pods
+    begin to fail half their requests. The 100% step has its own window (no pass on an empty one), judged on
+    errors without a baseline: the canary rolls back, and the rollback cites the error rate."""
+    name = "late"
+    body = model(name, 2, str(kube.namespace))
+    kube.apply([http_route(name), body])
+    wait_for(f"{name} Ready", lambda: ready(kube, name), 120)
+    with BackgroundLoad(gateway.url, hostname(name), seed=21, model=name):
+        body["spec"]["drafters"] = [{"method": "eagle3", "model": "example-org/EAGLE3-LLaMA3.1-Instruct-8B-v2"}]
+        kube.apply(body)
+        wait_for("the 100% step started", lambda: canary(kube, name).get("weight") == 100
+                 or canary(kube, name).get("phase") in DONE, STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5,
+                 describe=lambda: canary_story(kube, name))
+        assert canary(kube, name).get("phase") == "Progressing", (canary(kube, name), rollback_event(kube, name))
+        revision = canary(kube, name)["canaryRevision"]
+        pods = [p for p in kube.items("pods", f"{contract.LABEL_TRACK}=canary")
+                if p["metadata"]["labels"].get(contract.LABEL_MODEL) == name
+                and p["metadata"]["labels"].get(contract.LABEL_REVISION) == revision and serving(p)]
+        assert pods
+        for pod in pods:
+            fail_requests(pod["status"]["podIP"], 0.5)
+        wait_for("canary decided", lambda: canary(kube, name).get("phase") in DONE, STEP_TIMEOUT_S + 60, 0.5,
+                 describe=lambda: canary_story(kube, name))
+    assert canary(kube, name).get("phase") == "RolledBack", (canary(kube, name), rollback_event(kube, name))
+    message = rollback_event(kube, name)
+    assert "error rate" in message.lower() and "step 3/3 (100%)" in message, message
+    print(f"{name}: {message}")  # shown with -rA

@@ -1,0 +1,161 @@
+"""Issue 31 causes 4 and 6 and issue 34's carried-over annotation, written first and watched failing on the old
+step machine: the 100% step passed on an empty window, a quiet model timed out and rolled back for lack of
+requests alone, and a one-shot promote meant for one canary promoted the next one unanalysed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, InsufficientTraffic, Rollout
+from specdec_operator.api.status import CanaryStatus
+from specdec_operator.canary.analysis import Comparison, Verdict, analyse
+from specdec_operator.canary.progress import advance, judge_step
+from tests.unit.canary.canaryfactories import (
+    PASS,
+    at,
+    canary_status,
+    target,
+    thresholds,
+    tpot_spread,
+    window,
+)
+
+STEPS = ((10, 60), (50, 60), (100, 0))
+
+
+def quiet_rollout(action: str = "Promote", max_wait: int = 3600) -> Rollout:
+    return Rollout(strategy="Canary", canary=Canary(
+        steps=[CanaryStep(weight=w, pause_seconds=p) for w, p in STEPS],
+        analysis=CanaryAnalysis(timeout_seconds=900),
+        insufficient_traffic=InsufficientTraffic(max_wait_seconds=max_wait, action=action),  # type: ignore[arg-type]
+    ))
+
+
+def step(status: CanaryStatus | None, verdict: Verdict | None, seconds: float, **kwargs: Any) -> Any:
+    kwargs.setdefault("rollout", quiet_rollout())
+    kwargs.setdefault("action", None)
+    return advance(status, target=target(), verdict=verdict, now=at(seconds), canary_ready=True, **kwargs)
+
+
+def quiet_verdict(**canary: Any) -> Verdict | None:
+    """What the handler hands the step machine for a canary with 12 finished requests in its window."""
+    stats = window(requests=12.0, **canary)
+    verdict = analyse(stats, window(), thresholds())
+    return judge_step(verdict, stats, canary_status(), thresholds())
+
+
+# --- the 100% step ---------------------------------------------------------------------------------------
+
+
+def test_the_full_step_never_passes_on_an_empty_window() -> None:
+    status = canary_status(step=2, weight=100)
+    empty = analyse(window(requests=0.0, tpot_buckets=()), None, thresholds())
+    assert empty.outcome == "Inconclusive"
+    for seconds in (0, 30, 600):
+        result = step(status, empty, seconds)
+        assert result.status.phase == "Progressing", result.event
+
+
+def test_the_full_step_promotes_on_its_own_window_of_min_requests() -> None:
+    status = canary_status(step=2, weight=100)
+    verdict = analyse(window(requests=120.0), None, thresholds())
+    result = step(status, verdict, 0)
+    assert result.status.phase == "Promoted" and result.event.reason == "CanaryPromoted"
+
+
+def test_a_passed_step_records_the_stables_tpot_for_the_full_step() -> None:
+    comparison = Comparison("TPOT p90", 41.0, 40.0, 1.15, False, " ms", 1, 0.4)
+    passing = Verdict("Pass", "ThresholdsMet", "fine", (comparison,))
+    result = step(canary_status(step=1, weight=50), passing, 61)
+    assert (result.status.step, result.status.weight) == (2, 100)
+    assert result.status.stable_tpot_p90_ms == 40.0 and result.status.stable_reference_step == 1
+
+
+def test_the_full_step_fails_a_canary_slower_than_the_stable_was() -> None:
+    status = canary_status(step=2, weight=100, stable_tpot_p90_ms=40.0, stable_reference_step=1)
+    slow = window(requests=150.0, tpot_buckets=tpot_spread(0.080, 150))
+    verdict = judge_step(analyse(slow, None, thresholds()), slow, status, thresholds())
+    assert verdict is not None and (verdict.outcome, verdict.reason) == ("Fail", "TPOTExceeded")
+    assert "recorded at step 2" in verdict.message
+    assert step(status, verdict, 5).status.phase == "RolledBack"
+
+
+def test_the_full_step_passes_a_canary_as_fast_as_the_stable_was() -> None:
+    status = canary_status(step=2, weight=100, stable_tpot_p90_ms=44.0, stable_reference_step=1)
+    same = window(requests=150.0, tpot_buckets=tpot_spread(0.040, 150))
+    verdict = judge_step(analyse(same, None, thresholds()), same, status, thresholds())
+    assert verdict is not None and verdict.outcome == "Pass"
+    assert step(status, verdict, 5).status.phase == "Promoted"
+
+
+def test_the_full_step_fails_on_errors_without_a_baseline() -> None:
+    status = canary_status(step=2, weight=100)
+    failing = window(requests=200.0, errors=100.0)
+    verdict = judge_step(analyse(failing, None, thresholds()), failing, status, thresholds())
+    result = step(status, verdict, 5)
+    assert result.status.phase == "RolledBack"
+    assert "ErrorRateExceeded" in result.event.message
+
+
+# --- quiet models ----------------------------------------------------------------------------------------
+
+
+def test_a_quiet_canary_holds_past_the_timeout_instead_of_rolling_back() -> None:
+    verdict = quiet_verdict()
+    assert verdict is not None and verdict.reason == "InsufficientTraffic"
+    held = step(canary_status(), verdict, 901)
+    assert held.status.phase == "Progressing" and held.status.hold_reason == "InsufficientTraffic"
+    assert held.event.reason == "CanaryInsufficientTraffic"
+    assert held.status.message.startswith("InsufficientTraffic")
+    again = step(held.status, verdict, 1500)
+    assert again.status.phase == "Progressing" and again.event is None  # the news is posted once
+
+
+def test_a_quiet_canary_carries_on_when_traffic_comes() -> None:
+    held = step(canary_status(), quiet_verdict(), 901).status
+    moved = step(held, PASS, 1200)
+    assert moved.event.reason == "CanaryStepPassed"
+    assert (moved.status.step, moved.status.hold_reason) == (1, "")
+
+
+def test_after_the_maximum_wait_a_clean_quiet_canary_is_promoted_by_default() -> None:
+    assert Canary().insufficient_traffic.action == "Promote"
+    result = step(canary_status(), quiet_verdict(), 3600)
+    assert result.status.phase == "Promoted" and result.event.reason == "CanaryPromoted"
+    assert "too few requests" in result.event.message
+
+
+def test_after_the_maximum_wait_a_quiet_canary_with_errors_rolls_back() -> None:
+    verdict = quiet_verdict(errors=1.0)
+    assert verdict is not None and verdict.reason == "InsufficientSamples"
+    assert step(canary_status(), verdict, 1200).status.phase == "Progressing"  # still never for lack alone
+    result = step(canary_status(), verdict, 3600)
+    assert result.status.phase == "RolledBack" and "InsufficientTraffic" in result.event.message
+
+
+def test_after_the_maximum_wait_rollback_when_the_spec_says_so() -> None:
+    result = step(canary_status(), quiet_verdict(), 3600, rollout=quiet_rollout(action="RollBack"))
+    assert result.status.phase == "RolledBack" and result.event.reason == "CanaryTimedOut"
+
+
+def test_an_inconclusive_difference_still_times_out() -> None:
+    uncertain = Verdict("Inconclusive", "DifferenceUncertain", "TPOT p90 ratio 1.3, p=0.2")
+    assert step(canary_status(), uncertain, 901).status.phase == "RolledBack"
+
+
+# --- one-shot annotations ----------------------------------------------------------------------------------
+
+
+def test_a_one_shot_action_does_not_carry_over_to_the_next_canary() -> None:
+    """promote for canary A, set as A finished on its own: it must be cleared, not promote B unanalysed."""
+    annotations = {"action": "promote"}
+    finished = canary_status(canary_revision="rev-a", phase="Promoted", weight=100, step=2)
+    for seconds in range(0, 40, 10):
+        action = annotations.get("action")
+        result = step(finished, None, seconds, action=action)
+        if result.plan.clear_action:
+            annotations.pop("action", None)
+        finished = result.status
+        assert finished.phase != "Promoted" or finished.canary_revision == "rev-a"
+    assert finished.canary_revision == "rev-new" and finished.phase == "Progressing"
+    assert "action" not in annotations
