@@ -140,10 +140,7 @@ def refused_flag_reached(arg: str) -> str | None:
 # ("attention_backend and attention_config.backend are mutually exclusive", vllm/engine/arg_utils.py).
 # A whole JSON value may carry the key, so only the dotted form `--attention-config.KEY=VALUE` of other keys
 # passes; its first key is compared as vLLM's parser passes it on: verbatim, without a list `+`.
-# backend_per_kind: the operator renders the MLA layers' backend there (decisions/runtime_env.py); both key
-# spellings are refused, as nothing says vLLM will never normalise '-' in a nested key.
-_ATTENTION_OWNED = ("backend", "backend_per_kind", "backend-per-kind")
-OWNED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"--attention-config": _ATTENTION_OWNED, "-ac": _ATTENTION_OWNED}
+OWNED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"--attention-config": ("backend",), "-ac": ("backend",)}
 
 
 def owned_config_key_reached(arg: str) -> tuple[str, str | None] | None:

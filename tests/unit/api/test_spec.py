@@ -341,13 +341,6 @@ ATTENTION_CONFIG_CLASHES = [
     "--attention-conf.backend=TRITON_ATTN",
     "--attention-c",
     "--attention_config.backend+=TRITON_ATTN",
-    # The operator renders the MLA layers' backend (decisions/runtime_env.py); extraArgs may not override it.
-    "--attention-config.backend_per_kind.mla_attention=TRITON_MLA",
-    "--attention_config.backend_per_kind.mla_attention=TRITON_MLA",
-    "-ac.backend_per_kind.mla_attention=TRITON_MLA",
-    "--attention-config.backend-per-kind.mla_attention=TRITON_MLA",
-    "--attention-conf.backend_per_kind+=TRITON_MLA",
-    "--attention-config.backend_per_kind",
 ]
 
 
