@@ -121,11 +121,13 @@ class PodSample:
     def k(self) -> int:
         """K the pod runs, as vLLM reveals it: one position series per draft position, or (a vLLM without
         per-position counters) draft tokens per draft, since every draft proposes K tokens."""
-        if not self.spec:
-            return 0
+        if not self.spec or self.violations:
+            return 0  # a pod whose counters vLLM cannot produce reveals no K (it is left out of decisions)
         if self.spec.accepted_per_position:
             return len(self.spec.accepted_per_position)
-        return round(self.spec.draft_tokens / self.spec.drafts) if self.spec.drafts > 0 else 0
+        per_draft = self.spec.draft_tokens / self.spec.drafts if self.spec.drafts > 0 else 0.0
+        # Bounded like the per-position series: no K past the API's maximum comes from a pod.
+        return min(MAX_K, round(per_draft)) if math.isfinite(per_draft) else 0
 
 
 @dataclass(frozen=True)
@@ -274,9 +276,12 @@ def impossible_counters(sample: PodSample) -> list[str]:
     found = []
     if spec.accepted > spec.draft_tokens:
         found.append(f"accepted tokens {spec.accepted:g} > draft tokens {spec.draft_tokens:g}")
-    if spec.accepted_per_position and spec.draft_tokens > spec.drafts * len(spec.accepted_per_position):
+    # One draft's worth of slack: counters exported through a recording (Prometheus, a replay file) may be
+    # rounded, and a rounded draft count must not make an honest pod look impossible.
+    k = len(spec.accepted_per_position)
+    if k and spec.draft_tokens > (spec.drafts + 1) * k:
         found.append(f"draft tokens {spec.draft_tokens:g} > K x drafts {spec.drafts:g}")
-    if any(count > spec.drafts for count in spec.accepted_per_position):
+    if any(count > spec.drafts + 1 for count in spec.accepted_per_position):
         found.append(f"a position accepted more often than the {spec.drafts:g} drafts")
     return found
 

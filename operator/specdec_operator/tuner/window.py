@@ -362,9 +362,10 @@ def _implausible_increase(delta: WindowDelta, k: int, seconds: float) -> str | N
         return "a non-finite increase"
     if delta.accepted > delta.draft_tokens:
         return f"{delta.accepted:g} tokens accepted of {delta.draft_tokens:g} drafted in {seconds:g}s"
-    if k > 0 and delta.draft_tokens > k * delta.drafts:
+    # One draft's worth of slack for rounded counters (tuner/samples.py, impossible_counters).
+    if k > 0 and delta.draft_tokens > k * (delta.drafts + 1):
         return f"{delta.draft_tokens:g} draft tokens in {delta.drafts:g} drafts at K={k}"
-    if any(count > delta.drafts for count in delta.accepted_per_position):
+    if any(count > delta.drafts + 1 for count in delta.accepted_per_position):
         return f"a position accepted more often than the {delta.drafts:g} drafts in {seconds:g}s"
     return None
 

@@ -58,7 +58,7 @@ def test_the_full_step_never_passes_on_an_empty_window() -> None:
 
 def test_the_full_step_promotes_on_its_own_window_of_min_requests() -> None:
     status = canary_status(step=2, weight=100)
-    verdict = analyse(window(requests=120.0), None, thresholds())
+    verdict = analyse(window(requests=400.0), None, thresholds())
     result = step(status, verdict, 0)
     assert result.status.phase == "Promoted" and result.event.reason == "CanaryPromoted"
 
@@ -73,7 +73,7 @@ def test_a_passed_step_records_the_stables_tpot_for_the_full_step() -> None:
 
 def test_the_full_step_fails_a_canary_slower_than_the_stable_was() -> None:
     status = canary_status(step=2, weight=100, stable_tpot_p90_ms=40.0, stable_reference_step=1)
-    slow = window(requests=150.0, tpot_buckets=tpot_spread(0.080, 150))
+    slow = window(requests=400.0, tpot_buckets=tpot_spread(0.080, 400))
     verdict = judge_step(analyse(slow, None, thresholds()), slow, status, thresholds())
     assert verdict is not None and (verdict.outcome, verdict.reason) == ("Fail", "TPOTExceeded")
     assert "recorded at step 2" in verdict.message
@@ -82,7 +82,7 @@ def test_the_full_step_fails_a_canary_slower_than_the_stable_was() -> None:
 
 def test_the_full_step_passes_a_canary_as_fast_as_the_stable_was() -> None:
     status = canary_status(step=2, weight=100, stable_tpot_p90_ms=44.0, stable_reference_step=1)
-    same = window(requests=150.0, tpot_buckets=tpot_spread(0.040, 150))
+    same = window(requests=400.0, tpot_buckets=tpot_spread(0.040, 400))
     verdict = judge_step(analyse(same, None, thresholds()), same, status, thresholds())
     assert verdict is not None and verdict.outcome == "Pass"
     assert step(status, verdict, 5).status.phase == "Promoted"
