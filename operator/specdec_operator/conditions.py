@@ -36,7 +36,7 @@ ROUTE_REASONS = ("HTTPRouteNotAccepted", "HTTPRouteRefsNotResolved", "HTTPRouteN
 DEGRADED_PRIORITY = (
     "StatusUnreadable", "InvalidSpec", "WriteRefused", *ROUTE_REASONS, "UnknownModelSize", "NoCompatibleNodes",
     "InsufficientMemory", "NoReplicas", *POD_FAILURE_REASONS, "NodesMissing", "CanaryRolledBack",
-    "CanaryAborted", "InsufficientGpus", "PodsUnschedulable",
+    "CanaryAborted", "InsufficientGpus", "PodsUnschedulable", "PodMetricsExcluded",
 )
 REDUCED_PRIORITY = ("DrafterFallback", "NoCompatibleNodes", "InsufficientMemory", "InsufficientGpus", "NoReplicas")
 
@@ -111,6 +111,7 @@ class ConditionFacts:
     reduced: tuple[Finding, ...] = ()  # DrafterFallback, skipped targets
     refusals: tuple[str, ...] = ()  # the API server's words for owned objects it refused
     route: Finding | None = None  # the Gateway refuses the HTTPRoute we weight, in its words
+    pod_metrics_excluded: Finding | None = None  # pods whose /metrics vLLM cannot produce (tuner/window.py)
 
 
 def _ranked(findings: Sequence[Finding], priority: Sequence[str]) -> list[Finding]:
@@ -146,7 +147,19 @@ def degraded_findings(facts: ConditionFacts) -> list[Finding]:
     if facts.canary_failed is not None:
         found.append(facts.canary_failed)
     found += facts.capacity
+    if facts.pod_metrics_excluded is not None:
+        found.append(facts.pod_metrics_excluded)
     return _ranked(found, DEGRADED_PRIORITY)
+
+
+def pod_metrics_finding(excluded: Sequence[tuple[str, str]], shown: int = 3) -> Finding | None:
+    """PodMetricsExcluded naming the pods (the first `shown`, and how many more) and what each broke."""
+    if not excluded:
+        return None
+    named = "; ".join(f"pod {pod}: {reason}" for pod, reason in excluded[:shown])
+    more = f"; and {len(excluded) - shown} more" if len(excluded) > shown else ""
+    return Finding("PodMetricsExcluded", f"{named}{more}: their /metrics is not what vLLM produces, so their "
+                   "counters are left out of K tuning and canary analysis")
 
 
 def summarize(facts: ConditionFacts) -> list[ConditionUpdate]:

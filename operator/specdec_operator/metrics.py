@@ -68,6 +68,12 @@ TUNER_WINDOW_RESTARTS = Counter(
     "Restarts of a pool's decision window by cause: resize, k_change, drafter, rollout.",
     (*_POOL, "cause"), registry=REGISTRY,
 )
+POD_METRICS_EXCLUDED = Gauge(
+    "specdec_pod_metrics_excluded",
+    "1 for each runtime pod whose /metrics vLLM cannot produce (non-finite, accepted > drafted, impossible rates, "
+    "changing histogram layouts, K above maxK): its counters are left out of tuning and canary analysis.",
+    (*_POOL, "pod"), registry=REGISTRY,
+)
 CANARY_WEIGHT = Gauge("specdec_canary_weight", "Percent of traffic on the canary.", _POOL, registry=REGISTRY)
 ROLLOUTS = Counter(
     "specdec_rollouts", "Finished canary rollouts by result.", (*_POOL, "result"), registry=REGISTRY
@@ -104,7 +110,7 @@ MODEL_CONDITION = Gauge(
 MODEL_METRICS: tuple[Gauge | Counter, ...] = (
     EFFECTIVE_K, RECOMMENDED_K, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH, POSITION_ACCEPTANCE, TOKENS_PER_SECOND,
     K_CHANGES, TUNER_DECISIONS, TUNER_SAMPLES, TUNER_MIN_SAMPLES, TUNER_WINDOW_START, TUNER_WINDOW_RESTARTS,
-    CANARY_WEIGHT, ROLLOUTS,
+    CANARY_WEIGHT, ROLLOUTS, POD_METRICS_EXCLUDED,
 )
 # The condition series each model has, so a changed reason replaces its old series instead of adding one.
 _CONDITION_SERIES: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
@@ -118,6 +124,38 @@ def set_model_conditions(namespace: str, model: str, conditions: Iterable[tuple[
     for type_, status, reason in current:
         MODEL_CONDITION.labels(namespace, model, type_, status, reason).set(1)
     _CONDITION_SERIES[(namespace, model)] = current
+
+
+# The excluded pods each model has series for (pool, pod), so pods that behave again or are gone leave /metrics.
+_EXCLUDED_SERIES: dict[tuple[str, str], set[tuple[str, str]]] = {}
+# How many positions each pool's specdec_position_acceptance has, so positions past a lowered K leave /metrics.
+_POSITIONS: dict[tuple[str, str, str], int] = {}
+
+
+def set_excluded_pods(namespace: str, model: str, pods: Iterable[tuple[str, str]]) -> None:
+    """Export the model's excluded (pool, pod) pairs as series of value 1; drop those no longer excluded."""
+    current = set(pods)
+    for pool, pod in _EXCLUDED_SERIES.get((namespace, model), set()) - current:
+        POD_METRICS_EXCLUDED.remove(namespace, model, pool, pod)
+    for pool, pod in current:
+        pool_series(POD_METRICS_EXCLUDED, namespace, model, pool, pod).set(1)
+    if current:
+        _EXCLUDED_SERIES[(namespace, model)] = current
+    else:
+        _EXCLUDED_SERIES.pop((namespace, model), None)
+
+
+def set_position_acceptance(namespace: str, model: str, pool: str, rates: Iterable[float]) -> None:
+    """specdec_position_acceptance for positions 0..len(rates)-1; the positions past them (K lowered) go."""
+    values = list(rates)
+    for position, rate in enumerate(values):
+        pool_series(POSITION_ACCEPTANCE, namespace, model, pool, str(position)).set(rate)
+    for position in range(len(values), _POSITIONS.get((namespace, model, pool), 0)):
+        POSITION_ACCEPTANCE.remove(namespace, model, pool, str(position))
+    if values:
+        _POSITIONS[(namespace, model, pool)] = len(values)
+    else:
+        _POSITIONS.pop((namespace, model, pool), None)
 
 
 # The pools each model has series for, so pruning a model's gone pools looks at that model alone. Reading
@@ -139,6 +177,9 @@ def forget_model(namespace: str, model: str) -> None:
     # pool_series().
     _POOLS_WITH_SERIES.pop((namespace, model), None)
     _CONDITION_SERIES.pop((namespace, model), None)
+    _EXCLUDED_SERIES.pop((namespace, model), None)
+    for key in [key for key in _POSITIONS if key[:2] == (namespace, model)]:
+        del _POSITIONS[key]
     MODEL_CONDITION.remove_by_labels({"namespace": namespace, "model": model})
     for metric in MODEL_METRICS:
         metric.remove_by_labels({"namespace": namespace, "model": model})
@@ -152,6 +193,10 @@ def forget_pools_except(namespace: str, model: str, pools: set[str]) -> None:
     for pool in known - pools:
         for metric in MODEL_METRICS:
             metric.remove_by_labels({"namespace": namespace, "model": model, "pool": pool})
+        _POSITIONS.pop((namespace, model, pool), None)
+    excluded = _EXCLUDED_SERIES.get((namespace, model))
+    if excluded:
+        excluded -= {(pool, pod) for pool, pod in excluded if pool not in pools}
     known &= pools
 
 
@@ -159,6 +204,8 @@ def forget_all_models() -> None:
     """A replica that stops acting exports no model series: the active one speaks for every model."""
     _POOLS_WITH_SERIES.clear()
     _CONDITION_SERIES.clear()
+    _EXCLUDED_SERIES.clear()
+    _POSITIONS.clear()
     MODEL_CONDITION.clear()
     for metric in MODEL_METRICS:
         metric.clear()

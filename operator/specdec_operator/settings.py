@@ -79,6 +79,12 @@ class OperatorSettings(BaseSettings):
     )
     scrape_timeout_seconds: float = Field(default=5.0, gt=0, description="Per-pod scrape timeout.")
     scrape_concurrency: int = Field(default=32, ge=1, description="Scrapes in flight at once.")
+    scrape_max_body_bytes: int = Field(
+        default=2 * 1024 * 1024, ge=64 * 1024,
+        description="Largest runtime pod /metrics body read; a larger one is a failed scrape. vLLM's body is "
+        "15-20 KiB per data-parallel engine (about 125 KiB with 8): 2 MiB leaves 16 times that, and bounds what "
+        "one pod's body costs the operator to read and parse (~0.2 s).",
+    )
     scrape_loopback_only: bool = Field(
         default=False,
         description="Scrape only 127.0.0.0/8 pod IPs (set in local clusters and tests, where pods are fake).",

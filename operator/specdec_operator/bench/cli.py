@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     canary.add_argument("--seed", type=int, default=1)
     canary.add_argument("--json", action="store_true", help="print JSON instead of the table")
     canary.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    hostile = sub.add_parser("hostile", help="one hostile model's pods beside healthy models, real scrape path")
+    from specdec_operator.bench.hostile import add_arguments
+
+    add_arguments(hostile)
     return parser
 
 
@@ -104,6 +108,10 @@ def bench_main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.benchmark == "canary":
         return canary_main(args)
+    if args.benchmark == "hostile":
+        from specdec_operator.bench import hostile as hostile_bench
+
+        return hostile_bench.main(args)
     if not args.min_k <= args.initial_k <= args.max_k or args.max_k > 16 or args.min_k < 0:
         sys.stderr.write("error: need 0 <= --min-k <= --initial-k <= --max-k <= 16\n")
         return 2

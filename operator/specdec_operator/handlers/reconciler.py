@@ -246,6 +246,8 @@ async def reconcile(
             await record_decision(ctx, body, baseline, observed, tuning, logger)
             RECONCILES.labels(result="ok").inc()
             return ReconcilePlan()
+        if tuning.excluded_pods:
+            observed = dataclasses.replace(observed, excluded_pod_metrics=tuning.excluded_pods)
         plan = evaluate(
             observed, ctx.evaluation_settings, utc_now(), speculation=tuning.speculation, verdicts=tuning.verdicts,
             refusals=refusals_of(ctx, key).summary(),

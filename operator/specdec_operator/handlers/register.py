@@ -55,6 +55,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     memo.context.scrapes = ScrapeScheduler(
         http, interval_s=operator_settings.scrape_interval_seconds, timeout_s=operator_settings.scrape_timeout_seconds,
         concurrency=operator_settings.scrape_concurrency, allow_non_loopback=not operator_settings.scrape_loopback_only,
+        max_body_bytes=operator_settings.scrape_max_body_bytes,
     )
     start_background_tasks(memo.context)
     if not operator_settings.standalone:

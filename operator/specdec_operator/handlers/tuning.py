@@ -9,6 +9,7 @@ step's clock with them, which delays a verdict but never skips, repeats or times
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -32,7 +33,10 @@ from specdec_operator.reconcile.plan import read_status
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, scrape_targets, speculation_status
 from specdec_operator.render.names import deployment_name, label_value
 from specdec_operator.tuner.engine import PoolContext, TunerState
-from specdec_operator.tuner.exporter import count_k_change, publish
+from specdec_operator.tuner.exporter import count_k_change, publish, publish_exclusions
+from specdec_operator.tuner.window import QUARANTINE_S
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,6 +60,8 @@ class TuningOutcome:
     # With strategy Canary a recorded decision is not a K change yet: the canary's promotion makes it one
     # (reconcile/rollout.py posts KChanged then, handlers/reconciler.py counts it).
     rolls_out_now: bool = True
+    # Pods whose /metrics vLLM cannot produce, left out of tuning and canary analysis: (pod, why), sorted.
+    excluded_pods: tuple[tuple[str, str], ...] = ()
 
     def commit(self, tuner: ModelTuner | None, namespace: str, name: str) -> None:
         """The proposal is in status: the tuner may now remember it; a rolling K change counts now."""
@@ -79,10 +85,13 @@ async def _observe_round(
     name: str,
     previous: SpeculativeModelStatus,
     contexts: list[PoolContext],
+    max_k: int,
 ) -> None:
     """Tell the scrape scheduler which pods the model has now; feed the tuner every round it finished since.
 
-    The scheduler scrapes on its own operator-wide schedule (handlers/scrapes.py); this only reads.
+    The scheduler scrapes on its own operator-wide schedule (handlers/scrapes.py); this only reads. A pod the
+    tuner's windows exclude (counters vLLM cannot produce) is logged once when it is excluded, and exported in
+    specdec_pod_metrics_excluded while it stays out.
     """
     assert ctx.scrapes is not None  # started in configure(), before any model loop
     tuner.next_scrape_at = time.monotonic() + ctx.settings.scrape_interval_seconds
@@ -92,12 +101,18 @@ async def _observe_round(
     ctx.scrapes.want(key, targets)
     allow = not ctx.settings.scrape_loopback_only
     for results in ctx.scrapes.take(key):
-        report = tuner.state.observe(contexts, results, time.monotonic())
+        excluded_before = tuner.state.excluded_pods()
+        report = tuner.state.observe(contexts, results, time.monotonic(), max_k=max_k)
+        for pod, reason in sorted(report.violations.items()):
+            if pod not in excluded_before:
+                logger.warning("%s/%s: pod %s left out of tuning and canary analysis for %ds: its /metrics is not "
+                               "what vLLM produces: %s", namespace, name, pod, QUARANTINE_S, reason)
         if tuner.canary.step is not None and previous.canary is not None:
             compared = {previous.canary.canary_revision, previous.canary.stable_revision}
             watched = [target for target in targets if target.revision in compared]
             health = await probe_health(watched, session, ctx.settings.scrape_timeout_seconds, allow)
             tuner.canary.add(report, results, health, pod_restarts(pods))
+    publish_exclusions(namespace, name, tuner.state.exclusions)
 
 
 async def scrape_tick(ctx: OperatorContext, session: aiohttp.ClientSession, body: Mapping[str, Any]) -> None:
@@ -116,7 +131,8 @@ async def scrape_tick(ctx: OperatorContext, session: aiohttp.ClientSession, body
     if read.problems:
         return
     contexts = pool_contexts(read.status.pools, spec.model.tensor_parallel_size, tuner.rolling)
-    await _observe_round(ctx, session, tuner, meta["namespace"], meta["name"], read.status, contexts)
+    await _observe_round(ctx, session, tuner, meta["namespace"], meta["name"], read.status, contexts,
+                         spec.speculation.max_k)
 
 
 def next_wake(ctx: OperatorContext, namespace: str, name: str) -> tuple[float, float] | None:
@@ -187,7 +203,9 @@ async def tuning_step(
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling,
                              previous.speculation.rejected_ks)
     if now >= tuner.next_scrape_at:
-        await _observe_round(ctx, session, tuner, observed.namespace, observed.name, previous, contexts)
+        await _observe_round(ctx, session, tuner, observed.namespace, observed.name, previous, contexts,
+                             spec.speculation.max_k)
+    excluded = tuple(sorted(tuner.state.excluded_pods().items()))
     thresholds = spec.rollout.canary.analysis if spec.rollout.canary else None
     verdicts = route_hold(
         canary_verdicts(tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size,
@@ -197,11 +215,11 @@ async def tuning_step(
     )
     if not autotune.enabled:
         tuner.next_evaluation_at = math.inf  # nothing to evaluate: the loop must not wake for it
-        return TuningOutcome(verdicts=verdicts)
+        return TuningOutcome(verdicts=verdicts, excluded_pods=excluded)
     if tuner.next_evaluation_at == math.inf:
         tuner.next_evaluation_at = now + autotune.interval_seconds
     if now < tuner.next_evaluation_at:
-        return TuningOutcome(verdicts=verdicts)
+        return TuningOutcome(verdicts=verdicts, excluded_pods=excluded)
     tuner.next_evaluation_at = now + autotune.interval_seconds
     report_ = tuner.state.evaluate(now, contexts, spec.speculation)
     publish(observed.namespace, observed.name, report_)
@@ -223,4 +241,4 @@ async def tuning_step(
         ))
     status = speculation_status(previous.speculation, report_.stats, decision)
     return TuningOutcome(speculation=status, events=tuple(events), verdicts=verdicts, proposal=decision,
-                         proposed_at=now, rolls_out_now=not canary_mode)
+                         proposed_at=now, rolls_out_now=not canary_mode, excluded_pods=excluded)

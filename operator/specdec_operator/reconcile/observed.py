@@ -34,6 +34,9 @@ class ObservedModel:
     # False: the watch cache may not hold the model's owned objects and pods yet (a replica that resumed after a
     # pause, handlers/resync.py); what `children` and `pods` lack is then unknown, not absent.
     children_known: bool = True
+    # Runtime pods whose /metrics vLLM cannot produce, left out of tuning and canary analysis (tuner/window.py):
+    # (pod, why). The plan reports them in the Degraded condition.
+    excluded_pod_metrics: tuple[tuple[str, str], ...] = ()
 
     def children_of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         return [body for (child_kind, _), body in sorted(self.children.items()) if child_kind == kind]

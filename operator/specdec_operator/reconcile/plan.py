@@ -20,7 +20,7 @@ from specdec_operator.api.status import (
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
 from specdec_operator.canary.traffic import RouteError, canary_percent, reaches_canary, route_weights
-from specdec_operator.conditions import ConditionFacts, Finding, apply_updates, summarize
+from specdec_operator.conditions import ConditionFacts, Finding, apply_updates, pod_metrics_finding, summarize
 from specdec_operator.decisions.absence import AbsenceDecision, HeldPool, held_message, hold_missing_pools
 from specdec_operator.decisions.placement import plan_placement
 from specdec_operator.decisions.pod_failures import failure_summaries, pod_failures
@@ -275,7 +275,7 @@ def evaluate(
                             if (held := absence.held_for(p.gfx_target)) is not None),
         canary_progress=canary_progress, canary_failed=canary_failed,
         capacity=capacity_findings(placement, usage, moment), refusals=tuple(refusals),
-        route=route_finding,
+        route=route_finding, pod_metrics_excluded=pod_metrics_finding(observed.excluded_pod_metrics),
     )
     status = build_status(observed, previous, pool_statuses, summarize(condition_facts), now, speculation,
                           rollout.canary)

@@ -12,6 +12,7 @@ so a failed write leaves the tuner exactly where the cluster is.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,10 +22,10 @@ from specdec_operator.api.spec import Speculation
 from specdec_operator.api.status import PoolSpeculationStats, SpeculationStatus, TuningDecision
 from specdec_operator.decisions.legal_k import legal_ks
 from specdec_operator.tuner.costmodel import StepCostModel
-from specdec_operator.tuner.estimator import estimate_acceptance, position_rates
+from specdec_operator.tuner.estimator import EVIDENCE_FLOOR, estimate_acceptance, position_rates
 from specdec_operator.tuner.policy import PoolEvidence, decide
 from specdec_operator.tuner.samples import ScrapeResult
-from specdec_operator.tuner.window import CounterWindows, WindowDelta, WindowReport
+from specdec_operator.tuner.window import CounterWindows, Exclusion, WindowDelta, WindowReport
 
 # Acceptance follows the traffic mix, which can shift within minutes; older evidence halves this fast.
 ACCEPTANCE_HALF_LIFE_S = 180.0
@@ -125,14 +126,22 @@ class TunerState:
         return cls(last_change_at=last_change, previous_k=previous)
 
     def observe(
-        self, pools: Sequence[PoolContext], results: Sequence[ScrapeResult], now: float | None = None
+        self,
+        pools: Sequence[PoolContext],
+        results: Sequence[ScrapeResult],
+        now: float | None = None,
+        *,
+        max_k: int | None = None,
     ) -> WindowReport:
-        """Take one round of scrapes. Bad scrapes are counted and otherwise ignored.
+        """Take one round of scrapes. Bad scrapes are counted and otherwise ignored; pods whose counters vLLM
+        cannot produce are left out (`excluded_pods`).
 
         `now` is when the caller looks (default: the newest scrape). A change of a pool seen now restarts its
-        window now: the round may have been scraped before the change and taken after it.
+        window now: the round may have been scraped before the change and taken after it. `max_k`: the spec's
+        maxK; no pod's /metrics makes a K above it (or above its pool's current K) count.
         """
-        report = self._windows.observe(results)
+        k_limit = None if max_k is None else max([max_k, *(pool.effective_k for pool in pools)])
+        report = self._windows.observe(results, k_limit=k_limit)
         self._events.update(report.events)
         self._windows.forget_except(result.target.uid for result in results)
         if not results:
@@ -195,7 +204,36 @@ class TunerState:
             history.recent, history.fresh = {}, {}
         self._events = Counter()
         self._recent_since = now
+        # Pools the model no longer has take their histories with them.
+        names = {pool.name for pool in pools}
+        for gone in [name for name in self._pools if name not in names]:
+            del self._pools[gone]
+        for gone in [name for name in self._previous_k if name not in names]:
+            del self._previous_k[gone]
         return report
+
+    @property
+    def exclusions(self) -> dict[str, Exclusion]:
+        """The pods left out now, by UID, with their pool and reason."""
+        return self._windows.excluded
+
+    def excluded_pods(self) -> dict[str, str]:
+        """Pods whose counters vLLM cannot produce, left out of every window now: pod (namespace/name) -> why."""
+        return {exclusion.pod: exclusion.reason for exclusion in self._windows.excluded.values()}
+
+    def pools_held(self) -> set[str]:
+        """The pools the tuner keeps a history for."""
+        return set(self._pools)
+
+    def ks_held(self) -> set[int]:
+        """Every K some pool keeps evidence for (bounded by the spec's maxK, not by what pods show)."""
+        return {k for history in self._pools.values()
+                for by_k in (history.by_k, history.recent, history.fresh) for k in by_k}
+
+    def histogram_buckets_held(self) -> int:
+        """The most TPOT buckets any one kept histogram has: one layout per pool, so never more than vLLM's."""
+        return max((len(delta.tpot_buckets) for history in self._pools.values()
+                    for by_k in (history.by_k, history.recent, history.fresh) for delta in by_k.values()), default=0)
 
     def commit(self, decision: TuningDecision, now: float) -> None:
         """The decision is durable (in status): start its cooldown and remember the K it left.
@@ -248,7 +286,9 @@ class TunerState:
     def _forget(self, history: _PoolHistory, at: float) -> None:
         if history.decayed_at is not None and at > history.decayed_at:
             factor = 0.5 ** ((at - history.decayed_at) / self._acceptance_half_life_s)
-            history.by_k = {k: delta.scaled(factor) for k, delta in history.by_k.items()}
+            # Evidence decayed to nothing is dropped: kept, it reaches magnitudes whose squares underflow to zero.
+            history.by_k = {k: scaled for k, delta in history.by_k.items()
+                            if _weighs(scaled := delta.scaled(factor))}
         if history.decayed_at is None or at > history.decayed_at:
             history.decayed_at = at
 
@@ -285,13 +325,13 @@ class TunerState:
         if at_k is None or at_k.drafts <= 0:
             return PoolSpeculationStats(
                 pool=pool.name,
-                drafts=int(history.samples) if k > 0 else 0,
+                drafts=_count(history.samples) if k > 0 else 0,
                 tokens_per_second=_round(tokens_per_second),
                 recommended_k=recommended_k,
             )
         return PoolSpeculationStats(
             pool=pool.name,
-            drafts=int(history.samples),
+            drafts=_count(history.samples),
             acceptance_rate=_round(at_k.accepted / at_k.draft_tokens if at_k.draft_tokens > 0 else None),
             mean_accepted_length=_round(1 + at_k.accepted / at_k.drafts),
             per_position_acceptance=[round(rate, 4) for rate in position_rates(at_k)],
@@ -331,7 +371,16 @@ def _sum(deltas: Iterable[WindowDelta]) -> WindowDelta | None:
 
 
 def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+    """For status: a figure that is not finite is no figure (the API server refuses NaN and Infinity)."""
+    return None if value is None or not math.isfinite(value) else round(value, 4)
+
+
+def _count(value: float) -> int:
+    return int(value) if math.isfinite(value) and value > 0 else 0
+
+
+def _weighs(delta: WindowDelta) -> bool:
+    return max(delta.drafts, delta.generation_tokens, delta.itl_count, delta.pod_seconds) >= EVIDENCE_FLOOR
 
 
 def _parse_time(text: str) -> float | None:

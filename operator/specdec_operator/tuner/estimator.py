@@ -28,6 +28,9 @@ FULL_DRAFT_SHARE = 0.98
 # have faded they describe a traffic mix that may be gone, and extrapolating from fresh shallow
 # positions is the better guess.
 FRESH_COVERAGE = 0.2
+# Decayed counts below this are no evidence at all (a millionth of a draft). Evidence halves every few minutes:
+# a day after a pool left a K its counts reach 1e-160, where squaring them underflows to zero.
+EVIDENCE_FLOOR = 1e-6
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,9 @@ class Interval:
 
 
 def wilson_interval(successes: float, trials: float, z: float = Z_95) -> Interval:
-    """Wilson score interval of a proportion; counts may be fractional (decayed evidence)."""
-    if trials <= 0:
+    """Wilson score interval of a proportion; counts may be fractional (decayed evidence). Total: fewer than
+    EVIDENCE_FLOOR trials (or a count that is not a number) say nothing, and the proportion is clamped to [0, 1]."""
+    if not (trials >= EVIDENCE_FLOOR and math.isfinite(trials) and math.isfinite(successes)):
         return Interval(0.5, 0.0, 1.0)
     p = min(max(successes / trials, 0.0), 1.0)
     denominator = 1 + z * z / trials
@@ -114,7 +118,7 @@ def _chain_length(conditional: tuple[Interval, ...], k: int) -> Interval:
 
 def estimate_acceptance(by_k: Mapping[int, WindowDelta], method: str) -> AcceptanceEstimate:
     """Pool the evidence of every K observed: position i's conditional acceptance uses all windows with K > i."""
-    windows = {k: delta for k, delta in by_k.items() if k > 0 and delta.drafts > 0}
+    windows = {k: delta for k, delta in by_k.items() if k > 0 and delta.drafts >= EVIDENCE_FLOOR}
     all_drafts = sum(delta.drafts for delta in windows.values())
     deepest = max(windows, default=0)
     conditional: list[Interval] = []
@@ -132,26 +136,26 @@ def estimate_acceptance(by_k: Mapping[int, WindowDelta], method: str) -> Accepta
         conditional.append(wilson_interval(accepted, trials))
     proposed = sum(delta.draft_tokens for delta in windows.values())
     capacity = sum(delta.drafts * k for k, delta in windows.items())
-    measured = {k: _measured_length(delta) for k, delta in windows.items()}
+    measured = {k: _measured_length(delta, k) for k, delta in windows.items()}
     return AcceptanceEstimate(
         conditional=tuple(conditional),
         drafts=all_drafts,
-        draft_share=proposed / capacity if capacity > 0 else 1.0,
+        draft_share=min(1.0, proposed / capacity) if capacity > 0 else 1.0,
         opaque=method in BLOCK_DRAFTERS,
         measured_lengths=measured,
     )
 
 
-def _measured_length(delta: WindowDelta) -> Interval:
-    """E(K) measured as 1 + accepted/drafts; sd from the per-draft variance bound (accepted <= K per draft)."""
-    mean = 1 + delta.accepted / delta.drafts
-    k = max(len(delta.accepted_per_position), 1)
-    sd = math.sqrt((mean - 1) * (k + 1 - mean) / max(delta.drafts, 1e-9))
+def _measured_length(delta: WindowDelta, k: int) -> Interval:
+    """E(K) measured as 1 + accepted/drafts; sd from the per-draft variance bound (accepted <= K per draft).
+    The mean is clamped to [1, K + 1], where vLLM's accounting keeps it, so the variance is never negative."""
+    mean = min(max(1 + delta.accepted / delta.drafts, 1.0), k + 1.0)
+    sd = math.sqrt((mean - 1) * (k + 1 - mean) / max(delta.drafts, EVIDENCE_FLOOR))
     return Interval(mean, max(1.0, mean - Z_95 * sd), mean + Z_95 * sd)
 
 
 def position_rates(delta: WindowDelta) -> list[float]:
     """A_i / N: the share of drafts whose first i+1 tokens were accepted (what status shows)."""
-    if delta.drafts <= 0:
+    if delta.drafts < EVIDENCE_FLOOR:
         return []
-    return [count / delta.drafts for count in delta.accepted_per_position]
+    return [min(max(count / delta.drafts, 0.0), 1.0) for count in delta.accepted_per_position]

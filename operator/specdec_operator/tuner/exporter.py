@@ -6,6 +6,7 @@ These gauges are the fresh numbers: status carries the same statistics refreshed
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from specdec_operator.api.status import TuningDecision
 from specdec_operator.metrics import (
@@ -13,7 +14,6 @@ from specdec_operator.metrics import (
     EFFECTIVE_K,
     K_CHANGES,
     MEAN_ACCEPTED_LENGTH,
-    POSITION_ACCEPTANCE,
     RECOMMENDED_K,
     TOKENS_PER_SECOND,
     TUNER_DECISIONS,
@@ -23,8 +23,11 @@ from specdec_operator.metrics import (
     TUNER_WINDOW_START,
     forget_pools_except,
     pool_series,
+    set_excluded_pods,
+    set_position_acceptance,
 )
 from specdec_operator.tuner.engine import RESTART_CAUSES, TunerReport
+from specdec_operator.tuner.window import Exclusion
 
 
 def publish(namespace: str, model: str, report: TunerReport) -> None:
@@ -46,8 +49,7 @@ def publish(namespace: str, model: str, report: TunerReport) -> None:
             pool_series(MEAN_ACCEPTED_LENGTH, *labels).set(stats.mean_accepted_length)
         if stats.tokens_per_second is not None:
             pool_series(TOKENS_PER_SECOND, *labels).set(stats.tokens_per_second)
-        for position, rate in enumerate(stats.per_position_acceptance):
-            pool_series(POSITION_ACCEPTANCE, *labels, str(position)).set(rate)
+        set_position_acceptance(*labels, stats.per_position_acceptance)
     # Each pool's decision window as the decisions below saw it: samples below the minimum mean they held for
     # samples. Every cause's series exists from the first report on, so an increase from 0 is seen as one.
     # The engine's times are monotonic; the two clocks read back to back give the same start at every report.
@@ -62,6 +64,11 @@ def publish(namespace: str, model: str, report: TunerReport) -> None:
             pool_series(TUNER_MIN_SAMPLES, *labels).set(report.min_samples)
     for decision in report.decisions:
         pool_series(TUNER_DECISIONS, namespace, model, decision.pool, decision.action).inc()
+
+
+def publish_exclusions(namespace: str, model: str, excluded: Mapping[str, Exclusion]) -> None:
+    """specdec_pod_metrics_excluded for the pods the model's windows leave out now (by UID); the rest go."""
+    set_excluded_pods(namespace, model, {(exclusion.pool, exclusion.pod) for exclusion in excluded.values()})
 
 
 def count_k_change(namespace: str, model: str, decision: TuningDecision) -> None:

@@ -3,16 +3,24 @@
 Pure: no I/O. `parse_metrics` either returns a `PodSample` (possibly marked incomplete, with the
 reasons) or raises `MetricsParseError`; it never raises anything else, because a pod's output is
 untrusted input and a bad scrape must never crash the operator or move K.
+
+A sample keeps two kinds of reasons apart: `problems` (families missing or partial, as a pod still starting
+or an older vLLM serves them) and `violations` (values vLLM cannot produce: non-finite or negative counters,
+sums past float max, more accepted tokens than drafted, more draft positions than any K the API admits, a
+histogram of more buckets than vLLM writes). Either makes the sample incomplete; a violation also makes the
+tuner's windows leave the pod out and name it (tuner/window.py). What a sample keeps is bounded by the API's
+limits, not by the body: at most MAX_K positions and MAX_HISTOGRAM_BUCKETS buckets.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Literal
 
+from specdec_operator.api.vocabulary import MAX_K
 from specdec_operator.tuner.exposition import Labels, MalformedSample, Sample, parse_samples
 
 # vLLM 0.33 metric families (vllm/v1/spec_decode/metrics.py, vllm/v1/metrics/loggers.py).
@@ -37,6 +45,8 @@ _HISTOGRAMS = (INTER_TOKEN_LATENCY, TIME_PER_OUTPUT_TOKEN)
 # Labels that split one logical series; every other label (model_name, engine) is summed over,
 # so a data-parallel pod with several engines reads as one pod.
 _KEY_LABELS = ("position", "le", "finished_reason", "status")
+# vLLM's latency histograms have 15-25 buckets (vllm/v1/metrics/loggers.py); anything past this is not vLLM.
+MAX_HISTOGRAM_BUCKETS = 64
 
 
 class MetricsParseError(ValueError):
@@ -95,10 +105,11 @@ class PodSample:
     created: float | None
     problems: tuple[str, ...] = field(default=())
     requests: RequestCounters = field(default_factory=RequestCounters)
+    violations: tuple[str, ...] = field(default=())  # values vLLM cannot produce: the pod is left out and named
 
     @property
     def complete(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.violations
 
     @property
     def k(self) -> int:
@@ -194,16 +205,17 @@ def _total(series: _Series, name: str) -> float | None:
 
 def _build_sample(series: _Series) -> PodSample:
     problems: list[str] = []
-    spec = _spec_counters(series, problems)
+    violations: list[str] = []
+    spec = _spec_counters(series, problems, violations)
     generation = _total(series, GENERATION_TOKENS + "_total")
     if generation is None:
         problems.append(f"{GENERATION_TOKENS}_total missing")
-    histograms = {name: _histogram(series, name, problems) for name in _HISTOGRAMS}
+    histograms = {name: _histogram(series, name, problems, violations) for name in _HISTOGRAMS}
     numbers: list[float] = [value for by_key in series.values() for value in by_key.values()]
     if not all(math.isfinite(value) and value >= 0 for value in numbers):
-        problems.append("negative or non-finite value")
+        violations.append("negative or non-finite value")
     created = [value for name in (GENERATION_TOKENS, DRAFTS) if (value := _earliest_created(series, name)) is not None]
-    return PodSample(
+    sample = PodSample(
         spec=spec,
         generation_tokens=generation,
         requests_running=_total(series, REQUESTS_RUNNING),
@@ -213,6 +225,42 @@ def _build_sample(series: _Series) -> PodSample:
         problems=tuple(problems),
         requests=_request_counters(series),
     )
+    if not violations:
+        violations += impossible_counters(sample)
+    return replace(sample, violations=tuple(violations)) if violations else sample
+
+
+def sample_numbers(sample: PodSample) -> list[float]:
+    """Every number of the sample the tuner does arithmetic on."""
+    numbers = [sample.generation_tokens or 0.0, sample.requests_running or 0.0]
+    if sample.spec is not None:
+        spec = sample.spec
+        numbers += [spec.drafts, spec.draft_tokens, spec.accepted, *spec.accepted_per_position]
+    for histogram in (sample.inter_token_latency, sample.time_per_output_token):
+        if histogram is not None:
+            numbers += [histogram.total, histogram.count, *(count for _, count in histogram.buckets)]
+    requests = sample.requests
+    return [*numbers, requests.finished, requests.errored, requests.http, requests.http_5xx]
+
+
+def impossible_counters(sample: PodSample) -> list[str]:
+    """What in a parsed sample vLLM cannot produce: sums past float max (engines or label sets summed), and
+    spec-decode counters that break vLLM's own accounting (vllm/v1/spec_decode/metrics.py counts, per draft,
+    K' <= K proposed tokens and a prefix of them accepted; it writes drafts and draft tokens before accepted
+    tokens, so a scrape between the writes still satisfies these)."""
+    if not all(math.isfinite(value) and value >= 0 for value in sample_numbers(sample)):
+        return ["a counter sum is past float max"]
+    spec = sample.spec
+    if spec is None:
+        return []
+    found = []
+    if spec.accepted > spec.draft_tokens:
+        found.append(f"accepted tokens {spec.accepted:g} > draft tokens {spec.draft_tokens:g}")
+    if spec.accepted_per_position and spec.draft_tokens > spec.drafts * len(spec.accepted_per_position):
+        found.append(f"draft tokens {spec.draft_tokens:g} > K x drafts {spec.drafts:g}")
+    if any(count > spec.drafts for count in spec.accepted_per_position):
+        found.append(f"a position accepted more often than the {spec.drafts:g} drafts")
+    return found
 
 
 def _request_counters(series: _Series) -> RequestCounters:
@@ -234,7 +282,7 @@ def _earliest_created(series: _Series, family: str) -> float | None:
     return None if not values else min(values.values())
 
 
-def _spec_counters(series: _Series, problems: list[str]) -> SpecCounters | None:
+def _spec_counters(series: _Series, problems: list[str], violations: list[str]) -> SpecCounters | None:
     present = [name for name in _SPEC_FAMILIES if name + "_total" in series]
     if not present:
         return None
@@ -242,16 +290,22 @@ def _spec_counters(series: _Series, problems: list[str]) -> SpecCounters | None:
         missing = sorted(set(_SPEC_FAMILIES) - set(present))
         problems.append(f"partial spec-decode counters: missing {', '.join(missing)}")
         return None
-    per_position = _per_position(series[ACCEPTED_PER_POSITION + "_total"], problems)
+    per_position = _per_position(series[ACCEPTED_PER_POSITION + "_total"], problems, violations)
     drafts, draft_tokens, accepted = (_total(series, name + "_total") or 0.0 for name in _SPEC_FAMILIES[:3])
     return SpecCounters(drafts, draft_tokens, accepted, per_position)
 
 
-def _per_position(values: Mapping[tuple[str, ...], float], problems: list[str]) -> tuple[float, ...]:
+def _per_position(
+    values: Mapping[tuple[str, ...], float], problems: list[str], violations: list[str]
+) -> tuple[float, ...]:
+    if len(values) > MAX_K:
+        # K comes from the spec (at most MAX_K), never from how many series a pod shows: none of them is kept.
+        violations.append(f"{len(values)} draft positions: more than any K the API admits ({MAX_K})")
+        return ()
     by_position: dict[int, float] = {}
     for (position, *_), value in values.items():
-        if not position.isdigit():
-            problems.append(f"bad position label {position!r}")
+        if not position.isdigit() or len(position) > 3:
+            problems.append(f"bad position label {position[:20]!r}")
             return ()
         by_position[int(position)] = value
     expected = list(range(len(by_position)))
@@ -261,11 +315,14 @@ def _per_position(values: Mapping[tuple[str, ...], float], problems: list[str]) 
     return tuple(by_position[i] for i in expected)
 
 
-def _histogram(series: _Series, name: str, problems: list[str]) -> HistogramSnapshot | None:
+def _histogram(series: _Series, name: str, problems: list[str], violations: list[str]) -> HistogramSnapshot | None:
     bucket_values = series.get(name + "_bucket")
     total, count = _total(series, name + "_sum"), _total(series, name + "_count")
     if bucket_values is None or total is None or count is None:
         problems.append(f"{name} histogram missing or partial")
+        return None
+    if len(bucket_values) > MAX_HISTOGRAM_BUCKETS:
+        violations.append(f"{name}: {len(bucket_values)} buckets, more than vLLM writes ({MAX_HISTOGRAM_BUCKETS})")
         return None
     try:
         buckets = tuple(sorted((float(le), value) for (_, le, *_), value in bucket_values.items()))

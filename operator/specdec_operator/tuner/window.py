@@ -4,18 +4,42 @@ Counters restart from zero whenever vLLM restarts, and the tuner restarts vLLM o
 resets are the normal case here, not an accident. A reset is recognised by any counter going down,
 by the `_created` start time changing, or by the pod's UID or restart count changing; the scrape
 after a reset only sets a new baseline, it never yields a (negative or inflated) delta.
+
+A pod's /metrics is untrusted (spec.runtime.image is the tenant's). Counters are accepted only as vLLM can
+produce them: finite, monotone within a process (a decrease is a restart, as above), accepted <= drafted
+tokens <= K x drafts, each position accepted at most once per draft, K within the spec's bound, increases no
+faster than MAX_EVENTS_PER_SECOND, and histogram bucket layouts that neither change within a process nor
+differ between the pods of one revision (one image). A pod that breaks any of these is excluded: none of its
+increases count, for QUARANTINE_S after its last violation, and `excluded` names it with the reason, for a
+condition and a metric. Nothing it sends can raise here, and the other pods' deltas are exactly what they
+would be without it. Work and memory per scrape are bounded by the body, not by the values in it.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from specdec_operator.tuner.samples import HistogramSnapshot, PodSample, RequestCounters, ScrapeResult
+from specdec_operator.tuner.samples import (
+    HistogramSnapshot,
+    PodSample,
+    RequestCounters,
+    ScrapeResult,
+    ScrapeTarget,
+)
 
 # (upper bound in seconds, cumulative count) per `le` bucket, ending at +Inf.
 Buckets = tuple[tuple[float, float], ...]
+
+# The fastest any counter we read can grow on one pod: tokens, drafts, requests, latency observations, and
+# latency seconds summed (the running batch). An 8-GPU data-parallel pod generates well under 1e6 tokens/s; ten
+# times that is still impossible, and with increases this small no sum the tuner keeps can approach float max.
+MAX_EVENTS_PER_SECOND = 1e7
+# How long a pod stays excluded after its last violation (scraper clock seconds): a pod that keeps lying stays
+# out, a one-off heals. Its counters are re-baselined when it comes back, so nothing from the excluded time counts.
+QUARANTINE_S = 600.0
 
 
 @dataclass(frozen=True, order=True)
@@ -110,19 +134,15 @@ def _add_positions(left: tuple[float, ...], right: tuple[float, ...]) -> tuple[f
 
 
 def _add_buckets(left: Buckets, right: Buckets) -> Buckets:
-    """Bucket-wise sum. Layouts differ only across vLLM versions; then the union of the bounds is
-    used, each side counting at a bound what it counted at its next lower one (a lower bound
-    on the true count, which keeps the sum cumulative)."""
+    """Bucket-wise sum of one layout. The windows admit one layout per pool and revision (CounterWindows), so
+    layouts differ here only when evidence of another revision or vLLM version meets older evidence: the newer
+    side (`right`) is kept alone, as a restart of the histogram. A union of layouts would grow with every
+    layout seen, and the work of every later sum with it."""
     if not left or not right:
         return left or right
-    if [bound for bound, _ in left] == [bound for bound, _ in right]:
+    if len(left) == len(right) and all(a == b for (a, _), (b, _) in zip(left, right, strict=True)):
         return tuple((bound, a + b) for (bound, a), (_, b) in zip(left, right, strict=True))
-    bounds = sorted({bound for bound, _ in left} | {bound for bound, _ in right})
-    return tuple((bound, _cumulative_at(left, bound) + _cumulative_at(right, bound)) for bound in bounds)
-
-
-def _cumulative_at(buckets: Buckets, bound: float) -> float:
-    return max((count for upper, count in buckets if upper <= bound), default=0.0)
+    return right
 
 
 @dataclass(frozen=True)
@@ -131,6 +151,17 @@ class _Baseline:
     restart_count: int
     sample: PodSample
     at: float
+    revision: tuple[str, str] = ("", "")  # (pool, revision)
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A pod whose counters vLLM cannot produce: left out of every window until `until` (scraper clock)."""
+
+    pod: str  # namespace/name
+    pool: str
+    reason: str
+    until: float
 
 
 @dataclass
@@ -139,6 +170,7 @@ class WindowReport:
 
     deltas: dict[WindowKey, WindowDelta] = field(default_factory=dict)
     events: Counter[str] = field(default_factory=Counter)
+    violations: dict[str, str] = field(default_factory=dict)  # pod -> what it broke, in this batch
 
 
 class CounterWindows:
@@ -146,21 +178,44 @@ class CounterWindows:
 
     def __init__(self) -> None:
         self._baselines: dict[str, _Baseline] = {}
+        self._excluded: dict[str, Exclusion] = {}  # by pod UID
+        # The TPOT bucket bounds of each (pool, revision): one image, one vLLM, one layout.
+        self._tpot_layouts: dict[tuple[str, str], tuple[float, ...]] = {}
 
-    def observe(self, results: Iterable[ScrapeResult]) -> WindowReport:
+    @property
+    def excluded(self) -> dict[str, Exclusion]:
+        """Pods left out now, by UID."""
+        return dict(self._excluded)
+
+    def observe(self, results: Iterable[ScrapeResult], *, k_limit: int | None = None) -> WindowReport:
+        """`k_limit`: the highest K a pod may run (the spec's maxK, or the pool's K if higher); a pod's own
+        annotation may raise it (a pod still rolling from a higher K), its /metrics never does."""
         report = WindowReport()
         for result in results:
             report.events[result.outcome] += 1
             sample = result.sample
+            target = result.target
+            if sample is not None and sample.violations:
+                # Not even a baseline: the next plausible scrape starts afresh.
+                self._baselines.pop(target.uid, None)
+                self._exclude(target, result.at, "; ".join(sample.violations), report)
+                continue
             if result.outcome != "ok" or sample is None or not sample.complete:
                 # Keep the old baseline: the next good scrape then covers the gap in one delta.
                 continue
-            target = result.target
+            if k_limit is not None and sample.k > max(k_limit, target.k):
+                self._baselines.pop(target.uid, None)
+                self._exclude(target, result.at, f"runs K={sample.k}, above the spec's maxK {k_limit}", report)
+                continue
             if sample.k != target.k:
                 report.events["k_mismatch"] += 1
             key = WindowKey(target.pool, target.revision, sample.k)
             previous = self._baselines.get(target.uid)
-            self._baselines[target.uid] = _Baseline(target.uid, target.restart_count, sample, result.at)
+            self._baselines[target.uid] = _Baseline(target.uid, target.restart_count, sample, result.at,
+                                                    (target.pool, target.revision))
+            if (layout := self._layout_mismatch(target, sample)) is not None:
+                self._exclude(target, result.at, layout, report)
+                continue
             if previous is None:
                 report.events["baseline"] += 1
                 continue
@@ -168,19 +223,71 @@ class CounterWindows:
             if reset_reason:
                 report.events[f"reset_{reset_reason}"] += 1
                 continue
+            if _layouts(previous.sample) != _layouts(sample):
+                # vLLM fixes its buckets at start: a new layout without a restart is not vLLM. The pod's window
+                # restarts (the new sample is its baseline) and the pod is named.
+                self._exclude(target, result.at, "histogram bucket layout changed without a restart", report)
+                continue
             if result.at <= previous.at:
                 report.events["out_of_order"] += 1
                 self._baselines[target.uid] = previous
                 continue
             delta = _delta(previous.sample, sample, result.at - previous.at)
+            if (implausible := _implausible_increase(delta, sample.k, result.at - previous.at)) is not None:
+                self._exclude(target, result.at, implausible, report)
+                continue
+            exclusion = self._excluded.get(target.uid)
+            if exclusion is not None:
+                if result.at < exclusion.until:
+                    report.events["excluded"] += 1
+                    continue
+                del self._excluded[target.uid]  # served its time and behaved since: back in
             report.deltas[key] = report.deltas[key].plus(delta) if key in report.deltas else delta
         return report
 
+    def _exclude(self, target: ScrapeTarget, at: float, reason: str, report: WindowReport) -> None:
+        """Leave the pod out until QUARANTINE_S after now. A pod already out keeps the reason it was first
+        excluded for (the condition that names it stays the same while it keeps lying, so status is not
+        rewritten at every scrape); this batch's own reason is in the report."""
+        reason = reason[:300]
+        earlier = self._excluded.get(target.uid)
+        kept = earlier.reason if earlier is not None else reason
+        self._excluded[target.uid] = Exclusion(target.pod, target.pool, kept, at + QUARANTINE_S)
+        report.violations[target.pod] = reason
+        report.events["implausible"] += 1
+
+    def _layout_mismatch(self, target: ScrapeTarget, sample: PodSample) -> str | None:
+        """Why the pod's TPOT layout is not its revision's, or None. The first pod seen sets the layout; a new
+        one is adopted only once no pod of the revision keeps the old (all of them restarted)."""
+        histogram = sample.time_per_output_token
+        if histogram is None:
+            return None
+        layout = tuple(bound for bound, _ in histogram.buckets)
+        revision = (target.pool, target.revision)
+        established = self._tpot_layouts.get(revision)
+        if established is None or established == layout:
+            self._tpot_layouts[revision] = layout
+            return None
+        kept = any(
+            uid != target.uid and uid not in self._excluded and baseline.revision == revision
+            and _tpot_layout(baseline.sample) == established
+            for uid, baseline in self._baselines.items()
+        )
+        if kept:
+            return "TPOT bucket layout differs from the other pods of its revision"
+        self._tpot_layouts[revision] = layout
+        return None
+
     def forget_except(self, live_uids: Iterable[str]) -> None:
-        """Drop baselines of pods that no longer exist, so memory follows the fleet."""
+        """Drop baselines and exclusions of pods that no longer exist, so memory follows the fleet."""
         live = set(live_uids)
         for uid in [uid for uid in self._baselines if uid not in live]:
             del self._baselines[uid]
+        for uid in [uid for uid in self._excluded if uid not in live]:
+            del self._excluded[uid]
+        revisions = {baseline.revision for baseline in self._baselines.values()}
+        for revision in [revision for revision in self._tpot_layouts if revision not in revisions]:
+            del self._tpot_layouts[revision]
 
 
 def _reset_reason(previous: _Baseline, restart_count: int, sample: PodSample) -> str:
@@ -203,14 +310,63 @@ def _counters(sample: PodSample) -> list[float]:
         values += [spec.drafts, spec.draft_tokens, spec.accepted, *spec.accepted_per_position]
     for histogram in (sample.inter_token_latency, sample.time_per_output_token):
         if histogram:
-            values += [histogram.total, histogram.count, *(count for _, count in histogram.buckets)]
+            values += [histogram.total, histogram.count]
     requests = sample.requests
     return [*values, requests.finished, requests.errored, requests.http, requests.http_5xx]
 
 
 def _any_decrease(before: PodSample, after: PodSample) -> bool:
     old, new = _counters(before), _counters(after)
-    return len(old) != len(new) or any(b < a for a, b in zip(old, new, strict=True))
+    if len(old) != len(new) or any(b < a for a, b in zip(old, new, strict=True)):
+        return True
+    # Buckets compare only within one layout; a layout change is judged by the caller.
+    return _buckets_decrease(before.inter_token_latency, after.inter_token_latency) or _buckets_decrease(
+        before.time_per_output_token, after.time_per_output_token)
+
+
+def _buckets_decrease(then: HistogramSnapshot | None, now: HistogramSnapshot | None) -> bool:
+    if then is None or now is None or _bounds(then) != _bounds(now):
+        return False
+    return any(b < a for (_, a), (_, b) in zip(then.buckets, now.buckets, strict=True))
+
+
+def _bounds(histogram: HistogramSnapshot) -> tuple[float, ...]:
+    return tuple(bound for bound, _ in histogram.buckets)
+
+
+def _tpot_layout(sample: PodSample) -> tuple[float, ...] | None:
+    return None if sample.time_per_output_token is None else _bounds(sample.time_per_output_token)
+
+
+def _layouts(sample: PodSample) -> tuple[tuple[float, ...] | None, ...]:
+    itl = sample.inter_token_latency
+    return (None if itl is None else _bounds(itl), _tpot_layout(sample))
+
+
+def _implausible_increase(delta: WindowDelta, k: int, seconds: float) -> str | None:
+    """Why these increases over `seconds` are not what vLLM can count, or None. Checked on the pod's own delta,
+    before it is summed with any other pod's."""
+    counts = {
+        "drafts": delta.drafts, "draft tokens": delta.draft_tokens, "accepted tokens": delta.accepted,
+        "generation tokens": delta.generation_tokens, "inter-token latency seconds": delta.itl_sum,
+        "inter-token latencies": delta.itl_count, "finished requests": delta.requests.finished,
+        "errored requests": delta.requests.errored, "API requests": delta.requests.http,
+        "API 5xx answers": delta.requests.http_5xx,
+        "TPOT observations": delta.tpot_buckets[-1][1] if delta.tpot_buckets else 0.0,
+    }
+    most = MAX_EVENTS_PER_SECOND * seconds
+    for name, value in counts.items():
+        if not math.isfinite(value) or value > most:
+            return f"{name} grew by {value:g} in {seconds:g}s, more than any pod can ({MAX_EVENTS_PER_SECOND:g}/s)"
+    if not all(math.isfinite(value) for value in (*delta.accepted_per_position, delta.running_seconds)):
+        return "a non-finite increase"
+    if delta.accepted > delta.draft_tokens:
+        return f"{delta.accepted:g} tokens accepted of {delta.draft_tokens:g} drafted in {seconds:g}s"
+    if k > 0 and delta.draft_tokens > k * delta.drafts:
+        return f"{delta.draft_tokens:g} draft tokens in {delta.drafts:g} drafts at K={k}"
+    if any(count > delta.drafts for count in delta.accepted_per_position):
+        return f"a position accepted more often than the {delta.drafts:g} drafts in {seconds:g}s"
+    return None
 
 
 def _delta(before: PodSample, after: PodSample, seconds: float) -> WindowDelta:

@@ -76,6 +76,13 @@ def window(**overrides: Any) -> WindowStats:
         "requests": 100.0,
     }
     values.update(overrides)
+    if "drafts" in overrides:
+        # Fewer drafts propose and accept fewer tokens: the windows refuse counters vLLM cannot produce
+        # (more draft tokens than K x drafts, tuner/window.py).
+        if "draft_tokens" not in overrides:
+            values["draft_tokens"] = values["k"] * values["drafts"]
+        if "accepted_tokens" not in overrides:
+            values["accepted_tokens"] = 1.7 * values["drafts"]
     return evidence_window(**values)
 
 

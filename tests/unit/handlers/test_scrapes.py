@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator
 
@@ -167,3 +168,98 @@ async def test_run_waits_idle_until_a_model_wants_scrapes(pod: tuple[Pod, int]) 
         with pytest.raises(asyncio.CancelledError):
             await runner
     assert scrapes.rounds >= 2 and len(server.arrivals) >= 4
+
+
+def _uids_by_phase(prefix: str, count: int, low: float, high: float) -> list[str]:
+    """`count` pod UIDs whose stable phase lies in [low, high): the test decides who is due first."""
+    found: list[str] = []
+    i = 0
+    while len(found) < count:
+        uid = f"{prefix}-{i}"
+        if low <= phase(uid) < high:
+            found.append(uid)
+        i += 1
+    return found
+
+
+async def test_one_model_with_many_slow_pods_cannot_take_every_slot() -> None:
+    """Twelve slow pods of one model are due first and would fill all four slots for seconds; the other model's
+    pod, due a moment later, still gets a slot at once: a model holds at most half the slots while another waits."""
+    slow, fast = Pod(delay_s=1.5), Pod()
+    (slow_runner, slow_port), (fast_runner, fast_port) = await serve(slow), await serve(fast)
+    greedy = [ScrapeTarget(pod=f"ns/{uid}", uid=uid, ip="127.0.0.1", port=slow_port, pool="p", revision="r", k=3)
+              for uid in _uids_by_phase("greedy", 12, 0.0, 0.4)]
+    (small_uid,) = _uids_by_phase("small", 1, 0.6, 0.9)
+    small = ScrapeTarget(pod=f"ns/{small_uid}", uid=small_uid, ip="127.0.0.1", port=fast_port, pool="p",
+                         revision="r", k=3)
+    try:
+        async with scrape_session(pool_size=64) as session:
+            scrapes = ScrapeScheduler(session, interval_s=0.25, timeout_s=60, concurrency=4,
+                                      allow_non_loopback=False, rng=random.Random(0))
+            scrapes.want(("ns", "greedy"), greedy)
+            scrapes.want(("ns", "small"), [small])
+            started = time.monotonic()
+            await scrapes.run_round()
+    finally:
+        await slow_runner.cleanup()
+        await fast_runner.cleanup()
+    assert len(slow.arrivals) == 12 and len(fast.arrivals) == 1
+    waited = fast.arrivals[0] - started
+    assert waited < 1.0, f"the small model's pod waited {waited:.2f}s behind the greedy model's slow pods"
+    assert slow.most_in_flight <= 2
+    assert {r.outcome for r in scrapes.take(("ns", "small"))[0]} == {"ok"}
+
+
+async def test_a_model_alone_uses_every_slot() -> None:
+    slow = Pod(delay_s=0.3)
+    runner, port = await serve(slow)
+    try:
+        async with scrape_session(pool_size=64) as session:
+            scrapes = ScrapeScheduler(session, interval_s=0.01, timeout_s=60, concurrency=4,
+                                      allow_non_loopback=False)
+            scrapes.want(("ns", "only"), targets(port, "only", 8))
+            await scrapes.run_round()
+    finally:
+        await runner.cleanup()
+    assert slow.most_in_flight == 4
+
+
+class HangingPod(Pod):
+    """Answers only once released: a pod that holds its scrape up to the timeout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        try:
+            await self.released.wait()
+            return web.Response(text=BODY)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_model_gets_its_round_while_another_models_pod_still_hangs() -> None:
+    hanging, quick = HangingPod(), Pod()
+    (hanging_runner, hanging_port), (quick_runner, quick_port) = await serve(hanging), await serve(quick)
+    try:
+        async with scrape_session(pool_size=8) as session:
+            scrapes = scheduler(session, interval_s=0.05)
+            scrapes.want(("ns", "hanging"), targets(hanging_port, "hanging", 1))
+            scrapes.want(("ns", "quick"), targets(quick_port, "quick", 1))
+            round_ = asyncio.create_task(scrapes.run_round())
+            rounds: list[list[object]] = []
+            for _ in range(600):  # the quick model's round, up to a minute on a loaded machine
+                if rounds := scrapes.take(("ns", "quick")):  # type: ignore[assignment]
+                    break
+                await asyncio.sleep(0.05)
+            assert len(rounds) == 1 and len(rounds[0]) == 1
+            assert hanging.in_flight == 1 and not round_.done(), "the quick model waited for the hanging pod"
+            round_.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await round_
+    finally:
+        hanging.released.set()
+        await hanging_runner.cleanup()
+        await quick_runner.cleanup()

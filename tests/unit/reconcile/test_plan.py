@@ -360,3 +360,17 @@ def test_a_carried_over_k_vllm_would_refuse_for_an_mtp_drafter_moves_to_the_near
     assert [(p.plan.drafter.drafter.method if p.plan.drafter.drafter else None, p.k) for p in plan.pools] == [
         ("mtp", 4)
     ]
+
+
+def test_pods_whose_metrics_are_left_out_are_named_in_degraded_and_nothing_else_changes() -> None:
+    import dataclasses
+
+    first, second = settle(THREE_POOLS)
+    settled = observed(THREE_POOLS, status=status_wire(second), children=live_children(first))
+    hostile = dataclasses.replace(settled, excluded_pod_metrics=(("ns/llama8b-gfx942-x", "accepted > drafted"),))
+    plan = evaluate(hostile, SETTINGS, T2)
+    status, reason, message = condition(plan, "Degraded")
+    assert (status, reason) == ("True", "PodMetricsExcluded")
+    assert "ns/llama8b-gfx942-x: accepted > drafted" in message
+    assert condition(plan, "Ready")[0] == "True"
+    assert (plan.apply, plan.delete) == ([], [])

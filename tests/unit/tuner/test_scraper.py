@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -11,7 +12,13 @@ from aiohttp import web
 
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.tuner.samples import ScrapeTarget
-from specdec_operator.tuner.scraper import scrape, scrape_session, scrape_url
+from specdec_operator.tuner.scraper import (
+    DEFAULT_MAX_BODY_BYTES,
+    scrape,
+    scrape_session,
+    scrape_trace_config,
+    scrape_url,
+)
 from tests.unit.tuner.factories import metrics_text
 
 GOOD = metrics_text()
@@ -199,3 +206,115 @@ class _KindSession:
         kind = "steady" if not self._next else "slow"
         self._next.append(kind)
         return self._session.get(url.replace("/metrics", f"/{kind}/metrics"), **kwargs)  # type: ignore[arg-type]
+
+
+# --- hostile bodies through the real read path (issue 34) ---
+
+SEGMENT = 64 * 1024
+
+
+def _big_body(size: int) -> str:
+    """A complete vLLM body padded with comment lines (which the parser skips) to about `size` bytes; the
+    vLLM samples come LAST, so a reader that stops early loses them and the sample is incomplete."""
+    filler_line = "# " + "x" * 1021 + "\n"
+    body = metrics_text()
+    filler = filler_line * max(0, (size - len(body)) // len(filler_line))
+    return filler + body
+
+
+async def _segmented_server(body: bytes, segment: int) -> tuple[web.AppRunner, int]:
+    """Writes the body in `segment`-byte pieces, draining (flushing) after each and yielding to the loop,
+    so the client sees it arrive over many reads, as a real network delivers a large /metrics."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; version=0.0.4"})
+        await response.prepare(request)
+        for start in range(0, len(body), segment):
+            await response.write(body[start : start + segment])
+            await asyncio.sleep(0.001)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+async def _scrape_body(body: bytes, **options: object) -> tuple[str, str, object]:
+    runner, port = await _segmented_server(body, SEGMENT)
+    try:
+        async with scrape_session(pool_size=2) as session:
+            (result,) = await scrape([_target("big", port)], timeout_s=ANSWERS_IN_TIME_S, concurrency=1,
+                                     session=session, **options)  # type: ignore[arg-type]
+    finally:
+        await runner.cleanup()
+    return result.outcome, result.error, result.sample
+
+
+async def test_a_body_just_under_the_cap_in_64k_segments_is_read_to_the_end() -> None:
+    body = _big_body(DEFAULT_MAX_BODY_BYTES - 4096).encode()
+    assert DEFAULT_MAX_BODY_BYTES - 8192 < len(body) <= DEFAULT_MAX_BODY_BYTES
+    outcome, error, sample = await _scrape_body(body)
+    assert (outcome, error) == ("ok", "")
+    assert sample is not None and sample.k == 3  # type: ignore[attr-defined]
+
+
+async def test_a_body_over_the_cap_is_a_failed_scrape_not_a_partial_parse() -> None:
+    body = _big_body(DEFAULT_MAX_BODY_BYTES + 256 * 1024).encode()
+    outcome, error, sample = await _scrape_body(body)
+    assert outcome == "http_error" and sample is None
+    assert "larger than" in error and str(DEFAULT_MAX_BODY_BYTES) in error
+
+
+async def test_the_cap_is_a_setting() -> None:
+    body = _big_body(300 * 1024).encode()
+    assert (await _scrape_body(body, max_body_bytes=256 * 1024))[0] == "http_error"
+    assert (await _scrape_body(body, max_body_bytes=512 * 1024))[0] == "ok"
+
+
+def test_the_default_cap_leaves_room_over_a_data_parallel_vllm_body() -> None:
+    from tests.unit.tuner.differential import data_parallel, simulator_body
+
+    eight_engines = len(data_parallel(simulator_body(7, 7, seconds=300.0), 8).encode())
+    assert eight_engines * 8 < DEFAULT_MAX_BODY_BYTES <= 4 * 1024 * 1024
+
+
+async def test_the_deadline_never_reaches_twice_the_timeout() -> None:
+    """A pod that takes most of the timeout to accept the request and then dribbles the answer: the whole
+    scrape (connect + send + read) is bounded by one timeout, not one for the connect and one after the send."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(100):  # a slowloris: a byte now and then, never the end
+            await response.write(b"#")
+            await asyncio.sleep(0.05)
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        session = aiohttp.ClientSession(connector=_SlowConnector(limit=1), trace_configs=[scrape_trace_config()])
+        async with session:
+            (result,) = await scrape([_target("slowloris", port)], timeout_s=1.0, concurrency=1, session=session)
+    finally:
+        await runner.cleanup()
+    assert result.outcome == "timeout"
+    assert result.duration_s < 1.6, f"the scrape took {result.duration_s:.2f}s with a 1s timeout"
+
+
+class _SlowConnector(aiohttp.TCPConnector):
+    """A connection that takes 0.8 s to open, like a SYN answered late by a loaded node."""
+
+    async def _create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.8)
+        return await super()._create_connection(*args, **kwargs)

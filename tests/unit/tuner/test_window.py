@@ -54,10 +54,15 @@ def test_a_reset_sets_a_new_baseline_and_the_next_scrape_counts_from_it(changes:
     assert [delta.drafts for delta in later.deltas.values()] == [50]
 
 
+def _counts(drafts: float) -> str:
+    """A pod's counters after `drafts` drafts at K=3, as vLLM counts them (each position at most once a draft)."""
+    return metrics_text(drafts=drafts, per_position=(0.8 * drafts, 0.6 * drafts, 0.45 * drafts))
+
+
 def test_a_new_pod_uid_starts_its_own_baseline() -> None:
     windows = CounterWindows()
     windows.observe([ok(metrics_text(drafts=1000), 0.0, target("a"))])
-    report = windows.observe([ok(metrics_text(drafts=50), 15.0, target("b"))])
+    report = windows.observe([ok(_counts(50), 15.0, target("b"))])
     assert report.deltas == {}
     assert report.events["baseline"] == 1
 
@@ -82,17 +87,17 @@ def test_failed_and_incomplete_scrapes_keep_the_baseline_so_the_next_delta_spans
 def test_pods_of_one_key_are_summed_and_pool_and_revision_split_keys() -> None:
     windows = CounterWindows()
     pods = [target("a"), target("b"), target("c", revision="r2")]
-    windows.observe([ok(metrics_text(drafts=100), 0.0, pod) for pod in pods])
-    report = windows.observe([ok(metrics_text(drafts=300), 15.0, pod) for pod in pods])
+    windows.observe([ok(_counts(100), 0.0, pod) for pod in pods])
+    report = windows.observe([ok(_counts(300), 15.0, pod) for pod in pods])
     assert report.deltas[WindowKey("p", "r1", 3)].drafts == 400
     assert report.deltas[WindowKey("p", "r2", 3)].drafts == 200
 
 
 def test_forget_except_drops_pods_that_are_gone() -> None:
     windows = CounterWindows()
-    windows.observe([ok(metrics_text(drafts=100), 0.0, target("a"))])
+    windows.observe([ok(_counts(100), 0.0, target("a"))])
     windows.forget_except([])
-    assert windows.observe([ok(metrics_text(drafts=300), 15.0, target("a"))]).events["baseline"] == 1
+    assert windows.observe([ok(_counts(300), 15.0, target("a"))]).events["baseline"] == 1
 
 
 def test_scaling_and_adding_deltas() -> None:
