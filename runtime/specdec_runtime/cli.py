@@ -9,10 +9,22 @@ import shlex
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from specdec_runtime.launcher import DEFAULT_CONFIG_PATH, LaunchError, build_command, launch, load_runtime_config
+from specdec_runtime.launcher import (
+    DEFAULT_CONFIG_PATH,
+    MODELS_DIR_ENV,
+    LaunchError,
+    build_command,
+    launch,
+    load_runtime_config,
+    models_dir_from_env,
+)
 from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
 from specdec_runtime.simulator.profile import DEFAULT_PROFILE, PACKAGED_PROFILES_DIR
+
+if TYPE_CHECKING:
+    from specdec_runtime.fleet_engine import EngineSettings
 
 PROG = "specdec-runtime"
 
@@ -27,8 +39,14 @@ def _parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH, help="rendered runtime.json")
         sub.add_argument("--profiles-dir", type=Path, default=PACKAGED_PROFILES_DIR)
+        sub.add_argument("--models-dir", type=Path, default=None,
+                         help=f"serve models found here by name (DIR/<model>) locally; default ${MODELS_DIR_ENV}")
     commands.add_parser(
         "simulate", help="run the vLLM simulator: serve MODEL ... --profile FILE", add_help=False
+    ).add_argument("args", nargs=argparse.REMAINDER)
+    commands.add_parser(
+        "tiny-model", help="write a tiny random-weight Llama and drafters of chosen acceptance (tiny_model.py)",
+        add_help=False,
     ).add_argument("args", nargs=argparse.REMAINDER)
     driver = commands.add_parser("fleet-driver", help="run simulators for runtime pods on kwok nodes")
     driver.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
@@ -38,6 +56,22 @@ def _parser() -> argparse.ArgumentParser:
     driver.add_argument(
         "--default-profile", default=DEFAULT_PROFILE, help="for pods with neither annotation nor simulator_profile"
     )
+    driver.add_argument("--engine", choices=("simulator", "vllm"), default="simulator",
+                        help="simulator: a hosted simulator per pod; vllm: run each pod's own command (the launcher, "
+                        "then vLLM's CPU build from hack/vllm-cpu-env) on its loopback IP")
+    driver.add_argument("--vllm-venv", type=Path, default=None,
+                        help="--engine vllm: the venv whose bin/vllm runs (default: hack/vllm-cpu-env's)")
+    driver.add_argument("--tiny-models", type=Path, default=None,
+                        help="--engine vllm: hack/tiny-models' output; its target and drafter-<default-drafter> serve "
+                        "every model the map lacks (default: the cached one)")
+    driver.add_argument("--model-map", action="append", default=[], metavar="NAME=PATH",
+                        help="--engine vllm: serve spec model NAME from PATH (a directory, or a tiny drafter's name: "
+                        "same, good, poor, or target); repeatable")
+    driver.add_argument("--default-drafter", default="good", help="--engine vllm: tiny drafter for unmapped drafters")
+    driver.add_argument("--max-engines", type=int, default=2,
+                        help="--engine vllm: engines at once (about 4 GB each); later pods wait")
+    driver.add_argument("--work-dir", type=Path, default=None,
+                        help="--engine vllm: per-pod config, model links and engine log (default: a temp dir)")
     gateway = commands.add_parser(
         "gateway", help="local cluster only: a loopback Gateway/kube-proxy stand-in in front of the fake pods")
     gateway.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
@@ -95,7 +129,36 @@ def _run_loadgen(options: argparse.Namespace) -> int:
     return 0 if report.statuses.get(200, 0) == report.sent else 1
 
 
-def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, default_profile: str) -> int:
+def _engine_settings(options: argparse.Namespace) -> EngineSettings:
+    import tempfile
+
+    from specdec_runtime import engine_env
+    from specdec_runtime.fleet_engine import EngineSettings, ModelMap
+
+    venv = options.vllm_venv or engine_env.vllm_cpu_venv()
+    tiny = options.tiny_models or engine_env.tiny_models_dir()
+    if not (venv / "bin" / "vllm").exists():
+        raise LaunchError(f"--engine vllm: no {venv}/bin/vllm: run hack/vllm-cpu-env (or pass --vllm-venv)")
+    entries = {}
+    for item in options.model_map:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise LaunchError(f"--model-map {item!r}: expected NAME=PATH")
+        entries[name] = Path(path)
+    if not (tiny / "manifest.json").exists():
+        raise LaunchError(f"--engine vllm: no tiny models at {tiny} (they serve every model the map lacks): "
+                          "run hack/tiny-models, or pass --tiny-models DIR")
+    model_map = ModelMap.from_tiny_models(tiny, entries, drafter=options.default_drafter)
+    if not (tiny / f"drafter-{options.default_drafter}").is_dir():
+        raise LaunchError(f"--default-drafter {options.default_drafter}: no {tiny}/drafter-{options.default_drafter}")
+    work = options.work_dir or Path(tempfile.mkdtemp(prefix="specdec-fleet-engines-"))
+    work.mkdir(parents=True, exist_ok=True)
+    return EngineSettings(work_dir=work, model_map=model_map, vllm_bin=venv / "bin",
+                          max_engines=max(1, options.max_engines))
+
+
+def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, default_profile: str,
+                      engine: EngineSettings | None = None) -> int:
     # Imported here: the launcher runs in every GPU pod and has no use for the Kubernetes client.
     from specdec_runtime.fleet_driver import run_fleet_driver
 
@@ -104,7 +167,7 @@ def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, default_profil
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_fleet_driver(kubeconfig, profiles_dir, stop, default_profile=default_profile)
+        await run_fleet_driver(kubeconfig, profiles_dir, stop, default_profile=default_profile, engine=engine)
 
     asyncio.run(run())
     return 0
@@ -117,14 +180,20 @@ def main(argv: list[str] | None = None) -> int:
         from specdec_runtime.simulator.server import main as simulate
 
         return simulate(arguments[1:])
+    if arguments[:1] == ["tiny-model"]:
+        from specdec_runtime.tiny_model import main as tiny_model
+
+        return tiny_model(arguments[1:])
     options = _parser().parse_args(arguments)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if options.command == "launch":
-            launch(options.config, options.profiles_dir)
+            launch(options.config, options.profiles_dir, options.models_dir)
         if options.command == "render":
             config = load_runtime_config(options.config)
-            sys.stdout.write(shlex.join(build_command(config, profiles_dir=options.profiles_dir)) + "\n")
+            command = build_command(config, profiles_dir=options.profiles_dir,
+                                    models_dir=options.models_dir or models_dir_from_env())
+            sys.stdout.write(shlex.join(command) + "\n")
             return 0
     except LaunchError as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
@@ -133,4 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         return _run_gateway(options.kubeconfig, options.listen, options.gateway_name, options.gateway_class)
     if options.command == "loadgen":
         return _run_loadgen(options)
-    return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.default_profile)
+    engine = None
+    if options.engine == "vllm":
+        try:
+            engine = _engine_settings(options)
+        except LaunchError as err:
+            sys.stderr.write(f"{PROG}: error: {err}\n")
+            return 2
+    return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.default_profile, engine)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from specdec_runtime.config import serve_args
+from specdec_runtime.fleet_engine import EngineSettings, EngineSupervisor
 from specdec_runtime.fleet_kube import RuntimePod, kube_pod_source
 from specdec_runtime.podstates import Terminated, backoff_s
 from specdec_runtime.simulator.hosted import HostedSimulator, HostError, HostExit, ProfileCache
@@ -42,6 +43,14 @@ RESYNC_INTERVAL_S = 1.0
 
 class PodSource(Protocol):
     async def runtime_pods(self) -> list[RuntimePod]: ...
+
+
+class Supervisor(Protocol):
+    """Makes what runs match the pods: hosted simulators (FleetSupervisor) or real engines (fleet_engine)."""
+
+    async def reconcile(self, pods: list[RuntimePod]) -> None: ...
+
+    async def stop_all(self) -> None: ...
 
 
 class ContainerReporter(Protocol):
@@ -179,7 +188,7 @@ class FleetSupervisor:
         logger.info("stopped simulator for %s: %s", self._names.pop(uid, uid), reason)
 
 
-async def drive(source: PodSource, supervisor: FleetSupervisor, stop: asyncio.Event,
+async def drive(source: PodSource, supervisor: Supervisor, stop: asyncio.Event,
                 interval_s: float = RESYNC_INTERVAL_S) -> None:
     """Reconcile until stop is set, then stop every simulator."""
     try:
@@ -203,7 +212,13 @@ async def run_fleet_driver(
     stop: asyncio.Event,
     *,
     default_profile: str = DEFAULT_PROFILE,
+    engine: EngineSettings | None = None,
 ) -> None:
-    """Profile per pod: its annotation, else its config's simulator_profile, else default_profile."""
+    """Profile per pod: its annotation, else its config's simulator_profile, else default_profile. With `engine`,
+    each pod runs its own container command (the launcher, then vLLM) instead (fleet_engine.py)."""
     async with kube_pod_source(kubeconfig) as source:
-        await drive(source, FleetSupervisor(profiles_dir, default_profile=default_profile, reporter=source), stop)
+        supervisor: Supervisor = (
+            EngineSupervisor(engine, reporter=source) if engine is not None
+            else FleetSupervisor(profiles_dir, default_profile=default_profile, reporter=source)
+        )
+        await drive(source, supervisor, stop)

@@ -44,6 +44,7 @@ class RuntimePod:
     config: RuntimeConfig
     profile: str | None  # the pod's simulator-profile annotation, if any
     simulate_oom: bool = False  # the pod env asks for a simulated OOM kill (podstates.SIMULATE_OOM_ENV)
+    command: tuple[str, ...] = ()  # the runtime container's command + args, as a kubelet would run them
 
 
 LIST_PAGE = 500
@@ -105,10 +106,12 @@ class KubePodSource:
                 continue
             self._configs[uid] = runtime_config
             annotations = pod.metadata.annotations or {}
+            container = podstates.runtime_container(self._plain(pod))
             found.append(RuntimePod(
                 uid=uid, namespace=pod.metadata.namespace, name=pod.metadata.name, pod_ip=pod.status.pod_ip,
                 config=runtime_config, profile=annotations.get(contract.ANNOTATION_SIMULATOR_PROFILE),
-                simulate_oom=podstates.simulates_oom(podstates.runtime_container(self._plain(pod))),
+                simulate_oom=podstates.simulates_oom(container),
+                command=(*container.get("command", []), *container.get("args", [])),
             ))
         return found
 

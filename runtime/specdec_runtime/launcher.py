@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_PATH = Path(contract.CONFIG_MOUNT_PATH) / contract.CONFIG_KEY
 VLLM_EXECUTABLE = "vllm"
+# A directory of local checkpoints laid out by model name (a baked image, a volume): `--models-dir`, else this.
+MODELS_DIR_ENV = "SPECDEC_MODELS_DIR"
 
 
 class LaunchError(ValueError):
@@ -43,13 +45,40 @@ def load_runtime_config(path: Path) -> RuntimeConfig:
         raise LaunchError(f"runtime config {path}: field {field}: {first['msg']}{more}") from err
 
 
+def with_local_models(config: RuntimeConfig, models_dir: Path | None) -> RuntimeConfig:
+    """The target and the drafter model named N are served from models_dir/N where that directory exists, so an
+    image or volume that carries the checkpoints serves them without a hub; other names are left as they are (vLLM
+    resolves them). The served model name stays the spec's, so clients and metrics see no difference."""
+    if models_dir is None:
+        return config
+
+    def local(name: str | None) -> str | None:
+        if not name or Path(name).is_absolute():
+            return name
+        candidate = models_dir / name
+        return str(candidate) if candidate.is_dir() else name
+
+    update: dict[str, object] = {"model": local(config.model)}
+    if config.speculative is not None and config.speculative.model:
+        update["speculative"] = config.speculative.model_copy(update={"model": local(config.speculative.model)})
+    return config.model_copy(update=update)
+
+
+def models_dir_from_env(environ: dict[str, str] | None = None) -> Path | None:
+    value = (os.environ if environ is None else environ).get(MODELS_DIR_ENV, "")
+    return Path(value) if value else None
+
+
 def build_command(
-    config: RuntimeConfig, *, profiles_dir: Path = PACKAGED_PROFILES_DIR, profile: str | None = None
+    config: RuntimeConfig, *, profiles_dir: Path = PACKAGED_PROFILES_DIR, profile: str | None = None,
+    models_dir: Path | None = None,
 ) -> list[str]:
     """argv for the engine: `vllm serve ...`, or the simulator with the same args plus its profile.
 
-    `profile` (a name in profiles_dir or a path) overrides config.simulator_profile.
+    `profile` (a name in profiles_dir or a path) overrides config.simulator_profile; `models_dir` serves the models it
+    holds from local paths (`with_local_models`).
     """
+    config = with_local_models(config, models_dir)
     if config.engine == "vllm":
         return [VLLM_EXECUTABLE, *serve_args(config)]
     chosen = profile or config.simulator_profile or DEFAULT_PROFILE
@@ -60,9 +89,10 @@ def build_command(
     return [sys.executable, "-m", "specdec_runtime.simulator", *serve_args(config), "--profile", str(profile_path)]
 
 
-def launch(config_path: Path, profiles_dir: Path = PACKAGED_PROFILES_DIR) -> NoReturn:
+def launch(config_path: Path, profiles_dir: Path = PACKAGED_PROFILES_DIR, models_dir: Path | None = None) -> NoReturn:
     """Replace this process with the engine, so it receives the kubelet's signals directly."""
-    command = build_command(load_runtime_config(config_path), profiles_dir=profiles_dir)
+    command = build_command(load_runtime_config(config_path), profiles_dir=profiles_dir,
+                            models_dir=models_dir or models_dir_from_env())
     logger.info("exec %s", shlex.join(command))
     try:
         os.execvp(command[0], command)

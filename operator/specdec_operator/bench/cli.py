@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     tuner.add_argument("--json", action="store_true", help="print JSON instead of the table")
     tuner.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
+    tuner.add_argument("--engine", choices=("simulator", "vllm"), default="simulator",
+                       help="vllm: the real engine (vLLM's CPU build, tiny models; bench/engine.py)")
     canary = sub.add_parser("canary", help="simulated canaries through the real analysis: false rollbacks, detection")
     canary.add_argument("--trials", type=int, default=200, help="canaries per (steps, pool size, scenario)")
     canary.add_argument("--rate", type=float, default=1.0, help="requests/s per replica (open loop, Poisson)")
@@ -115,6 +117,10 @@ def bench_main(argv: Sequence[str]) -> int:
     if not args.min_k <= args.initial_k <= args.max_k or args.max_k > 16 or args.min_k < 0:
         sys.stderr.write("error: need 0 <= --min-k <= --initial-k <= --max-k <= 16\n")
         return 2
+    if args.engine == "vllm":
+        from specdec_operator.bench.engine import engine_main
+
+        return engine_main(args)
     base = BenchOptions(
         min_k=args.min_k,
         max_k=args.max_k,

@@ -168,3 +168,28 @@ def test_simulate_subcommand_hands_every_argument_to_the_simulator(
 ) -> None:
     assert main(["simulate", "serve", "m", "--profile", str(tmp_path / "absent.yaml")]) == 2
     assert f"profile {tmp_path}/absent.yaml: cannot read" in capsys.readouterr().err
+
+
+def test_a_models_dir_serves_the_target_and_the_drafter_it_holds_from_local_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A baked image or a volume laid out by model name: the checkpoints it has are served from it, the others
+    (here none for a second drafter name) stay hub ids for vLLM to resolve; the served name stays the spec's."""
+    models = tmp_path / "models"
+    (models / "amd/Llama-3.1-70B-Instruct-FP8-KV").mkdir(parents=True)
+    (models / "amd/Llama-3.1-70B-eagle3").mkdir(parents=True)
+    command = build_command(GOLDEN_CONFIG, models_dir=models)
+    assert command[2] == str(models / "amd/Llama-3.1-70B-Instruct-FP8-KV")
+    speculative = json.loads(command[command.index("--speculative-config") + 1])
+    assert speculative["model"] == str(models / "amd/Llama-3.1-70B-eagle3")
+    assert command[command.index("--served-model-name") + 1] == "llama-70b"
+    elsewhere = GOLDEN_CONFIG.model_copy(update={"model": "org/not-baked"})
+    assert build_command(elsewhere, models_dir=models)[2] == "org/not-baked"
+    ngram = GOLDEN_CONFIG.model_copy(
+        update={"speculative": SpeculativeSettings(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4)})
+    ngram_command = build_command(ngram, models_dir=models)
+    assert "model" not in json.loads(ngram_command[ngram_command.index("--speculative-config") + 1])
+    # The same through the environment, as a pod would set it, and on `render`.
+    monkeypatch.setenv(launcher.MODELS_DIR_ENV, str(models))
+    assert main(["render", "--config", str(write_config(tmp_path, GOLDEN_CONFIG))]) == 0
+    assert str(models / "amd/Llama-3.1-70B-eagle3") in capsys.readouterr().out
