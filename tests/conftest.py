@@ -8,6 +8,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# The unit tests run beside the e2e lanes on two cores (hack/test), so how long one example takes measures the
+# machine, not the code: no per-example deadline (speed is for benchmarks, never a test's verdict).
+settings.register_profile("specdec", deadline=None)
+settings.load_profile("specdec")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
