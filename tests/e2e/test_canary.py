@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from specdec_operator.canary.plan import equal_load_percent
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 
@@ -41,6 +42,18 @@ def canary_model(name: str, pause_s: int = 20, autotune: bool = False, profile: 
             },
         },
     }
+
+
+def route_weights_for(body: dict[str, Any]) -> list[int]:
+    """The canary's route weights a model's steps write, consecutive repeats collapsed: each step's route weight
+    follows its replica split (`equal_load_percent`), so a canary pod and a stable pod carry the same load."""
+    replicas = body["spec"]["placement"]["replicasPerPool"]
+    expected: list[int] = []
+    for step in body["spec"]["rollout"]["canary"]["steps"]:
+        weight = equal_load_percent(replicas, step["weight"])
+        if not expected or expected[-1] != weight:
+            expected.append(weight)
+    return expected
 
 
 def route(name: str) -> dict[str, Any]:
@@ -107,6 +120,7 @@ def test_drafter_change_is_promoted_through_10_50_100_with_route_weights(
     assert weights(kube, "promo") == (100, 0)
     change(kube, body)
     seen: list[int] = []
+    steps_seen: list[int] = []
     stable_during: set[str] = set()
 
     def promoted() -> bool:
@@ -115,13 +129,18 @@ def test_drafter_change_is_promoted_through_10_50_100_with_route_weights(
         if canary_weight and (not seen or seen[-1] != canary_weight):
             seen.append(canary_weight)
             assert stable_weight + canary_weight == 100
+        if status and status["phase"] in ("Progressing", "Promoted") and status["weight"] and (
+                not steps_seen or steps_seen[-1] != status["weight"]):
+            steps_seen.append(status["weight"])
         if status and status["phase"] == "Progressing" and 0 < status["weight"] < 100:
             # While the canary shares traffic, the stable Deployment keeps serving its own revision.
             stable_during.add(stable_revision(kube, "promo"))
         return bool(status and status["phase"] == "Promoted")
 
     wait_for("canary promoted", promoted, 180, 1, describe=lambda: canary_status(kube, "promo"))
-    assert seen[:3] == [10, 50, 100], seen
+    # The route carries each step's replica split (2 replicas: 50% at the 10% and 50% steps), the status the step.
+    assert seen == route_weights_for(body), seen
+    assert steps_seen == [10, 50, 100], steps_seen
     assert stable_during == {old}, "stable must keep serving its revision until promotion"
     wait_for("canary Deployment removed and stable on the new revision",
              lambda: not kube.items("deployments", "specdec.io/track=canary,specdec.io/model=promo")
@@ -154,7 +173,7 @@ def test_bad_canary_is_rolled_back_with_its_numbers(
     body["spec"]["rollout"]["canary"]["analysis"].update(analysis)
     kube.apply([route("bad"), body])
     old = settle(kube, "bad")
-    generation = kube.get("deployment", "bad-gfx942")["metadata"]["generation"]
+    template = kube.get("deployment", "bad-gfx942")["spec"]["template"]
     change(kube, body, simulatorProfile=profile)
     status = wait_for("rolled back", lambda: (s := canary_status(kube, "bad")) and s["phase"] == "RolledBack" and s,
                       300, 1, describe=lambda: canary_status(kube, "bad"))
@@ -162,9 +181,12 @@ def test_bad_canary_is_rolled_back_with_its_numbers(
     wait_for("weights 100/0", lambda: weights(kube, "bad") == (100, 0), 30)
     wait_for("canary Deployment deleted",
              lambda: not kube.items("deployments", "specdec.io/track=canary,specdec.io/model=bad"), 60)
+    # Each step runs the step's replica split, so the stable gives up a replica while its canary serves and takes it
+    # back at the rollback; its pod template (the revision it serves) is never touched.
+    wait_for("stable back to its replicas", lambda: kube.get("deployment", "bad-gfx942")["spec"]["replicas"] == 2, 60)
     stable = kube.get("deployment", "bad-gfx942")
     assert stable_revision(kube, "bad") == old
-    assert stable["metadata"]["generation"] == generation, "the stable Deployment must be untouched"
+    assert stable["spec"]["template"] == template, "the stable Deployment's pod template must be untouched"
     degraded = next(c for c in kube.get("sm", "bad")["status"]["conditions"] if c["type"] == "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "CanaryRolledBack")
     events = kube.events_once("bad", "CanaryFailed")
@@ -180,7 +202,7 @@ def test_bad_canary_is_rolled_back_with_its_numbers(
         checks = message.split(": ", 1)[1].split("; ")
         match = re.match(r"TPOT p90 [0-9.]+ ms vs stable [0-9.]+ ms \(ratio ([0-9.]+) > 1.15, p=", checks[0])
         assert match and 1.3 < float(match.group(1)) < 1.8, message
-        assert all(">=" in check for check in checks[1:3]), message
+        assert all(">=" in check for check in checks if check.startswith(("acceptance", "goodput"))), message
 
 
 def test_operator_killed_mid_canary_resumes_at_the_same_step(
@@ -228,9 +250,12 @@ def test_failover_mid_step_with_little_traffic_ends_the_step_on_evidence(
     body = canary_model("failover", pause_s=20, profile="e2e-low-traffic")
     body["spec"]["rollout"]["canary"]["steps"] = [{"weight": 10, "pauseSeconds": 20},
                                                   {"weight": 100, "pauseSeconds": 5}]
-    # TPOT p90 from one client's few requests sits on a bucket edge; this test is about the clock.
+    # TPOT p90 from one client's few requests sits on a bucket edge; this test is about the clock. ~25 requests a
+    # step cannot bound a 1% error rate or know a p99: past its timeout the clean step holds as a quiet model's
+    # (InsufficientTraffic) and is promoted on its clean window after insufficientTraffic.maxWaitSeconds.
     body["spec"]["rollout"]["canary"]["analysis"].update({"minDrafts": 1500, "minRequests": 10, "timeoutSeconds": 60,
                                                           "maxTpotRatio": 3})
+    body["spec"]["rollout"]["canary"]["insufficientTraffic"] = {"maxWaitSeconds": 90}
     kube.apply([route("failover"), body])
     settle(kube, "failover")
     change(kube, body)
@@ -252,7 +277,7 @@ def test_failover_mid_step_with_little_traffic_ends_the_step_on_evidence(
     ended = wait_for("step 1 ended", step_1_ended, 150, 1, describe=lambda: canary_status(kube, "failover"))
     reasons = [e["reason"] for e in kube.events("failover")]
     assert "CanaryTimedOut" not in reasons, [e["message"] for e in ended]
-    assert ended[0]["reason"] in ("CanaryStepPassed", "CanaryFailed"), ended[0]["message"]
+    assert ended[0]["reason"] in ("CanaryStepPassed", "CanaryFailed", "CanaryPromoted"), ended[0]["message"]
     restarted = [e for e in kube.events("failover") if e["reason"] == "CanaryEvidenceRestarted"]
     assert len(restarted) == 1, reasons
     after = canary_status(kube, "failover")

@@ -17,6 +17,7 @@ from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.test_canary_traffic import (  # noqa: F401 - fixtures
     ANALYSIS,
     PAUSE_S,
+    SERVED,
     STEP_TIMEOUT_S,
     TUNED_FROM_K,
     TUNER,
@@ -54,13 +55,13 @@ def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_double
     body["spec"]["speculation"]["initialK"] = TUNED_FROM_K
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), 180)
-    with BackgroundLoad(gateway.url, hostname(name), seed=11, model=name, rate=RATE):
+    with BackgroundLoad(gateway.url, hostname(name), seed=11, model=SERVED, rate=RATE):
         wait_for("the 50% step started", lambda: canary(kube, name).get("weight") == 50
                  or canary(kube, name).get("phase") in DONE, STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5,
                  describe=lambda: canary_story(kube, name))
         doubled_at = canary(kube, name)
         assert doubled_at.get("phase") == "Progressing", (doubled_at, rollback_event(kube, name))
-        with BackgroundLoad(gateway.url, hostname(name), seed=12, model=name, rate=RATE):
+        with BackgroundLoad(gateway.url, hostname(name), seed=12, model=SERVED, rate=RATE):
             wait_for("canary decided", lambda: canary(kube, name).get("phase") in DONE,
                      STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5, describe=lambda: canary_story(kube, name))
     final = canary(kube, name)
@@ -97,7 +98,7 @@ def test_a_canary_that_starts_failing_at_the_100_percent_step_rolls_back_citing_
     body = model(name, 2, str(kube.namespace))
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), 120)
-    with BackgroundLoad(gateway.url, hostname(name), seed=21, model=name):
+    with BackgroundLoad(gateway.url, hostname(name), seed=21, model=SERVED):
         body["spec"]["drafters"] = [{"method": "eagle3", "model": "example-org/EAGLE3-LLaMA3.1-Instruct-8B-v2"}]
         kube.apply(body)
         wait_for("the 100% step started", lambda: canary(kube, name).get("weight") == 100

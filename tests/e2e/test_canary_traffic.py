@@ -298,7 +298,8 @@ def run_canaries(kube: Kube, gateway: GatewayStandIn, pools: dict[str, int], ana
     kube.apply([http_route(name) for name in pools] + list(bodies.values()))
     wait_for("every model Ready", lambda: all(ready(kube, n) for n in pools), 120)
     meter = ShareMeter(list(pools))
-    loads = [BackgroundLoad(gateway.url, hostname(name), seed, name) for seed, name in enumerate(pools)]
+    # The served name defaults to the hub id (spec.model.name), which every model here shares.
+    loads = [BackgroundLoad(gateway.url, hostname(name), seed, SERVED) for seed, name in enumerate(pools)]
     for load in loads:
         load.__enter__()
     try:

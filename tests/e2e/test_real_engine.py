@@ -371,7 +371,8 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
     body = canary_model(name, namespace)
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), ENGINE_READY_S, 2)
-    with BackgroundLoad(gateway_standin.url, f"{name}.models.test", seed=3, model=name, rate=1.0) as load:
+    served = body["spec"]["model"]["name"]  # the served name defaults to the hub id
+    with BackgroundLoad(gateway_standin.url, f"{name}.models.test", seed=3, model=served, rate=1.0) as load:
         body["spec"]["drafters"][0]["model"] = POOR
         kube.apply(body)
         wait_for("the canary decided", lambda: canary_phase(kube, name) in ("Promoted", "RolledBack", "Aborted"),

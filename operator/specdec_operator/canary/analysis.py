@@ -241,9 +241,13 @@ class Comparison:
         return self.excess_bound is None or self.excess_bound < TAIL_PASS_MARGIN
 
     @property
+    def estimate_within_limit(self) -> bool:
+        """The point estimate is within the limit (a tail may still be unknown)."""
+        return self.ratio >= self.limit if self.higher_is_better else self.ratio <= self.limit
+
+    @property
     def within_limit(self) -> bool:
-        within = self.ratio >= self.limit if self.higher_is_better else self.ratio <= self.limit
-        return within and self.tail_known
+        return self.estimate_within_limit and self.tail_known
 
     @property
     def significant(self) -> bool:
@@ -268,7 +272,7 @@ class Comparison:
 
     def describe(self) -> str:
         relation = {(True, True): ">=", (True, False): "<", (False, True): "<=", (False, False): ">"}[
-            (self.higher_is_better, self.within_limit)
+            (self.higher_is_better, self.estimate_within_limit)
         ]
         text = (
             f"{self.metric} {self.canary:.{self.decimals}f}{self.unit} vs stable "

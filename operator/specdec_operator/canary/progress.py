@@ -41,6 +41,8 @@ CANARY_ACTION_ANNOTATION = f"{GROUP}/canary-action"
 # makes it InsufficientTraffic when the canary's window is also clean (no error, failed probe or restart).
 INSUFFICIENT_SAMPLES = "InsufficientSamples"
 INSUFFICIENT_TRAFFIC = "InsufficientTraffic"
+DIFFERENCE_UNCERTAIN = "DifferenceUncertain"
+ERROR_RATE_UNCERTAIN = "ErrorRateUncertain"
 # The 100% step's TPOT gate: if the canary were no slower than the stable, at most this share of its
 # requests would be slower than the stable's p90 times maxTpotRatio.
 _TAIL_SHARE = 0.10
@@ -400,6 +402,19 @@ def _slower_than(canary: WindowStats, limit_s: float) -> tuple[int, int]:
     return round(slower), round(previous_count)
 
 
+def _underpowered(verdict: Verdict) -> bool:
+    """Inconclusive only for want of requests: no failed request (the caller checks the window is clean) and
+    every comparison still open has its estimate within the limit, a bound that more requests would tighten
+    (a p99 or a 1% error rate needs a few hundred requests to be known). Such a step is a quiet model's, held
+    as `InsufficientTraffic`, never rolled back for lack of requests alone. An estimate beyond its limit
+    without significance (a suspect regression) is not this: it stays `DifferenceUncertain`."""
+    if verdict.reason == ERROR_RATE_UNCERTAIN:
+        return all(item.passed for item in verdict.comparisons)
+    if verdict.reason != DIFFERENCE_UNCERTAIN:
+        return False
+    return all(item.passed or item.estimate_within_limit for item in verdict.comparisons)
+
+
 def judge_step(
     verdict: Verdict | None,
     canary: WindowStats | None,
@@ -418,9 +433,10 @@ def judge_step(
     """
     if verdict is None or canary is None or status is None or thresholds is None:
         return verdict
-    if verdict.outcome == "Inconclusive" and verdict.reason == INSUFFICIENT_SAMPLES:
-        clean = canary.errors == 0 and canary.health_failures == 0 and canary.restarts == 0
-        return replace(verdict, reason=INSUFFICIENT_TRAFFIC) if clean else verdict
+    clean = canary.errors == 0 and canary.health_failures == 0 and canary.restarts == 0
+    if verdict.outcome == "Inconclusive" and clean and (
+            verdict.reason == INSUFFICIENT_SAMPLES or _underpowered(verdict)):
+        return replace(verdict, reason=INSUFFICIENT_TRAFFIC)
     reference = status.stable_tpot_p90_ms
     if status.weight != FULL_WEIGHT or verdict.outcome != "Pass" or not reference or not canary.tpot_buckets:
         return verdict
@@ -439,7 +455,7 @@ def judge_step(
         return replace(verdict, message=f"{verdict.message}; {text}")
     if p_value < SIGNIFICANCE:
         return replace(verdict, outcome="Fail", reason="TPOTExceeded", message=f"{text}; {verdict.message}")
-    return replace(verdict, outcome="Inconclusive", reason="DifferenceUncertain",
+    return replace(verdict, outcome="Inconclusive", reason=DIFFERENCE_UNCERTAIN,
                    message=f"{text}, not yet significant; {verdict.message}")
 
 

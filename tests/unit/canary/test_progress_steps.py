@@ -143,6 +143,37 @@ def test_an_inconclusive_difference_still_times_out() -> None:
     assert step(canary_status(), uncertain, 901).status.phase == "RolledBack"
 
 
+def small_window_verdict(seconds_per_token: float = 0.040, **canary: Any) -> Verdict | None:
+    """40 finished requests each side, past minRequests: too few to bound a 1% error rate or know a p99."""
+    limits = thresholds(min_requests=20)
+    stats = window(requests=40.0, tpot_buckets=tpot_spread(seconds_per_token, 40), **canary)
+    stable = window(requests=40.0, tpot_buckets=tpot_spread(0.040, 40))
+    return judge_step(analyse(stats, stable, limits), stats, canary_status(), limits)
+
+
+def test_a_clean_canary_too_small_to_bound_its_errors_or_tail_is_a_quiet_model() -> None:
+    """Past minRequests, every estimate within its limit, no failed request: only more requests can decide,
+    so the step holds as a quiet model's instead of timing out into a rollback."""
+    verdict = small_window_verdict()
+    assert verdict is not None and (verdict.outcome, verdict.reason) == ("Inconclusive", "InsufficientTraffic")
+    held = step(canary_status(), verdict, 901)
+    assert held.status.phase == "Progressing" and held.status.hold_reason == "InsufficientTraffic"
+
+
+def test_a_small_window_with_a_failed_request_is_not_a_quiet_model() -> None:
+    verdict = small_window_verdict(errors=1.0)
+    assert verdict is not None and verdict.reason != "InsufficientTraffic"
+    assert step(canary_status(), verdict, 901).status.phase == "RolledBack"
+
+
+def test_a_small_window_whose_estimate_is_beyond_its_limit_still_times_out() -> None:
+    """A suspect regression (TPOT p90 estimate 1.3x the stable's, not yet significant) is not want of requests."""
+    verdict = small_window_verdict(seconds_per_token=0.052)
+    assert verdict is not None and verdict.outcome == "Inconclusive", verdict
+    assert verdict.reason != "InsufficientTraffic", verdict.message
+    assert step(canary_status(), verdict, 901).status.phase == "RolledBack"
+
+
 # --- one-shot annotations ----------------------------------------------------------------------------------
 
 
