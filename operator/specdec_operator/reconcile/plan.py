@@ -35,7 +35,7 @@ from specdec_operator.reconcile.capacity import (
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
 from specdec_operator.reconcile.events import pool_events
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
-from specdec_operator.reconcile.rollout import RolloutResult, plan_rollout
+from specdec_operator.reconcile.rollout import RolloutInputs, RolloutResult, plan_rollout
 from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
 from specdec_operator.render.drift import covers
@@ -209,10 +209,10 @@ def evaluate(
 
     def roll(current_pools: list[DesiredPool], canary: CanaryStatus | None) -> RolloutResult:
         decisions.update(rollout_modes(spec, current_pools, observed, usage, previous))
-        return plan_rollout(current_pools, live_deployments, canary, spec.rollout, verdicts or {}, action,
-                            moment, routed=route is not None, modes=modes_for_rollout(decisions),
-                            last_decision=previous.speculation.last_decision,
-                            route_percent=_route_percent(observed, route))
+        return plan_rollout(RolloutInputs(
+            current_pools, live_deployments, canary, spec.rollout, moment, routed=route is not None,
+            verdicts=verdicts or {}, action=action, modes=modes_for_rollout(decisions),
+            last_decision=previous.speculation.last_decision, route_percent=_route_percent(observed, route)))
 
     live_deployments = {body["metadata"]["name"]: body for body in observed.children_of_kind("Deployment")}
     rollout = roll(pools, previous.canary)
