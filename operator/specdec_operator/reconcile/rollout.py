@@ -26,7 +26,7 @@ from specdec_operator.canary.plan import (
     in_place_canary_size,
     split_replicas,
 )
-from specdec_operator.canary.progress import ManualAction, advance
+from specdec_operator.canary.progress import ManualAction, StepObservation, advance
 from specdec_operator.decisions.capacity import RolloutMode
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import EventRecord
@@ -278,11 +278,9 @@ def _canary_pool(
     target = CanaryTarget(pool.name, stable_rev, pool.revision, desired_k=pool.k,
                           decision_id=_decision_id(last_decision, pool, current))
     in_step = current is not None and current.phase in IN_FLIGHT_PHASES and current.weight > 0
-    progress = advance(
-        current, target=target, rollout=rollout, verdict=verdicts.get(pool.revision), now=now, action=inputs.action,
-        canary_ready=canary_ready, route_percent=inputs.route_percent,
-        route_target=equal_load_percent(total, current.weight) if in_step and current is not None else None,
-    )
+    route_target = equal_load_percent(total, current.weight) if in_step and current is not None else None
+    seen = StepObservation(verdicts.get(pool.revision), canary_ready, inputs.route_percent, route_target)
+    progress = advance(current, target=target, rollout=rollout, now=now, action=inputs.action, seen=seen)
     result.canary = progress.status if progress.status is not None else previous
     result.clear_action = progress.plan.clear_action
     if progress.event is not None:
