@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal, cast, get_args
 
@@ -179,13 +179,11 @@ def _step(
     status: CanaryStatus,
     settings: Canary,
     spec_paused: bool,
-    verdict: Verdict | None,
     now: datetime,
     action: ManualAction | None,
-    canary_ready: bool,
-    route_percent: int | None = None,
-    route_target: int | None = None,
+    seen: StepObservation,
 ) -> CanaryProgress:
+    verdict, canary_ready, route_percent = seen.verdict, seen.canary_ready, seen.route_percent
     steps = settings.steps
     if status.step >= len(steps):
         # The step list shrank under a running canary: hold it at the new last step.
@@ -230,7 +228,7 @@ def _step(
     timeout = settings.analysis.timeout_seconds
     plan = RolloutPlan(status.weight, step.weight, keep_canary=True, clear_action=one_shot)
     if status.weight == 0:
-        return _await_ready(status, steps, label, _elapsed_seconds(status, now), timeout, now, canary_ready, plan)
+        return _await_ready(status, steps, label, timeout, now, canary_ready, plan)
     status, restarted = _take_over(status, verdict, label)
     if restarted is not None:
         # The window just opened: nothing in it can pass or time out yet.
@@ -238,7 +236,7 @@ def _step(
     elapsed = _elapsed_seconds(status, now)
     # The step's weight must be in the route as read before the step can pass: a route write lost to an
     # API server outage would otherwise let a step pass that never sent the canary its share.
-    wanted = route_target if route_target is not None else status.weight
+    wanted = seen.route_target if seen.route_target is not None else status.weight
     routed = route_percent is None or route_percent >= wanted
     window_over = elapsed >= step.pause_seconds
     # Every step, the 100% one included, passes only on a passing verdict over its own window: at 100% that
@@ -308,13 +306,13 @@ def _await_ready(
     status: CanaryStatus,
     steps: list[CanaryStep],
     label: str,
-    elapsed: float,
     timeout: int,
     now: datetime,
     canary_ready: bool,
     plan: RolloutPlan,
 ) -> CanaryProgress:
     """The step has not started: traffic waits until the canary pods are ready, for at most the timeout."""
+    elapsed = _elapsed_seconds(status, now)
     if canary_ready:
         weight = steps[status.step].weight
         started = status.model_copy(
@@ -459,25 +457,33 @@ def judge_step(
                    message=f"{text}, not yet significant; {verdict.message}")
 
 
+@dataclass(frozen=True)
+class StepObservation:
+    """What one reconcile saw of a pool's canary step.
+
+    `verdict` is the analysis of the current step's window (since stepStartedAt), or None when nothing could
+    be measured yet. `canary_ready`: the canary pods of the step serve. `route_percent`: the canary's share in
+    the HTTPRoute as last read, None without a route; a step does not pass while the route gives the canary
+    less than `route_target` (the percent the route must carry for this step, `equal_load_percent`; the step's
+    weight when None).
+    """
+
+    verdict: Verdict | None
+    canary_ready: bool
+    route_percent: int | None = None
+    route_target: int | None = None
+
+
 def advance(
     current: CanaryStatus | None,
     *,
     target: CanaryTarget,
     rollout: Rollout,
-    verdict: Verdict | None,
     now: datetime,
     action: ManualAction | None,
-    canary_ready: bool,
-    route_percent: int | None = None,
-    route_target: int | None = None,
+    seen: StepObservation,
 ) -> CanaryProgress:
-    """One reconcile's worth of canary progress for one pool. `now` must be timezone-aware.
-
-    `verdict` is the analysis of the current step's window (since stepStartedAt), or None when
-    nothing could be measured yet. `route_percent`: the canary's share in the HTTPRoute as last read, None
-    without a route; a step does not pass while the route gives the canary less than `route_target` (the
-    percent the route must carry for this step, `equal_load_percent`; the step's weight when None).
-    """
+    """One reconcile's worth of canary progress for one pool. `now` must be timezone-aware."""
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     one_shot = action in ("abort", "promote", "resume")
@@ -505,4 +511,4 @@ def advance(
             return _clearing(_start(target, settings.steps, now, current), one_shot)
         # A rolled-back revision is not retried on its own: the spec (or a new decision) must change first.
         return CanaryProgress(current, _terminal_plan(current, one_shot))
-    return _step(current, settings, rollout.paused, verdict, now, action, canary_ready, route_percent, route_target)
+    return _step(current, settings, rollout.paused, now, action, seen)

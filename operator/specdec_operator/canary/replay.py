@@ -39,7 +39,7 @@ from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict, WindowStats
 from specdec_operator.canary.evidence import CanaryWindows, PodRestarts, canary_verdicts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget
-from specdec_operator.canary.progress import advance
+from specdec_operator.canary.progress import StepObservation, advance
 from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, ScrapeTarget, parse_metrics
 from specdec_operator.tuner.window import CounterWindows
 
@@ -351,8 +351,8 @@ class Replayer:
     def _advance(self, verdict: Verdict | None, at: float, now: datetime, *, canary_ready: bool,
                  route_percent: int | None) -> None:
         before = self.status
-        progress = advance(before, target=self.target, rollout=self.rollout, verdict=verdict, now=now, action=None,
-                           canary_ready=canary_ready, route_percent=route_percent)
+        progress = advance(before, target=self.target, rollout=self.rollout, now=now, action=None,
+                           seen=StepObservation(verdict, canary_ready, route_percent=route_percent))
         after = progress.status
         self.status = after
         self.last_at = at

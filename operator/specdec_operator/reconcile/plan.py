@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,7 +23,8 @@ from specdec_operator.canary.progress import ManualAction, manual_action
 from specdec_operator.canary.traffic import RouteError, canary_percent, reaches_canary, route_weights
 from specdec_operator.conditions import ConditionFacts, Finding, apply_updates, pod_metrics_finding, summarize
 from specdec_operator.decisions.absence import AbsenceDecision, HeldPool, held_message, hold_missing_pools
-from specdec_operator.decisions.placement import plan_placement
+from specdec_operator.decisions.capacity import GpuUsage
+from specdec_operator.decisions.placement import PlacementPlan, plan_placement
 from specdec_operator.decisions.pod_failures import failure_summaries, pod_failures
 from specdec_operator.decisions.runtime_env import RuntimeEnvError
 from specdec_operator.reconcile.capacity import (
@@ -35,7 +37,7 @@ from specdec_operator.reconcile.capacity import (
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
 from specdec_operator.reconcile.events import pool_events
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
-from specdec_operator.reconcile.rollout import RolloutResult, plan_rollout
+from specdec_operator.reconcile.rollout import RolloutInputs, RolloutResult, plan_rollout
 from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
 from specdec_operator.render.drift import covers
@@ -154,8 +156,55 @@ def _stale_children(
     return stale
 
 
+@dataclass(frozen=True)
+class ParsedModel:
+    """An observed model with its spec and stored status each parsed once per pass: the evaluation, and anything
+    else in the pass that needs them (the tuner's inputs), read these, never the raw body again."""
+
+    observed: ObservedModel
+    status: StatusRead
+    spec: SpeculativeModelSpec | None  # None: the spec is invalid, `spec_error` says why
+    spec_error: str | None = None
+
+
+def parse_model(observed: ObservedModel) -> ParsedModel:
+    status = read_status(observed.status)
+    try:
+        return ParsedModel(observed, status, SpeculativeModelSpec.model_validate(dict(observed.spec)))
+    except ValidationError as error:
+        return ParsedModel(observed, status, None, validation_message(error))
+
+
+@dataclass(frozen=True)
+class PassInputs:
+    """One pass's inputs, parsed: what every policy of `evaluate` reads."""
+
+    observed: ObservedModel
+    settings: Settings
+    now: str
+    spec: SpeculativeModelSpec
+    previous: SpeculativeModelStatus
+    speculation: SpeculationStatus | None = None  # the tuner's record this pass, when it has one
+    verdicts: Mapping[str, Verdict | None] = field(default_factory=dict)
+    refusals: tuple[str, ...] = ()
+    not_owned: tuple[str, ...] = ()
+
+    @cached_property
+    def moment(self) -> datetime:
+        return datetime.fromisoformat(self.now.replace("Z", "+00:00"))
+
+    @cached_property
+    def route(self) -> ObjectRef | None:
+        """The HTTPRoute whose backend weights we own, if the spec names one."""
+        return self.spec.rollout.canary.traffic.http_route_ref if self.spec.rollout.canary else None
+
+    @cached_property
+    def live_deployments(self) -> dict[str, Mapping[str, Any]]:
+        return {body["metadata"]["name"]: body for body in self.observed.children_of_kind("Deployment")}
+
+
 def evaluate(
-    observed: ObservedModel,
+    model: ObservedModel | ParsedModel,
     settings: Settings,
     now: str,
     speculation: SpeculationStatus | None = None,
@@ -165,57 +214,124 @@ def evaluate(
 ) -> ReconcilePlan:
     """Render from status: each pool's K is `status.pools[].effectiveK` (the tuner writes its decisions there
     first). `refusals` are the API server's messages for owned objects it refused on earlier attempts;
-    `not_owned` names objects under our names that someone else holds (left alone, handlers/writes.py)."""
+    `not_owned` names objects under our names that someone else holds (left alone, handlers/writes.py).
+    `model`: the observed model, parsed by the pass already (`parse_model`) or parsed here.
+
+    A chain of policies, each a function of its inputs and of what the ones before it decided."""
+    parsed = model if isinstance(model, ParsedModel) else parse_model(model)
+    observed = parsed.observed
+    gate = gate_inputs(parsed, now)
+    if isinstance(gate, ReconcilePlan):
+        return gate
+    spec, previous = gate
+    inputs = PassInputs(observed, settings, now, spec, previous, speculation, verdicts or {}, tuple(refusals),
+                        tuple(not_owned))
+    if (held := hold_without_nodes(inputs)) is not None:
+        return held
+    placed = place_pools(inputs)
+    try:
+        rolled = roll_out(inputs, placed)
+    except RuntimeEnvError as error:
+        return _invalid(observed, previous, str(error), now)
+    owned = desired_objects(inputs, placed, rolled)
+    route = judge_route(inputs)
+    pools = pool_statuses(inputs, placed, rolled)
+    facts = condition_facts(inputs, placed, rolled, owned, route, pools)
+    status = build_status(observed, previous, pools, summarize(facts), now, rolled.speculation, rolled.rollout.canary)
+    if route.unreadable:
+        # Unread is not absent: which canary the route still sends requests to is unknown, so no owned object is
+        # written or deleted this pass; the condition says why (the loop retries at its own pace).
+        return ReconcilePlan(status=status, conditions=facts, pools=rolled.pools,
+                             events=[EventRecord("Warning", "HTTPRouteUnreadable", route.finding.message)]
+                             if route.finding is not None else [])
+    return ReconcilePlan(
+        apply=owned.to_apply, delete=stale_objects(inputs, placed, rolled, owned), status=status, conditions=facts,
+        events=plan_events(inputs, placed, rolled, status, facts), pools=rolled.pools, route=inputs.route,
+        route_weight=rolled.rollout.route_weight if inputs.route is not None else None,
+        clear_action=rolled.rollout.clear_action or bool(rolled.action_events),
+    )
+
+
+def gate_inputs(
+    parsed: ParsedModel, now: str
+) -> ReconcilePlan | tuple[SpeculativeModelSpec, SpeculativeModelStatus]:
+    """The parsed spec and status, or the plan that holds (inputs unknown) or reports why they cannot be used."""
+    observed, read = parsed.observed, parsed
     if not observed.children_known:
         # Not listed is not absent: a pass that took a lagging cache for the cluster would recreate what runs
         # (a stable Deployment at the canary's revision) and delete what it has not seen change.
         return ReconcilePlan(held="owned objects and pods not in the watch cache yet")
-    read = read_status(observed.status)
-    if read.problems:
-        return _unreadable(observed, read, now)
-    previous = read.status
-    try:
-        spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
-    except ValidationError as error:
-        return _invalid(observed, previous, validation_message(error), now)
-    if not observed.nodes and previous.pools:
-        # No node at all, not even a CPU node, is a watch that has not synced, not a fleet that vanished: hold.
-        # (GPU nodes that go while others stay are the grace's to handle: decisions/absence.py.)
-        message = "node inventory is empty; keeping existing pools until nodes are observed again"
-        held_all = build_status(observed, previous, previous.pools,
-                                summarize(ConditionFacts(inventory_empty=message)), now)
-        return ReconcilePlan(status=held_all)
-    moment = datetime.fromisoformat(now.replace("Z", "+00:00"))
+    if read.status.problems:
+        return _unreadable(observed, read.status, now)
+    if read.spec is None:
+        return _invalid(observed, read.status.status, read.spec_error or "spec: invalid", now)
+    return read.spec, read.status.status
+
+
+def hold_without_nodes(inputs: PassInputs) -> ReconcilePlan | None:
+    """No node at all, not even a CPU node, is a watch that has not synced, not a fleet that vanished: hold.
+    (GPU nodes that go while others stay are the grace's to handle: decisions/absence.py.)"""
+    if inputs.observed.nodes or not inputs.previous.pools:
+        return None
+    message = "node inventory is empty; keeping existing pools until nodes are observed again"
+    previous = inputs.previous
+    held_all = build_status(inputs.observed, previous, previous.pools,
+                            summarize(ConditionFacts(inventory_empty=message)), inputs.now)
+    return ReconcilePlan(status=held_all)
+
+
+@dataclass(frozen=True)
+class PlacedPools:
+    usage: GpuUsage
+    placement: PlacementPlan  # after the absence grace: pools held through missing nodes keep their placement
+    absence: AbsenceDecision
+    # Pools with no placement left, kept whole (status entry and every live object) until their grace ends.
+    held_whole: list[PoolStatus]
+
+
+def place_pools(inputs: PassInputs) -> PlacedPools:
+    """Where the model's pools go, with pools whose nodes went missing held through their grace."""
+    observed, settings, previous = inputs.observed, inputs.settings, inputs.previous
     usage = model_usage(observed)
     placement = plan_placement(
-        spec, observed.nodes, settings.kv_headroom_fraction, existing_pools={p.gfx_target for p in previous.pools},
-        usage=usage, devices=settings.devices,
+        inputs.spec, observed.nodes, settings.kv_headroom_fraction,
+        existing_pools={p.gfx_target for p in previous.pools}, usage=usage, devices=settings.devices,
     )
-    absence = hold_missing_pools(previous.pools, placement, spec, observed.nodes, moment,
+    absence = hold_missing_pools(previous.pools, placement, inputs.spec, observed.nodes, inputs.moment,
                                  settings.node_missing_grace_s)
-    placement = absence.placement
-    # Pools with no placement left, kept whole (status entry and every live object) until their grace ends.
     held_whole = [p.model_copy(update={"missing": held.missing}) for p in previous.pools
                   if (held := absence.held_for(p.gfx_target)) is not None and held.whole]
-    previous_k = {p.name: p.effective_k for p in previous.pools}
-    try:
-        pools = desired_pools(observed, spec, placement, previous_k, settings)
-    except RuntimeEnvError as error:
-        return _invalid(observed, previous, str(error), now)
-    route = spec.rollout.canary.traffic.http_route_ref if spec.rollout.canary else None
-    action, action_events = _manual_action(observed)
+    return PlacedPools(usage, absence.placement, absence, held_whole)
 
-    decisions: dict[str, PoolRollout] = {}
+
+@dataclass(frozen=True)
+class RolledOut:
+    pools: list[DesiredPool]  # rendered at the K status records (or the stable K a failed tuner canary left)
+    rollout: RolloutResult
+    modes: dict[str, PoolRollout]  # each pool's rollout mode, as status records it
+    speculation: SpeculationStatus | None  # with a failed tuner K recorded as rejected
+    action_events: list[EventRecord]  # an unreadable canary-action annotation
+
+
+def roll_out(inputs: PassInputs, placed: PlacedPools) -> RolledOut:
+    """The pools rendered from status, and how their Deployments move: directly or through a canary.
+
+    Raises RuntimeEnvError when the spec's environment cannot be made consistent."""
+    observed, spec, previous = inputs.observed, inputs.spec, inputs.previous
+    previous_k = {p.name: p.effective_k for p in previous.pools}
+    pools = desired_pools(observed, spec, placed.placement, previous_k, inputs.settings)
+    action, action_events = _manual_action(observed)
+    modes: dict[str, PoolRollout] = {}
 
     def roll(current_pools: list[DesiredPool], canary: CanaryStatus | None) -> RolloutResult:
-        decisions.update(rollout_modes(spec, current_pools, observed, usage, previous))
-        return plan_rollout(current_pools, live_deployments, canary, spec.rollout, verdicts or {}, action,
-                            moment, routed=route is not None, modes=modes_for_rollout(decisions),
-                            last_decision=previous.speculation.last_decision,
-                            route_percent=_route_percent(observed, route))
+        modes.update(rollout_modes(spec, current_pools, observed, placed.usage, previous))
+        return plan_rollout(RolloutInputs(
+            current_pools, inputs.live_deployments, canary, spec.rollout, inputs.moment,
+            routed=inputs.route is not None, verdicts=inputs.verdicts, action=action, modes=modes_for_rollout(modes),
+            last_decision=previous.speculation.last_decision, route_percent=_route_percent(observed, inputs.route)))
 
-    live_deployments = {body["metadata"]["name"]: body for body in observed.children_of_kind("Deployment")}
     rollout = roll(pools, previous.canary)
+    speculation = inputs.speculation
     if rollout.rejected is not None:
         # Written with the rollback itself, so the tuner reads it before its next decision (docs/canary.md).
         recorded = speculation or previous.speculation
@@ -223,21 +339,34 @@ def evaluate(
     if rollout.k_reverts:
         # The K before the decision (from the decision record) makes the stable revision the desired one again
         # only if K was all the canary changed; a spec change rolled back keeps the K in status.
-        reverted_k = {**previous_k, **rollout.k_reverts}
-        reverted = desired_pools(observed, spec, placement, reverted_k, settings)
+        reverted = desired_pools(observed, spec, placed.placement, {**previous_k, **rollout.k_reverts},
+                                 inputs.settings)
         stable = rollout.canary.stable_revision if rollout.canary is not None else None
         if any(p.name in rollout.k_reverts and p.revision == stable for p in reverted):
-            previous_k, pools = reverted_k, reverted
+            pools = reverted
             # Planned again from the canary as this pass ended it: recorded once, RolledBack with its verdict.
             first = rollout
             rollout = roll(pools, first.canary)
             rollout.events[:0] = first.events
+    return RolledOut(pools, rollout, modes, speculation, action_events)
+
+
+@dataclass(frozen=True)
+class DesiredObjects:
+    to_apply: list[dict[str, Any]]  # desired objects the live ones do not cover yet
+    wanted: set[tuple[str, str]]  # (kind, name) of every object a pool wants, written or kept
+    stable_revisions: dict[str, str]  # pool -> the revision its stable Deployment is to serve
+
+
+def desired_objects(inputs: PassInputs, placed: PlacedPools, rolled: RolledOut) -> DesiredObjects:
+    """Every owned object the pools want, and which of them differ from what runs."""
+    observed, rollout = inputs.observed, rolled.rollout
     desired: list[dict[str, Any]] = []
-    if pools or held_whole:
+    if rolled.pools or placed.held_whole:
         desired.append(model_service(observed))
-        if route is not None:
+        if inputs.route is not None:
             desired += [service(observed.namespace, observed.name, observed.uid, track) for track in TRACKS]
-    for pool in pools:
+    for pool in rolled.pools:
         desired += [pool.config_map, pool.pdb]
     desired += rollout.deployments
     to_apply = [
@@ -252,61 +381,96 @@ def evaluate(
     }
     if rollout.canary is not None:
         stable_revisions.update({name: rollout.canary.stable_revision for name in rollout.held})
-    route_finding = None
-    # Unread is not absent: which canary the route still sends requests to is unknown, so no owned object is
-    # written or deleted this pass; the condition says why (the loop retries at its own pace).
-    route_unreadable = route is not None and not observed.route_read and observed.route_error is not None
-    if route_unreadable:
-        route_finding = Finding("HTTPRouteUnreadable", f"{observed.route_error}; owned objects wait for it")
-    elif route is not None and observed.route_read:
-        verdict = route_verdict(route.namespace or observed.namespace, route.name, observed.route)
-        route_finding = Finding(*verdict) if verdict is not None else None
-    earlier = {p.name: p for p in previous.pools}
-    pool_statuses = [_with_absence(pool_status(pool, live_deployments.get(pool.name)).model_copy(
-        update={"rollout": decisions.get(pool.name)}), absence.held_for(pool.plan.gfx), earlier.get(pool.name))
-        for pool in pools]
-    pool_statuses += held_whole
-    facts = placement_facts(placement, pools, live_deployments, stable_revisions, held_whole)
-    canary_progress, canary_failed = canary_facts(rollout.canary, pools)
+    return DesiredObjects(to_apply, wanted, stable_revisions)
+
+
+@dataclass(frozen=True)
+class RouteJudgement:
+    finding: Finding | None = None
+    unreadable: bool = False  # the HTTPRoute could not be read: owned objects wait for it
+
+
+def judge_route(inputs: PassInputs) -> RouteJudgement:
+    """What the HTTPRoute we weight says, as read this pass."""
+    observed, route = inputs.observed, inputs.route
+    if route is None:
+        return RouteJudgement()
+    if not observed.route_read and observed.route_error is not None:
+        return RouteJudgement(Finding("HTTPRouteUnreadable", f"{observed.route_error}; owned objects wait for it"),
+                              unreadable=True)
+    if not observed.route_read:
+        return RouteJudgement()
+    verdict = route_verdict(route.namespace or observed.namespace, route.name, observed.route)
+    return RouteJudgement(Finding(*verdict) if verdict is not None else None)
+
+
+def pool_statuses(inputs: PassInputs, placed: PlacedPools, rolled: RolledOut) -> list[PoolStatus]:
+    """Each pool's status entry: placed pools as rendered, then pools held whole through missing nodes."""
+    earlier = {p.name: p for p in inputs.previous.pools}
+    statuses = [_with_absence(pool_status(pool, inputs.live_deployments.get(pool.name)).model_copy(
+        update={"rollout": rolled.modes.get(pool.name)}), placed.absence.held_for(pool.plan.gfx),
+        earlier.get(pool.name)) for pool in rolled.pools]
+    return [*statuses, *placed.held_whole]
+
+
+def condition_facts(
+    inputs: PassInputs,
+    placed: PlacedPools,
+    rolled: RolledOut,
+    owned: DesiredObjects,
+    route: RouteJudgement,
+    pools: Sequence[PoolStatus],
+) -> ConditionFacts:
+    """Everything the conditions summarise (conditions.summarize ranks them, in one place)."""
+    rollout, absence = rolled.rollout, placed.absence
+    facts = placement_facts(placed.placement, rolled.pools, inputs.live_deployments, owned.stable_revisions,
+                            placed.held_whole)
+    canary_progress, canary_failed = canary_facts(rollout.canary, rolled.pools)
     if canary_progress is not None and rollout.held and rollout.canary is not None:
         canary_progress = Finding(canary_progress.reason, f"{canary_progress.message}; {_held_message(rollout)}")
-    failures = pod_failures(observed.pods, contract.LABEL_POOL)
+    failures = pod_failures(inputs.observed.pods, contract.LABEL_POOL)
     # Unschedulable pods are reported as PodsUnschedulable once they waited past a replacement's grace.
     failure_findings = tuple(Finding(reason, message)
                              for reason, message in failure_summaries(failures, skip=("Unschedulable",)))
-    condition_facts = ConditionFacts(
+    return ConditionFacts(
         pod_failures=failure_findings,
         no_pools=facts.no_pools, pending=facts.pending, held_waiting=facts.held_waiting, ready=facts.ready,
         reduced=facts.reduced,
-        nodes_missing=tuple(held_message(p.name, held, p.replicas, p.effective_k) for p in pool_statuses
+        nodes_missing=tuple(held_message(p.name, held, p.replicas, p.effective_k) for p in pools
                             if (held := absence.held_for(p.gfx_target)) is not None),
         canary_progress=canary_progress, canary_failed=canary_failed,
-        capacity=capacity_findings(placement, usage, moment), refusals=tuple(refusals),
-        not_owned=tuple(not_owned),
-        route=route_finding, pod_metrics_excluded=pod_metrics_finding(observed.excluded_pod_metrics),
+        capacity=capacity_findings(placed.placement, placed.usage, inputs.moment), refusals=inputs.refusals,
+        not_owned=inputs.not_owned, route=route.finding,
+        pod_metrics_excluded=pod_metrics_finding(inputs.observed.excluded_pod_metrics),
     )
-    status = build_status(observed, previous, pool_statuses, summarize(condition_facts), now, speculation,
-                          rollout.canary)
-    referenced = _referenced_config_maps([*rollout.deployments, *rollout.kept])
-    if route_unreadable:
-        return ReconcilePlan(status=status, conditions=condition_facts, pools=pools,
-                             events=[EventRecord("Warning", "HTTPRouteUnreadable", route_finding.message)]
-                             if route_finding is not None else [])
-    return ReconcilePlan(
-        apply=to_apply,
-        delete=_stale_children(observed, wanted | referenced | _draining_canaries(observed, route), pools,
-                               {p.name for p in held_whole}),
-        status=status,
-        conditions=condition_facts,
-        events=[*pool_events(previous, status, placement), *_absence_events(absence, status),
-            *_failure_events(previous, failure_findings, condition_facts.capacity), *rollout_mode_events(
-            decisions, previous, {p.name: _live_revision(live_deployments.get(p.name)) for p in pools}),
-            *rollout.events, *action_events],
-        pools=pools,
-        route=route,
-        route_weight=rollout.route_weight if route is not None else None,
-        clear_action=rollout.clear_action or bool(action_events),
-    )
+
+
+def stale_objects(
+    inputs: PassInputs, placed: PlacedPools, rolled: RolledOut, owned: DesiredObjects
+) -> list[tuple[str, str]]:
+    """Owned objects to delete: neither wanted, nor mounted by a kept Deployment, nor a canary the route may
+    still send requests to, nor an object of a pool held whole."""
+    rollout = rolled.rollout
+    keep = owned.wanted | _referenced_config_maps([*rollout.deployments, *rollout.kept]) | _draining_canaries(
+        inputs.observed, inputs.route)
+    return _stale_children(inputs.observed, keep, rolled.pools, {p.name for p in placed.held_whole})
+
+
+def plan_events(
+    inputs: PassInputs,
+    placed: PlacedPools,
+    rolled: RolledOut,
+    status: SpeculativeModelStatus,
+    facts: ConditionFacts,
+) -> list[EventRecord]:
+    """The pass's events: pool changes, missing nodes, new failures, rollout modes, the canary's steps."""
+    previous, live = inputs.previous, inputs.live_deployments
+    live_revisions = {p.name: _live_revision(live.get(p.name)) for p in rolled.pools}
+    return [
+        *pool_events(previous, status, placed.placement), *_absence_events(placed.absence, status),
+        *_failure_events(previous, facts.pod_failures, facts.capacity),
+        *rollout_mode_events(rolled.modes, previous, live_revisions), *rolled.rollout.events, *rolled.action_events,
+    ]
 
 
 def _held_message(rollout: RolloutResult) -> str:

@@ -26,7 +26,7 @@ from specdec_operator.canary.plan import (
     in_place_canary_size,
     split_replicas,
 )
-from specdec_operator.canary.progress import ManualAction, advance
+from specdec_operator.canary.progress import ManualAction, StepObservation, advance
 from specdec_operator.decisions.capacity import RolloutMode
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import EventRecord
@@ -151,49 +151,51 @@ def _stable_unrenderable(pool: DesiredPool, previous: CanaryStatus | None, rollo
     )
 
 
-def plan_rollout(
-    pools: Sequence[DesiredPool],
-    live: Mapping[str, Mapping[str, Any]],
-    previous: CanaryStatus | None,
-    rollout: Rollout,
-    verdicts: Mapping[str, Verdict | None],
-    action: ManualAction | None,
-    now: datetime,
-    routed: bool,
-    modes: Mapping[str, RolloutMode] | None = None,
-    last_decision: TuningDecision | None = None,
-    route_percent: int | None = None,
-) -> RolloutResult:
-    """`modes`: each pool's rollout mode (reconcile/capacity.py); a pool without one surges as by default.
-    `last_decision`: the tuner's decision record in status, the K a failed tuner canary returns to.
-    `route_percent`: the canary's share in the HTTPRoute as read this pass (None: no route, or unread)."""
-    modes = modes or {}
-    result = _plan_rollout(pools, live, previous, rollout, verdicts, action, now, routed, modes, last_decision,
-                           route_percent)
+@dataclass(frozen=True)
+class RolloutInputs:
+    """Everything rollout planning reads, gathered and parsed once by the evaluation (reconcile/plan.py).
+
+    `live`: the model's live Deployments by name. `previous`: status.canary as stored. `verdicts`: the canary
+    analysis per revision. `modes`: each pool's rollout mode (reconcile/capacity.py); a pool without one surges
+    as by default. `last_decision`: the tuner's decision record in status, the K a failed tuner canary returns
+    to. `route_percent`: the canary's share in the HTTPRoute as read this pass (None: no route, or unread).
+    """
+
+    pools: Sequence[DesiredPool]
+    live: Mapping[str, Mapping[str, Any]]
+    previous: CanaryStatus | None
+    rollout: Rollout
+    now: datetime
+    routed: bool
+    verdicts: Mapping[str, Verdict | None] = field(default_factory=dict)
+    action: ManualAction | None = None
+    modes: Mapping[str, RolloutMode] = field(default_factory=dict)
+    last_decision: TuningDecision | None = None
+    route_percent: int | None = None
+
+    def in_place_budget(self, pool: str) -> int:
+        """Replicas an in-place canary takes out of the stable set at a time; 0 when the pool surges."""
+        mode = self.modes.get(pool)
+        return mode.max_unavailable if mode is not None and mode.mode == "InPlace" else 0
+
+
+def plan_rollout(inputs: RolloutInputs) -> RolloutResult:
+    """Each pool's Deployments, the canary status and the route weight, for the pools as rendered from status."""
+    result = _plan_rollout(inputs)
     result.deployments = [
-        with_strategy(body, modes.get(body["metadata"]["labels"][contract.LABEL_POOL])) for body in result.deployments
+        with_strategy(body, inputs.modes.get(body["metadata"]["labels"][contract.LABEL_POOL]))
+        for body in result.deployments
     ]
     return result
 
 
-def _plan_rollout(
-    pools: Sequence[DesiredPool],
-    live: Mapping[str, Mapping[str, Any]],
-    previous: CanaryStatus | None,
-    rollout: Rollout,
-    verdicts: Mapping[str, Verdict | None],
-    action: ManualAction | None,
-    now: datetime,
-    routed: bool,
-    modes: Mapping[str, RolloutMode],
-    last_decision: TuningDecision | None,
-    route_percent: int | None,
-) -> RolloutResult:
+def _plan_rollout(inputs: RolloutInputs) -> RolloutResult:
+    live, previous, rollout = inputs.live, inputs.previous, inputs.rollout
     # With nothing in flight all routed traffic goes to the stable Service.
-    result = RolloutResult(canary=previous, route_weight=0 if routed else None)
+    result = RolloutResult(canary=previous, route_weight=0 if inputs.routed else None)
     rolling = rolling_pools(live.values(), tracks=("stable",))
-    canary_pool = _canary_candidate(pools, live, previous, rollout, rolling)
-    for pool in pools:
+    canary_pool = _canary_candidate(inputs.pools, live, previous, rollout, rolling)
+    for pool in inputs.pools:
         stable_live = live.get(pool.name)
         if stable_live is None and _stable_unrenderable(pool, previous, rollout):
             # Not observed is not absent: a replica that took over may read its watch cache before the
@@ -214,10 +216,7 @@ def _plan_rollout(
             if live.get(deployment_name(pool.name, "canary")) is not None and pool.name != canary_pool:
                 result.delete.append(("Deployment", deployment_name(pool.name, "canary")))
             continue
-        in_place = pool.name in modes and modes[pool.name].mode == "InPlace"
-        budget = modes[pool.name].max_unavailable if in_place else 0
-        _canary_pool(result, pool, stable_live, live, previous, rollout, verdicts, action, now, routed, rolling,
-                     last_decision, budget, route_percent)
+        _canary_pool(result, inputs, pool, stable_live, rolling)
     return result
 
 
@@ -250,26 +249,21 @@ def _canary_candidate(
 
 def _canary_pool(
     result: RolloutResult,
+    inputs: RolloutInputs,
     pool: DesiredPool,
     stable_live: Mapping[str, Any],
-    live: Mapping[str, Mapping[str, Any]],
-    previous: CanaryStatus | None,
-    rollout: Rollout,
-    verdicts: Mapping[str, Verdict | None],
-    action: ManualAction | None,
-    now: datetime,
-    routed: bool,
     rolling: set[str],
-    last_decision: TuningDecision | None,
-    in_place_budget: int = 0,
-    route_percent: int | None = None,
 ) -> None:
-    """`in_place_budget` > 0: the pool is full, so the canary takes that many replicas at a time out of the
-    stable set instead of adding its own beside it."""
+    """The pool that canaries: the state machine's step, then its Deployments' sizes and the route weight.
+
+    With an in-place budget (`RolloutInputs.in_place_budget`) the pool is full, so the canary takes that many
+    replicas at a time out of the stable set instead of adding its own beside it."""
+    previous, rollout, verdicts, now = inputs.previous, inputs.rollout, inputs.verdicts, inputs.now
+    last_decision, in_place_budget = inputs.last_decision, inputs.in_place_budget(pool.name)
     stable_rev = stable_revision(stable_live, previous, pool.name, rolling) or pool.revision
     current = previous if previous is not None and previous.pool == pool.name else None
     canary_name = deployment_name(pool.name, "canary")
-    canary_live = live.get(canary_name)
+    canary_live = inputs.live.get(canary_name)
     total = pool.plan.replicas
     canary_ready = (
         canary_live is not None
@@ -284,11 +278,9 @@ def _canary_pool(
     target = CanaryTarget(pool.name, stable_rev, pool.revision, desired_k=pool.k,
                           decision_id=_decision_id(last_decision, pool, current))
     in_step = current is not None and current.phase in IN_FLIGHT_PHASES and current.weight > 0
-    progress = advance(
-        current, target=target, rollout=rollout, verdict=verdicts.get(pool.revision), now=now, action=action,
-        canary_ready=canary_ready, route_percent=route_percent,
-        route_target=equal_load_percent(total, current.weight) if in_step and current is not None else None,
-    )
+    route_target = equal_load_percent(total, current.weight) if in_step and current is not None else None
+    seen = StepObservation(verdicts.get(pool.revision), canary_ready, inputs.route_percent, route_target)
+    progress = advance(current, target=target, rollout=rollout, now=now, action=inputs.action, seen=seen)
     result.canary = progress.status if progress.status is not None else previous
     result.clear_action = progress.plan.clear_action
     if progress.event is not None:
@@ -297,21 +289,32 @@ def _canary_pool(
     stable_template = stable_live["spec"]["template"]
     serving = ServingReplicas(_ready_replicas(stable_live), _ready_replicas(canary_live), _size(canary_live))
     if in_place_budget and total > 0:
-        _in_place_sizes(result, pool, plan.promote, plan.keep_canary, plan.sizing_weight, stable_template, serving,
-                        in_place_budget, canary_name, _template_revision(canary_live))
+        _in_place_sizes(result, pool, plan, stable_template, serving, in_place_budget, _template_revision(canary_live))
     else:
-        _surge_sizes(result, pool, plan, stable_template, canary_name, serving, canary_live is not None)
+        _surge_sizes(result, pool, plan, stable_template, serving, canary_live is not None)
     # The route follows the replica split, so both sides' pods carry the same load (docs/canary.md).
     routing_step = plan.keep_canary and not plan.promote and 0 < plan.weight < FULL_WEIGHT
     result.route_weight = equal_load_percent(total, plan.weight) if routing_step else plan.weight
-    finished = progress.status
+    _record_tuner_outcome(result, inputs, pool, progress.status, progress.event)
+
+
+def _record_tuner_outcome(
+    result: RolloutResult,
+    inputs: RolloutInputs,
+    pool: DesiredPool,
+    finished: CanaryStatus | None,
+    event: CanaryEvent | None,
+) -> None:
+    """What a canary that carried a tuner K change means for the tuner: a failed one returns the pool to the K
+    its stable revision runs and is recorded as rejected; a promoted one is the K change rolled out."""
+    last_decision = inputs.last_decision
     rolled_back = finished is not None and finished.phase in ("RolledBack", "Aborted")
     if rolled_back and finished is not None and finished.canary_k is not None:
         stable_k = _k_before(last_decision, pool.name, finished.canary_k)
         if stable_k is not None and stable_k != pool.k:
             # A tuner K change failed its canary: the pool keeps the K its stable revision runs.
             result.k_reverts[pool.name] = stable_k
-    just_ended = progress.event is not None and finished is not None and finished.phase in ("RolledBack", "Promoted")
+    just_ended = event is not None and finished is not None and finished.phase in ("RolledBack", "Promoted")
     carried = (last_decision if finished is not None and last_decision is not None
                and finished.decision_id == last_decision.id else None)
     if just_ended and finished is not None and carried is not None:
@@ -319,8 +322,8 @@ def _canary_pool(
             result.events.append(_rolled_out_event(carried, pool.name))
         else:
             result.rejected = RejectedK(pool=pool.name, k=carried.to_k, stable_revision=finished.stable_revision,
-                                        time=_stamp(now), predicted_gain=carried.predicted_gain,
-                                        reason=_rollback_reason(verdicts.get(pool.revision), progress.event))
+                                        time=_stamp(inputs.now), predicted_gain=carried.predicted_gain,
+                                        reason=_rollback_reason(inputs.verdicts.get(pool.revision), event))
 
 
 def _rollback_reason(verdict: Verdict | None, event: CanaryEvent | None) -> str:
@@ -339,7 +342,6 @@ def _surge_sizes(
     pool: DesiredPool,
     plan: RolloutPlan,
     stable_template: Mapping[str, Any],
-    canary_name: str,
     serving: ServingReplicas,
     canary_exists: bool,
 ) -> None:
@@ -360,19 +362,16 @@ def _surge_sizes(
         _, canary_size = split_replicas(total, plan.sizing_weight)
         result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], canary_size, "canary"))
     elif canary_exists:
-        result.delete.append(("Deployment", canary_name))
+        result.delete.append(("Deployment", deployment_name(pool.name, "canary")))
 
 
 def _in_place_sizes(
     result: RolloutResult,
     pool: DesiredPool,
-    promote: bool,
-    keep_canary: bool,
-    sizing_weight: int,
+    plan: RolloutPlan,
     stable_template: Mapping[str, Any],
     serving: ServingReplicas,
     budget: int,
-    canary_name: str,
     canary_revision: str | None,
 ) -> None:
     """Sizes on a full pool: stable + canary replicas == total, moved a budget at a time.
@@ -380,6 +379,8 @@ def _in_place_sizes(
     `canary_revision` is the live canary Deployment's revision (None: no canary Deployment).
     """
     total = pool.plan.replicas
+    promote, keep_canary, sizing_weight = plan.promote, plan.keep_canary, plan.sizing_weight
+    canary_name = deployment_name(pool.name, "canary")
     desired_template = pool.deployment["spec"]["template"]
     canary_exists = canary_revision is not None
     stable_at_desired = _template_revision({"spec": {"template": stable_template}}) == pool.revision

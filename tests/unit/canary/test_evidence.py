@@ -10,7 +10,7 @@ import pytest
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.canary.analysis import Verdict, analyse
 from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts, pod_restarts
-from specdec_operator.canary.progress import advance
+from specdec_operator.canary.progress import StepObservation, advance
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget, parse_metrics
 from specdec_operator.tuner.window import CounterWindows
 from specdec_runtime.simulator.engine import Speculation
@@ -118,29 +118,29 @@ def test_a_takeover_restarts_the_steps_clock_instead_of_timing_it_out() -> None:
     plan = rollout(((10, 60), (100, 0)), timeout_seconds=90)
     current = canary_status()
     taken_over = Verdict(**{**INCONCLUSIVE.__dict__, "evidence_since": stamp(80)})
-    progress = advance(current, target=target(), rollout=plan, verdict=taken_over, now=at(81), action=None,
-                       canary_ready=True)
+    progress = advance(current, target=target(), rollout=plan, now=at(81), action=None,
+                       seen=StepObservation(taken_over, True))
     assert progress.status is not None and progress.status.evidence_since == stamp(80)
     assert progress.event is not None and progress.event.reason == "CanaryEvidenceRestarted"
     # 100 s after the step started (past its 90 s timeout), but 20 s into the new window: still running.
-    still = advance(progress.status, target=target(), rollout=plan, verdict=INCONCLUSIVE, now=at(100),
-                    action=None, canary_ready=True)
+    still = advance(progress.status, target=target(), rollout=plan, now=at(100), action=None,
+                    seen=StepObservation(INCONCLUSIVE, True))
     assert still.status is not None and still.status.phase == "Progressing" and still.event is None
     # The step ends on evidence: a Pass after the window's pause moves to the next step.
     passed = Verdict("Pass", "ThresholdsMet", "numbers")
-    moved = advance(still.status, target=target(), rollout=plan, verdict=passed, now=at(141), action=None,
-                    canary_ready=True)
+    moved = advance(still.status, target=target(), rollout=plan, now=at(141), action=None,
+                    seen=StepObservation(passed, True))
     assert moved.event is not None and moved.event.reason == "CanaryStepPassed"
     assert moved.status is not None and (moved.status.step, moved.status.evidence_since) == (1, None)
     # The pause counts from the window too: at 139 s, 59 s into the new window, the step holds.
-    early = advance(still.status, target=target(), rollout=plan, verdict=passed, now=at(139), action=None,
-                    canary_ready=True)
+    early = advance(still.status, target=target(), rollout=plan, now=at(139), action=None,
+                    seen=StepObservation(passed, True))
     assert early.status is not None and early.status.step == 0
     # A timeout measured from the new window still ends a step that never gets its evidence (an uncertain
     # difference; a window short of requests holds as InsufficientTraffic instead, canary/progress.py).
     uncertain = Verdict("Inconclusive", "DifferenceUncertain", "numbers")
-    late = advance(still.status, target=target(), rollout=plan, verdict=uncertain,
-                   now=at(80) + timedelta(seconds=90), action=None, canary_ready=True)
+    late = advance(still.status, target=target(), rollout=plan, now=at(80) + timedelta(seconds=90), action=None,
+                   seen=StepObservation(uncertain, True))
     assert late.event is not None and late.event.reason == "CanaryTimedOut"
 
 
@@ -148,8 +148,8 @@ def test_an_older_or_equal_evidence_window_changes_nothing() -> None:
     current = canary_status(evidence_since=stamp(80))
     for since in (stamp(80), stamp(50)):
         verdict = Verdict(**{**INCONCLUSIVE.__dict__, "evidence_since": since})
-        progress = advance(current, target=target(), rollout=rollout(), verdict=verdict, now=at(90), action=None,
-                           canary_ready=True)
+        progress = advance(current, target=target(), rollout=rollout(), now=at(90), action=None,
+                           seen=StepObservation(verdict, True))
         assert progress.status is not None and progress.status.evidence_since == stamp(80)
         assert progress.event is None
 

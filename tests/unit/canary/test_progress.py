@@ -19,6 +19,7 @@ from specdec_operator.canary.plan import CanaryProgress, CanaryTarget, RolloutPl
 from specdec_operator.canary.progress import (
     CANARY_ACTION_ANNOTATION,
     ManualAction,
+    StepObservation,
     advance,
     manual_action,
 )
@@ -434,16 +435,8 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_transition(case: Case) -> None:
-    result = advance(
-        case.current,
-        target=case.target,
-        rollout=case.rollout,
-        verdict=case.verdict,
-        now=at(case.seconds),
-        action=case.action,
-        canary_ready=case.ready,
-        route_percent=case.route_percent,
-    )
+    result = advance(case.current, target=case.target, rollout=case.rollout, now=at(case.seconds), action=case.action,
+                     seen=StepObservation(case.verdict, case.ready, route_percent=case.route_percent))
     if case.expect_status is None:
         assert result.status is None
     else:
@@ -460,30 +453,16 @@ def test_transition(case: Case) -> None:
 def test_rollbacks_are_warnings_and_land_in_status(reason: str) -> None:
     by_reason = {case.expect_event: case for case in CASES if case.expect_event == reason}
     case = by_reason[reason]
-    result = advance(
-        case.current,
-        target=case.target,
-        rollout=case.rollout,
-        verdict=case.verdict,
-        now=at(case.seconds),
-        action=case.action,
-        canary_ready=case.ready,
-    )
+    result = advance(case.current, target=case.target, rollout=case.rollout, now=at(case.seconds), action=case.action,
+                     seen=StepObservation(case.verdict, case.ready))
     assert result.event is not None and result.event.type == "Warning"
     assert result.status is not None and result.status.message == result.event.message
 
 
 def test_naive_clock_is_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
-        advance(
-            None,
-            target=target(),
-            rollout=rollout(),
-            verdict=None,
-            now=T0.replace(tzinfo=None),
-            action=None,
-            canary_ready=True,
-        )
+        advance(None, target=target(), rollout=rollout(), now=T0.replace(tzinfo=None), action=None,
+                seen=StepObservation(None, True))
 
 
 @pytest.mark.parametrize(
@@ -532,15 +511,8 @@ def _run(
         now += gap
         if index in restart_at:
             status = _restart(status)
-        progress: CanaryProgress = advance(
-            status,
-            target=target(),
-            rollout=spec,
-            verdict=verdicts[verdict],
-            now=at(now),
-            action=None,
-            canary_ready=ready,
-        )
+        progress: CanaryProgress = advance(status, target=target(), rollout=spec, now=at(now), action=None,
+                                           seen=StepObservation(verdicts[verdict], ready))
         status = progress.status
         trace.append(
             (
@@ -588,13 +560,12 @@ def test_steps_are_neither_skipped_nor_repeated(ticks: list[tuple[float, bool, s
 def test_restart_during_a_pause_resumes_the_same_step_with_the_same_timer() -> None:
     spec = rollout()
     running = canary_status(step=1, weight=50, step_started_at=stamp(0))
-    before = advance(running, target=target(), rollout=spec, verdict=PASS, now=at(100), action=None, canary_ready=True)
+    before = advance(running, target=target(), rollout=spec, now=at(100), action=None, seen=StepObservation(PASS, True))
     assert before.event is None and before.status is not None
     revived = _restart(before.status)
-    after = advance(revived, target=target(), rollout=spec, verdict=PASS, now=at(120), action=None, canary_ready=True)
+    after = advance(revived, target=target(), rollout=spec, now=at(120), action=None, seen=StepObservation(PASS, True))
     assert after.event is not None and after.event.reason == "CanaryStepPassed"
     assert after.status is not None and (after.status.step, after.status.weight) == (2, 100)
-    again = advance(
-        _restart(after.status), target=target(), rollout=spec, verdict=PASS, now=at(120), action=None, canary_ready=True
-    )
+    again = advance(_restart(after.status), target=target(), rollout=spec, now=at(120), action=None,
+                    seen=StepObservation(PASS, True))
     assert again.event is not None and again.event.reason == "CanaryPromoted"

@@ -9,7 +9,7 @@ from typing import Any
 from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, InsufficientTraffic, Rollout
 from specdec_operator.api.status import CanaryStatus
 from specdec_operator.canary.analysis import Comparison, Verdict, analyse
-from specdec_operator.canary.progress import advance, judge_step
+from specdec_operator.canary.progress import StepObservation, advance, judge_step
 from tests.unit.canary.canaryfactories import (
     PASS,
     at,
@@ -34,7 +34,7 @@ def quiet_rollout(action: str = "Promote", max_wait: int = 3600) -> Rollout:
 def step(status: CanaryStatus | None, verdict: Verdict | None, seconds: float, **kwargs: Any) -> Any:
     kwargs.setdefault("rollout", quiet_rollout())
     kwargs.setdefault("action", None)
-    return advance(status, target=target(), verdict=verdict, now=at(seconds), canary_ready=True, **kwargs)
+    return advance(status, target=target(), now=at(seconds), seen=StepObservation(verdict, True), **kwargs)
 
 
 def quiet_verdict(**canary: Any) -> Verdict | None:

@@ -14,7 +14,7 @@ import pytest
 from specdec_operator.api.spec import Canary, CanaryStep, Rollout
 from specdec_operator.api.status import CanaryStatus
 from specdec_operator.reconcile.desired import DesiredPool
-from specdec_operator.reconcile.rollout import plan_rollout
+from specdec_operator.reconcile.rollout import RolloutInputs, plan_rollout
 from specdec_runtime import contract
 
 NOW = datetime(2026, 12, 3, 7, 0, 0, tzinfo=UTC)
@@ -60,7 +60,7 @@ def _step(total: int, weight: int, routed: bool) -> tuple[dict[str, int], int | 
     for _ in range(3):  # converge: each pass sees the sizes (all ready) the previous one asked for
         live = {POOL: _deployment(POOL, "rev-old", "stable", stable_size, stable_size),
                 f"{POOL}-canary": _deployment(f"{POOL}-canary", "rev-new", "canary", canary_size, canary_size)}
-        result = plan_rollout([pool], live, status, rollout, {}, None, NOW, routed, route_percent=None)
+        result = plan_rollout(RolloutInputs([pool], live, status, rollout, NOW, routed, route_percent=None))
         sizes = _sizes(result)
         stable_size, canary_size = sizes.get("stable", 0), sizes.get("canary", 0)
     return sizes, result.route_weight
