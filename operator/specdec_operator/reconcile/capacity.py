@@ -18,6 +18,7 @@ from specdec_operator.gpu.inventory import PodGpus
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
 from specdec_operator.render.names import label_value
+from specdec_operator.timestamps import parse_stamp
 
 # A pod the scheduler cannot place for this long is reported; shorter waits are an in-place replacement's
 # new pod waiting for the old one's GPUs.
@@ -117,7 +118,7 @@ def _unschedulable_for(pod: PodGpus, now: datetime) -> float | None:
     if not pod.pending_since:
         return None
     try:
-        since = datetime.fromisoformat(pod.pending_since.replace("Z", "+00:00"))
+        since = parse_stamp(pod.pending_since)
     except ValueError:
         return None
     return max(0.0, (now - since).total_seconds())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -41,6 +40,7 @@ from specdec_operator.reconcile.status_build import build_status, canary_facts, 
 from specdec_operator.render.drift import covers
 from specdec_operator.render.names import service_name
 from specdec_operator.render.service import TRACKS, service
+from specdec_operator.timestamps import parse_stamp
 from specdec_runtime import contract
 
 # Old content-addressed ConfigMaps kept per pool so a rollback or a restarting old pod still finds its config.
@@ -185,7 +185,7 @@ def evaluate(
         held_all = build_status(observed, previous, previous.pools,
                                 summarize(ConditionFacts(inventory_empty=message)), now)
         return ReconcilePlan(status=held_all)
-    moment = datetime.fromisoformat(now.replace("Z", "+00:00"))
+    moment = parse_stamp(now)
     usage = model_usage(observed)
     placement = plan_placement(
         spec, observed.nodes, settings.kv_headroom_fraction, existing_pools={p.gfx_target for p in previous.pools},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from specdec_operator.api.spec import Rollout
@@ -33,6 +33,7 @@ from specdec_operator.reconcile.observed import EventRecord
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
 from specdec_operator.render.names import deployment_name
 from specdec_operator.render.pool import rolling_strategy
+from specdec_operator.timestamps import format_stamp
 from specdec_runtime import contract
 
 
@@ -319,7 +320,7 @@ def _canary_pool(
             result.events.append(_rolled_out_event(carried, pool.name))
         else:
             result.rejected = RejectedK(pool=pool.name, k=carried.to_k, stable_revision=finished.stable_revision,
-                                        time=_stamp(now), predicted_gain=carried.predicted_gain,
+                                        time=format_stamp(now), predicted_gain=carried.predicted_gain,
                                         reason=_rollback_reason(verdicts.get(pool.revision), progress.event))
 
 
@@ -330,8 +331,6 @@ def _rollback_reason(verdict: Verdict | None, event: CanaryEvent | None) -> str:
     return event.reason if event is not None else ""
 
 
-def _stamp(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _surge_sizes(
