@@ -38,13 +38,13 @@ from typing import Any
 import yaml
 
 from localcluster.cluster import REPO_ROOT, ClusterPaths, LocalCluster, Ports
-from specdec_operator.handlers import memory
+from specdec_operator.handlers.services import memory_release as memory
 from specdec_operator.settings import OperatorSettings
 
 OPERATOR_AGENTS = ("specdec-operator", "kopf/")
 GPUS_PER_NODE = 8
 NAMESPACES = 10
-# The operator's log line (handlers/memory.py) for a memory release.
+# The operator's log line (handlers/services/memory_release.py) for a memory release.
 RELEASE_LINE = re.compile(r"resident memory (\d+) MiB -> (\d+) MiB after collection and trim \((\S+) MiB of heap")
 MANAGED = "app.kubernetes.io/managed-by=specdec-operator"
 # The allocator settings of the operator image (Dockerfile): RSS figures are only meaningful measured alike.

@@ -13,9 +13,10 @@ import pytest
 
 from specdec_operator.api.status import SpeculationStatus, TuningDecision
 from specdec_operator.handlers.context import OperatorContext
+from specdec_operator.handlers.model_memory import ModelTuner
 from specdec_operator.handlers.reconciler import reconcile, record_decision
-from specdec_operator.handlers.scrapes import ScrapeScheduler
-from specdec_operator.handlers.tuning import ModelTuner, TuningOutcome
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
+from specdec_operator.handlers.tuning import TuningOutcome
 from specdec_operator.handlers.writes import remember_written
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import REGISTRY

@@ -10,7 +10,7 @@ import kopf
 
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
-from specdec_operator.handlers.scrapes import ScrapeScheduler
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
 from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
 from tests.unit.api.specfactories import drafter_wire, spec_wire
 from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents, live_indices

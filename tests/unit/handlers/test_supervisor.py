@@ -13,11 +13,11 @@ import aiohttp
 import kopf
 import pytest
 
-from specdec_operator.handlers import scrapes as scrapes_module
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.register import background_tasks, start_background_tasks
-from specdec_operator.handlers.scrapes import ScrapeScheduler
-from specdec_operator.handlers.supervisor import FailureStreak, RestartPolicy, Supervisor
+from specdec_operator.handlers.services import scrapes as scrapes_module
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
+from specdec_operator.handlers.services.supervisor import FailureStreak, RestartPolicy, Supervisor
 from specdec_operator.metrics import BACKGROUND_TASK_RESTARTS
 from specdec_operator.settings import OperatorSettings
 from specdec_operator.tuner.scraper import scrape_session
@@ -98,7 +98,7 @@ async def test_a_task_that_keeps_failing_restarts_with_backoff_then_fails_the_li
     supervisor, fake = supervisor_and_time
     runs: list[int] = []
     before = restarts("test_failing")
-    with caplog.at_level(logging.WARNING, logger="specdec_operator.handlers.supervisor"):
+    with caplog.at_level(logging.WARNING, logger="specdec_operator.handlers.services.supervisor"):
         supervisor.start("test_failing", failing(runs, RuntimeError("unexpected")))
         await asyncio.wait_for(fake.blocked.wait(), 10)
     assert fake.sleeps == [1.0, 2.0, 4.0, 8.0, 10.0]

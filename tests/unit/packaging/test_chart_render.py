@@ -105,7 +105,7 @@ def test_container_is_locked_down(default_manifests: list[Manifest]) -> None:
 @pytest.mark.parametrize("kind", ["livenessProbe", "readinessProbe"])
 def test_the_probes_hit_the_endpoint_kopf_serves(default_manifests: list[Manifest], kind: str) -> None:
     # Readiness too: kopf serves the endpoint only once the startup handlers are done, and it fails while
-    # a background task cannot recover (handlers/supervisor.py).
+    # a background task cannot recover (handlers/services/supervisor.py).
     container = _container(default_manifests)
     args = container["args"]
     assert args[0] == "run"
