@@ -32,9 +32,9 @@ def _run(args: argparse.Namespace) -> int:
     import specdec_operator.handlers.register  # noqa: F401  (registers the handlers)
     from specdec_operator.handlers.services.namespace_discovery import notice_namespaces_listed_at_watch_start
     from specdec_operator.handlers.services.shutdown import run_operator
-    from specdec_operator.settings import OperatorSettings
+    from specdec_operator.settings import OperatorEnvSettings
 
-    settings = OperatorSettings()
+    settings = OperatorEnvSettings()
     problem = settings.scope_problem()
     if problem is not None:
         sys.stderr.write(f"error: {problem}\n")

@@ -62,7 +62,7 @@ class GpuDeviceEntry(BaseModel):
         return GpuDevice(self.device_id, self.product, self.gfx, self.vram_gib)
 
 
-class OperatorSettings(BaseSettings):
+class OperatorEnvSettings(BaseSettings):
     """Everything an installation may tune. Defaults suit a production cluster."""
 
     model_config = SettingsConfigDict(env_prefix="SPECDEC_", env_nested_delimiter="__", extra="ignore")

@@ -19,9 +19,9 @@ from specdec_operator.handlers.services.scrapes import ScrapeScheduler
 from specdec_operator.handlers.services.supervisor import Supervisor
 from specdec_operator.kube.api import KubeApi
 from specdec_operator.metrics import forget_model
-from specdec_operator.reconcile.observed import Settings
+from specdec_operator.reconcile.observed import EvaluationSettings
 from specdec_operator.render.names import label_value
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.settings import OperatorEnvSettings
 from specdec_operator.timestamps import format_stamp
 
 Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
@@ -29,7 +29,7 @@ Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
 
 @dataclass
 class OperatorContext:
-    settings: OperatorSettings
+    settings: OperatorEnvSettings
     api: KubeApi
     http: aiohttp.ClientSession
     models: dict[ModelKey, ModelMemory] = field(default_factory=dict)  # per model, while its loop runs
@@ -105,8 +105,8 @@ class OperatorContext:
             known.wakeup.set()
 
     @property
-    def evaluation_settings(self) -> Settings:
-        return Settings(
+    def evaluation_settings(self) -> EvaluationSettings:
+        return EvaluationSettings(
             runtime_images=self.settings.runtime_images,
             image_targets=self.settings.image_targets,
             simulator_image=self.settings.simulator_image,

@@ -33,7 +33,7 @@ from specdec_operator.metrics import (
 )
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status, read_status
-from specdec_operator.reconcile.status_build import summarise
+from specdec_operator.reconcile.status_build import printer_columns
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
 from specdec_operator.render.names import label_value
 
@@ -158,7 +158,7 @@ async def record_decision(
     status = previous.model_copy(update={
         "pools": pools,
         "speculation": speculation,
-        "summary": summarise(pools, speculation.acceptance_rate, canary_summary(previous.canary)),
+        "summary": printer_columns(pools, speculation.acceptance_rate, canary_summary(previous.canary)),
     })
     try:
         await write_status(ctx, baseline, status.to_wire(), logger, force_stats=True)

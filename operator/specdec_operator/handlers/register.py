@@ -29,7 +29,7 @@ from specdec_operator.handlers.tuning import next_wake, scrape_tick
 from specdec_operator.handlers.writes import newest_body
 from specdec_operator.kube.api import KubeApi, KubeApiError
 from specdec_operator.metrics import REGISTRY
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.settings import OperatorEnvSettings
 from specdec_operator.tuner.scraper import scrape_session
 from specdec_runtime import contract
 
@@ -40,7 +40,7 @@ __all__ = ["owned_changed"]  # registered by importing handlers.watches
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
-    operator_settings = OperatorSettings()
+    operator_settings = OperatorEnvSettings()
     settings.persistence.finalizer = f"{GROUP}/reconcile-loop"
     settings.posting.level = logging.WARNING  # kopf's own log lines stay out of the model's events
     settings.watching.server_timeout = 300
@@ -88,7 +88,7 @@ async def background_tasks(memo: Any, **_: Any) -> dict[str, dict[str, object]]:
     return supervisor.report()
 
 
-async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
+async def ensure_peering(api: KubeApi, settings: OperatorEnvSettings) -> None:
     """Kopf only patches its peering object; without one every replica stays paused. Create it once."""
     if settings.namespaces:
         peerings = [{"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from specdec_operator.api.spec import Canary, SpeculativeModelSpec
 from specdec_operator.api.status import PoolRollout, SpeculativeModelStatus
-from specdec_operator.canary.plan import split_replicas
+from specdec_operator.canary.plan import split_canary_replicas
 from specdec_operator.conditions import Finding
 from specdec_operator.decisions.capacity import GpuUsage, RolloutMode, choose_mode, pool_room
 from specdec_operator.decisions.placement import PlacementPlan
@@ -35,7 +35,7 @@ def _surge_need(spec: SpeculativeModelSpec, total: int) -> int:
         return 1
     steps = (spec.rollout.canary or Canary()).steps
     # The last step's canary replicas stay until the promoted stable set, surging, is ready beside them.
-    return split_replicas(total, steps[-1].weight)[1] + max(spec.rollout.max_surge, 1)
+    return split_canary_replicas(total, steps[-1].weight)[1] + max(spec.rollout.max_surge, 1)
 
 
 def _as_mode(decision: PoolRollout) -> RolloutMode:

@@ -53,7 +53,7 @@ class EventRecord:
 
 
 @dataclass(frozen=True)
-class Settings:
+class EvaluationSettings:
     """The slice of operator settings the pure evaluation needs."""
 
     runtime_images: Mapping[str, str]

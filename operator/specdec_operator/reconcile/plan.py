@@ -33,7 +33,7 @@ from specdec_operator.reconcile.capacity import (
 )
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
 from specdec_operator.reconcile.events import pool_events
-from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
+from specdec_operator.reconcile.observed import EvaluationSettings, EventRecord, ObservedModel
 from specdec_operator.reconcile.rollout import RolloutResult, plan_rollout
 from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
@@ -156,7 +156,7 @@ def _stale_children(
 
 def evaluate(
     observed: ObservedModel,
-    settings: Settings,
+    settings: EvaluationSettings,
     now: str,
     speculation: SpeculationStatus | None = None,
     verdicts: Mapping[str, Verdict | None] | None = None,

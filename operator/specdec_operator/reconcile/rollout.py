@@ -24,7 +24,7 @@ from specdec_operator.canary.plan import (
     ServingReplicas,
     equal_load_percent,
     in_place_canary_size,
-    split_replicas,
+    split_canary_replicas,
 )
 from specdec_operator.canary.progress import ManualAction, advance
 from specdec_operator.decisions.capacity import RolloutMode
@@ -280,7 +280,7 @@ def _canary_pool(
     if in_place_budget and current is not None and current.phase in IN_FLIGHT_PHASES and rollout.canary:
         # In place the canary grows a budget at a time: its step starts once it has all of the step's replicas.
         steps = rollout.canary.steps
-        step_target = split_replicas(total, steps[min(current.step, len(steps) - 1)].weight)[1]
+        step_target = split_canary_replicas(total, steps[min(current.step, len(steps) - 1)].weight)[1]
         canary_ready = canary_ready and _size(canary_live) >= step_target
     target = CanaryTarget(pool.name, stable_rev, pool.revision, desired_k=pool.k,
                           decision_id=_decision_id(last_decision, pool, current))
@@ -344,7 +344,7 @@ def _surge_sizes(
 ) -> None:
     """Sizes with free GPUs: the canary's replicas beside the stable ones.
 
-    Behind a route as without one the step's replicas are `split_replicas` (the route's weight follows that
+    Behind a route as without one the step's replicas are `split_canary_replicas` (the route's weight follows that
     split, `equal_load_percent`), so a canary pod and a stable pod carry the same load. The stable gives up a
     replica only for a canary replica that is ready, so serving replicas never drop.
     """
@@ -352,11 +352,11 @@ def _surge_sizes(
     if plan.promote:
         result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], total, "stable"))
     else:
-        stable_size, canary_target = split_replicas(total, plan.sizing_weight)
+        stable_size, canary_target = split_canary_replicas(total, plan.sizing_weight)
         stable_size = max(stable_size, total - min(serving.canary_ready, canary_target))
         result.deployments.append(_with(pool.deployment, stable_template, stable_size, "stable"))
     if plan.keep_canary:
-        _, canary_size = split_replicas(total, plan.sizing_weight)
+        _, canary_size = split_canary_replicas(total, plan.sizing_weight)
         result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], canary_size, "canary"))
     elif canary_exists:
         result.delete.append(("Deployment", canary_name))
@@ -393,7 +393,7 @@ def _in_place_sizes(
             result.delete.append(("Deployment", canary_name))
         return
     if keep_canary:
-        target = split_replicas(total, sizing_weight)[1]
+        target = split_canary_replicas(total, sizing_weight)[1]
         canary = in_place_canary_size(total, target, serving, budget)
         result.deployments.append(_with(pool.deployment, stable_template, total - canary, "stable"))
         result.deployments.append(_with(pool.deployment, desired_template, canary, "canary"))

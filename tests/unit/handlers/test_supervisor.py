@@ -19,7 +19,7 @@ from specdec_operator.handlers.services import scrapes as scrapes_module
 from specdec_operator.handlers.services.scrapes import ScrapeScheduler
 from specdec_operator.handlers.services.supervisor import FailureStreak, RestartPolicy, Supervisor
 from specdec_operator.metrics import BACKGROUND_TASK_RESTARTS
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.settings import OperatorEnvSettings
 from specdec_operator.tuner.scraper import scrape_session
 from tests.unit.handlers.test_scrapes import Pod, serve, targets
 
@@ -163,7 +163,7 @@ async def test_a_killed_scrape_scheduler_restarts_and_scraping_resumes(monkeypat
     monkeypatch.setattr(scrapes_module, "scrape", scrape_killed_once)
     fake = FakeTime(blocks_after=100)
     session = scrape_session(pool_size=4)
-    context = OperatorContext(settings=OperatorSettings(), api=None, http=session)  # type: ignore[arg-type]
+    context = OperatorContext(settings=OperatorEnvSettings(), api=None, http=session)  # type: ignore[arg-type]
     context.supervisor = Supervisor(POLICY, clock=fake.clock, sleep=fake.sleep)  # restarts without waiting
     context.scrapes = ScrapeScheduler(session, interval_s=0.2, timeout_s=2, concurrency=4, allow_non_loopback=False)
     round_done = asyncio.Event()
@@ -200,7 +200,7 @@ async def test_kopfs_liveness_endpoint_answers_500_while_a_task_cannot_recover()
     fake = FakeTime(blocks_after=1)
     supervisor = Supervisor(RestartPolicy(give_up_failures=1), clock=fake.clock, sleep=fake.sleep)
     memo = ephemera.AnyMemo(kopf.Memo(context=OperatorContext(
-        settings=OperatorSettings(), api=None, http=None)))  # type: ignore[arg-type]
+        settings=OperatorEnvSettings(), api=None, http=None)))  # type: ignore[arg-type]
     memo.context.supervisor = supervisor
     port = free_port()
     serving = asyncio.Event()
