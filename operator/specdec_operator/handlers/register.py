@@ -64,7 +64,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone,
                      on_pause=memo.context.cache.paused)
     if operator_settings.metrics_port and operator_settings.metrics_auth:
-        memo.context.metrics_server = await serve_authenticated_metrics(api, REGISTRY, operator_settings.metrics_port)
+        memo.context.metrics_server = await serve_authenticated_metrics(
+            api, REGISTRY, operator_settings.metrics_port, clock=memo.context.clock)
     elif operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))
