@@ -38,18 +38,18 @@ from typing import Any
 import yaml
 
 from localcluster.cluster import REPO_ROOT, ClusterPaths, LocalCluster, Ports
-from specdec_operator.handlers import memory
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.handlers.services import memory_release as memory
+from specdec_operator.settings import OperatorEnvSettings
 
 OPERATOR_AGENTS = ("specdec-operator", "kopf/")
 GPUS_PER_NODE = 8
 NAMESPACES = 10
-# The operator's log line (handlers/memory.py) for a memory release.
+# The operator's log line (handlers/services/memory_release.py) for a memory release.
 RELEASE_LINE = re.compile(r"resident memory (\d+) MiB -> (\d+) MiB after collection and trim \((\S+) MiB of heap")
 MANAGED = "app.kubernetes.io/managed-by=specdec-operator"
 # The allocator settings of the operator image (Dockerfile): RSS figures are only meaningful measured alike.
 OPERATOR_IMAGE_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
-STATS_PERIOD_S = OperatorSettings.model_fields["status_stats_period_seconds"].default
+STATS_PERIOD_S = OperatorEnvSettings.model_fields["status_stats_period_seconds"].default
 SETTLE_S = STATS_PERIOD_S + 30  # one statistics period and two scrape rounds
 
 

@@ -8,18 +8,7 @@ import random
 import sys
 from collections.abc import Sequence
 
-
-def version_line(prog: str = "specdec-operator") -> str:
-    """The installed package's version and the API version it serves."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from specdec_operator import API_VERSION
-
-    try:
-        installed = version("specdec-operator")
-    except PackageNotFoundError:  # run from a source tree without installing
-        installed = "unknown"
-    return f"{prog} {installed} (API {API_VERSION}, Python {sys.version.split()[0]})"
+from specdec_operator.version import version_line
 
 
 def _crds(args: argparse.Namespace) -> int:
@@ -41,11 +30,11 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     import specdec_operator.handlers.register  # noqa: F401  (registers the handlers)
-    from specdec_operator.handlers.namespace_discovery import notice_namespaces_listed_at_watch_start
-    from specdec_operator.handlers.shutdown import run_operator
-    from specdec_operator.settings import OperatorSettings
+    from specdec_operator.handlers.services.namespace_discovery import notice_namespaces_listed_at_watch_start
+    from specdec_operator.handlers.services.shutdown import run_operator
+    from specdec_operator.settings import OperatorEnvSettings
 
-    settings = OperatorSettings()
+    settings = OperatorEnvSettings()
     problem = settings.scope_problem()
     if problem is not None:
         sys.stderr.write(f"error: {problem}\n")
@@ -55,7 +44,7 @@ def _run(args: argparse.Namespace) -> int:
         settings.log_format]
     kopf.configure(verbose=args.verbose, log_format=log_format)
     notice_namespaces_listed_at_watch_start()
-    # kopf.run(), with SIGTERM and SIGINT handled by the operator so that a stop is prompt (handlers/shutdown.py).
+    # kopf.run(), with SIGTERM and SIGINT handled by the operator so a stop is prompt (handlers/services/shutdown.py).
     asyncio.run(run_operator(
         settings.shutdown_grace_seconds,
         kopf.OperatorSettings(),

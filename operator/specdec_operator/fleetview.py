@@ -33,6 +33,7 @@ from specdec_operator.api.status import (
     PoolStatus,
     SpeculativeModelStatus,
 )
+from specdec_operator.version import version_line
 
 COLUMNS = ("NAMESPACE", "NAME", "POOL", "GFX", "DRAFTER", "K", "ACCEPTANCE", "TOKENS/S", "REPLICAS", "CANARY", "READY")
 # -o wide: what an operator on call asks next (how long the accepted runs are, how much evidence, which
@@ -311,8 +312,6 @@ def kubectl_plugin_main() -> None:
         sys.stdout.write(PLUGIN_HELP + build_parser("kubectl specdec status").format_help())
         sys.exit(0)
     elif argv[0] == "--version":
-        from specdec_operator.cli import version_line
-
         sys.stdout.write(version_line("kubectl specdec") + "\n")
         sys.exit(0)
     elif argv[0].startswith("-"):

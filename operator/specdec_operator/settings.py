@@ -62,7 +62,7 @@ class GpuDeviceEntry(BaseModel):
         return GpuDevice(self.device_id, self.product, self.gfx, self.vram_gib)
 
 
-class OperatorSettings(BaseSettings):
+class OperatorEnvSettings(BaseSettings):
     """Everything an installation may tune. Defaults suit a production cluster."""
 
     model_config = SettingsConfigDict(env_prefix="SPECDEC_", env_nested_delimiter="__", extra="ignore")
@@ -136,7 +136,7 @@ class OperatorSettings(BaseSettings):
     shutdown_grace_seconds: float = Field(
         default=3.0, gt=0,
         description="After SIGTERM or SIGINT, how long kopf's graceful stop may take before what is left of it "
-        "is cancelled (handlers/shutdown.py). Keep it well under the pod's terminationGracePeriodSeconds.",
+        "is cancelled (handlers/services/shutdown.py). Keep it well under the pod's terminationGracePeriodSeconds.",
     )
     metrics_port: int = Field(default=8080, ge=0, description="Port of the operator's own /metrics (0 = off).")
     metrics_auth: bool = Field(

@@ -22,7 +22,7 @@ from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.decisions.runtime_env import plan_runtime
 from specdec_operator.render import pool as render
 from specdec_operator.render.names import pool_name
-from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
+from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorEnvSettings
 
 pytestmark = pytest.mark.e2e
 
@@ -31,11 +31,11 @@ BASE: dict[str, Any] = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "
 
 def base_deployment(namespace: str) -> dict[str, Any]:
     spec = SpeculativeModelSpec.model_validate(BASE)
-    ctx = render.PoolContext(namespace, "probe", "uid", pool_name("probe", "gfx942"), "gfx942")
+    ctx = render.PoolIdentity(namespace, "probe", "uid", pool_name("probe", "gfx942"), "gfx942")
     image = DEFAULT_IMAGES["gfx942"]
     runtime = plan_runtime("gfx942", image, DEFAULT_IMAGE_TARGETS[image], {})
     template = render.pod_template(ctx, spec, runtime, "probe-config", "stable", 3,
-                                   pod_settings=OperatorSettings().pod_settings)
+                                   pod_settings=OperatorEnvSettings().pod_settings)
     deployment = render.deployment(ctx, template, 1, "stable")
     del deployment["metadata"]["ownerReferences"]
     return deployment

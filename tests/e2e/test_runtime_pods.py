@@ -70,7 +70,7 @@ def baseline_deployment(namespace: str) -> list[dict[str, Any]]:
     SpeculativeModel (and so without an owner), so that no operator running on the cluster rewrites them. The
     pods run (the fleet driver serves them, as a kubelet would) only with their config mounted."""
     spec = SpeculativeModelSpec.model_validate(model("psa-baseline")["spec"])
-    ctx = render.PoolContext(namespace, "psa-baseline", "uid", pool_name("psa-baseline", "gfx942"), "gfx942")
+    ctx = render.PoolIdentity(namespace, "psa-baseline", "uid", pool_name("psa-baseline", "gfx942"), "gfx942")
     image = DEFAULT_IMAGES["gfx942"]
     runtime = plan_runtime("gfx942", image, DEFAULT_IMAGE_TARGETS[image], {})
     config = render.with_attention_backend(render.runtime_config(spec, spec.drafters[0], 3),

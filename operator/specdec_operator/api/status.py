@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field
 
 from specdec_operator.api.base import ApiModel
+from specdec_operator.timestamps import parse_stamp
 
 
 def _rfc3339(value: str) -> str:
     """Stamps the operator reads back (cooldown, canary step clock) must parse; a hand edit may break them."""
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{value!r} is not an RFC 3339 time") from None
-    if moment.tzinfo is None:
-        raise ValueError(f"{value!r} has no time zone (RFC 3339 needs one, e.g. Z)")
+    parse_stamp(value)  # ValueError naming the value: unreadable, or without a time zone
     return value
 
 

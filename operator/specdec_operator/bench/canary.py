@@ -32,7 +32,7 @@ from typing import Any
 
 from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep
 from specdec_operator.canary.analysis import Verdict, WindowStats, calibration_statistics
-from specdec_operator.canary.plan import split_replicas
+from specdec_operator.canary.plan import split_canary_replicas
 from specdec_operator.canary.replay import Record, Replayer, ReplaySpec, Role
 
 TARGET_FALSE_ROLLBACK = 0.01  # of each healthy class, at most
@@ -191,9 +191,9 @@ class _Trial:
 
 
 def _sizes(pool: int, weight: int) -> tuple[int, int]:
-    """(canary pods, stable pods) at a weight: the operator's own split (`split_replicas`), so the bench runs
+    """(canary pods, stable pods) at a weight: the operator's own split (`split_canary_replicas`), so the bench runs
     the pods a step runs; a one-replica pool surges by a replica. At 100% the stable serves nothing."""
-    stable, canary = split_replicas(pool, weight)
+    stable, canary = split_canary_replicas(pool, weight)
     return canary, stable
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specdec_operator.api.vocabulary import GFX_TARGETS, SPECULATIVE_METHODS
 from specdec_operator.bench.closedloop import BenchOptions, TunerRun, run_static, run_tuner
-from specdec_operator.bench.report import ProfileResult, format_table, summarise
+from specdec_operator.bench.report import ProfileResult, aggregate_results, format_table
 from specdec_runtime.simulator import profile as profile_format
 from specdec_runtime.simulator.profile import Profile, ProfileError, load_profile
 
@@ -154,7 +154,7 @@ def bench_main(argv: Sequence[str]) -> int:
         return 2
     started = time.perf_counter()
     results = _run_all(loaded, args.jobs)
-    summary = summarise(results)
+    summary = aggregate_results(results)
     if args.json:
         sys.stdout.write(json.dumps({"profiles": [r.to_json() for r in results], "summary": summary}, indent=2))
         sys.stdout.write("\n")

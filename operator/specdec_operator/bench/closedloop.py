@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec_operator.api.spec import Autotune, Speculation
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.settings import OperatorEnvSettings
 from specdec_operator.tuner.engine import PoolContext, TunerState
 from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, ScrapeTarget, parse_metrics
 from specdec_runtime.config import SpeculativeSettings
 from specdec_runtime.simulator.profile import Profile
 from specdec_runtime.simulator.virtual import VirtualReplica
 
-PRODUCTION_SCRAPE_INTERVAL_S: float = OperatorSettings.model_fields["scrape_interval_seconds"].default
+PRODUCTION_SCRAPE_INTERVAL_S: float = OperatorEnvSettings.model_fields["scrape_interval_seconds"].default
 POOL = "bench-gfx942"
 MODEL_NAME = "bench"
 _DRAFTER_MODELS = {
@@ -52,7 +52,7 @@ class BenchOptions:
 
 
 @dataclass(frozen=True)
-class KChange:
+class RecordedKChange:
     at: float
     from_k: int
     to_k: int
@@ -66,7 +66,7 @@ class TunerRun:
     duration_s: float
     initial_k: int
     final_k: int
-    changes: tuple[KChange, ...]
+    changes: tuple[RecordedKChange, ...]
     converged_at: float  # when the last rollout finished (0 when K never changed)
     scrape_events: dict[str, int]
 
@@ -168,7 +168,7 @@ def run_tuner(profile: Profile, options: BenchOptions) -> TunerRun:
     state = TunerState()
     end = options.duration(profile)
     interval = float(speculation.autotune.interval_seconds)
-    changes: list[KChange] = []
+    changes: list[RecordedKChange] = []
     events: dict[str, int] = {}
     next_evaluation = interval
     tick = 0
@@ -187,7 +187,7 @@ def run_tuner(profile: Profile, options: BenchOptions) -> TunerRun:
             events[name] = events.get(name, 0) + count
         decision = report.decision
         if decision is not None and decision.to_k != decision.from_k:
-            changes.append(KChange(t, decision.from_k, decision.to_k, decision.action, decision.reason))
+            changes.append(RecordedKChange(t, decision.from_k, decision.to_k, decision.action, decision.reason))
             state.commit(decision, t)  # the bench's "status write" always succeeds
             pool.change_k(decision.to_k, t)
     pool.advance_to(end)

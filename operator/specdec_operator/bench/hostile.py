@@ -5,7 +5,7 @@ event loop measured is the operator side's alone (scrapes, parsing, windows, eva
 models' pods serve a vLLM-like /metrics whose counters grow with time; the hostile model's pods serve, one
 behaviour each: counters near float max that restart every scrape, a TPOT bucket layout that changes at every
 scrape, a body just under the scrape size cap (2 MiB) and one over it, and a slowloris that dribbles bytes
-until the scrape timeout. The operator's real scrape scheduler (handlers/scrapes.py) scrapes every pod once a
+until the scrape timeout. The operator's real scrape scheduler (handlers/services/scrapes.py) scrapes every pod once a
 round; each model's TunerState takes its round and evaluates, as the model loops do.
 
 Rounds alternate between without and with the hostile model (so load drifting on the machine weighs on both
@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from aiohttp import web
 
 from specdec_operator.api.spec import Autotune, Speculation
-from specdec_operator.handlers.scrapes import ScrapeScheduler
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
 from specdec_operator.tuner.engine import PoolContext, TunerState
 from specdec_operator.tuner.samples import ScrapeTarget
 from specdec_operator.tuner.scraper import DEFAULT_MAX_BODY_BYTES, scrape_session

@@ -83,7 +83,7 @@ def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def summarise(results: list[ProfileResult]) -> dict[str, Any]:
+def aggregate_results(results: list[ProfileResult]) -> dict[str, Any]:
     vs_best = [r.vs_best for r in results]
     vs_reference = [ratio for r in results if (ratio := r.vs_reference) is not None]
     shifting = [r.vs_best for r in results if r.shifting]

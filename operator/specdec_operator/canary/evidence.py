@@ -25,13 +25,13 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Buckets, Cell, KChange, Verdict, WindowStats, analyse, merge_histograms
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
+from specdec_operator.timestamps import format_stamp, stamp_seconds
 from specdec_operator.tuner.samples import HistogramSnapshot, ScrapeResult, ScrapeTarget
 from specdec_operator.tuner.window import CounterWindows, WindowDelta, WindowReport
 from specdec_runtime import contract
@@ -65,14 +65,6 @@ def pod_restarts(pods: Iterable[Mapping[str, Any]]) -> list[PodRestarts]:
         counts = [c.get("restartCount", 0) for c in status.get("containerStatuses", []) or []]
         found.append(PodRestarts(str(meta["uid"]), str(revision), sum(int(n) for n in counts if isinstance(n, int))))
     return found
-
-
-def _rfc3339(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass
@@ -125,13 +117,13 @@ class CanaryWindows:
         self.opened_at = now
         watching_since = self.watching_since if self.watching_since is not None else now
         # Stamps are whole seconds: a step this process started in its first second reads as its own.
-        self.taken_over = canary is not None and _parse(canary.step_started_at) < math.floor(watching_since)
+        self.taken_over = canary is not None and stamp_seconds(canary.step_started_at) < math.floor(watching_since)
         self.drop_next_deltas = self.taken_over
 
     @property
     def evidence_since(self) -> str | None:
         """When this window opened, if the step started before this process looked: a takeover."""
-        return _rfc3339(self.opened_at) if self.taken_over and self.opened_at is not None else None
+        return format_stamp(self.opened_at) if self.taken_over and self.opened_at is not None else None
 
     def add(
         self,

@@ -33,7 +33,7 @@ class RolloutPlan:
     """What the reconciler should make true now.
 
     weight: percent of traffic routed to the canary (HTTPRoute backend).
-    sizing_weight: percent the canary Deployment is sized for (`split_replicas`); it leads `weight`
+    sizing_weight: percent the canary Deployment is sized for (`split_canary_replicas`); it leads `weight`
         while a step waits for the canary pods, which must exist before they can become ready.
     keep_canary: False means delete the canary Deployment.
     promote: roll the stable Deployment to the canary revision at the pool's full size; keep the
@@ -65,7 +65,7 @@ class CanaryProgress:
     event: CanaryEvent | None = None
 
 
-def split_replicas(total: int, weight: int) -> tuple[int, int]:
+def split_canary_replicas(total: int, weight: int) -> tuple[int, int]:
     """(stable, canary) replicas for the replica-ratio backend at `weight` percent.
 
     In a pool of at least one replica the canary keeps one while it has any weight, and the stable
@@ -88,10 +88,10 @@ def equal_load_percent(total: int, weight: int) -> int:
     Behind an HTTPRoute the route's weights decide each side's requests and the replicas decide how they
     spread, so a canary pod and a stable pod carry the same offered load only when the route's split is the
     replica split (Argo Rollouts' `setCanaryScale: {matchTrafficWeight: true}` read the other way round). The
-    replicas come from `split_replicas`, as without a route, so both backends split alike; the route weight
+    replicas come from `split_canary_replicas`, as without a route, so both backends split alike; the route weight
     is that split to the whole percent (a per-pod load within half a percent of traffic of equal).
     """
-    stable, canary = split_replicas(total, weight)
+    stable, canary = split_canary_replicas(total, weight)
     if canary == 0:
         return 0
     return max(1, math.floor(FULL_WEIGHT * canary / (stable + canary) + 0.5))

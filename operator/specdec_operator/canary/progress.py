@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal, cast, get_args
 
 from specdec_operator import GROUP
@@ -33,6 +33,7 @@ from specdec_operator.canary.plan import (
     CanaryTarget,
     RolloutPlan,
 )
+from specdec_operator.timestamps import format_stamp, parse_stamp
 
 ManualAction = Literal["pause", "resume", "abort", "promote"]
 MANUAL_ACTIONS: tuple[str, ...] = get_args(ManualAction)
@@ -56,11 +57,6 @@ def manual_action(annotations: Mapping[str, str] | None) -> ManualAction | None:
     if value in MANUAL_ACTIONS:
         return cast(ManualAction, value)
     raise ValueError(f"annotation {CANARY_ACTION_ANNOTATION}={value!r} is not one of {', '.join(MANUAL_ACTIONS)}")
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC, to the second: the form stored in status, from which timers are recomputed."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _settings(rollout: Rollout) -> Canary:
@@ -95,7 +91,7 @@ def _start(
         step=0,
         weight=0,
         phase="Progressing",
-        step_started_at=format_time(now),
+        step_started_at=format_stamp(now),
         canary_k=target.desired_k,
         decision_id=target.decision_id,
     )
@@ -135,16 +131,12 @@ def _finish(
     return CanaryProgress(finished, _terminal_plan(finished, clear_action), event)
 
 
-def _parse_time(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-
-
 def _window_start(status: CanaryStatus) -> datetime:
     """Where the step's analysis window starts: the step's start, or a later takeover's."""
-    started = _parse_time(status.step_started_at)
+    started = parse_stamp(status.step_started_at)
     if status.evidence_since is None:
         return started
-    return max(started, _parse_time(status.evidence_since))
+    return max(started, parse_stamp(status.evidence_since))
 
 
 def _elapsed_seconds(status: CanaryStatus, now: datetime) -> float:
@@ -156,14 +148,14 @@ def _take_over(status: CanaryStatus, verdict: Verdict | None, label: str) -> tup
     """Record a verdict's later evidence window: the step's clock restarts with the evidence."""
     if verdict is None or verdict.evidence_since is None or status.weight == 0:
         return status, None
-    since = _parse_time(verdict.evidence_since)
+    since = parse_stamp(verdict.evidence_since)
     if since <= _window_start(status):
         return status, None
-    restarted = status.model_copy(update={"evidence_since": format_time(since)})
+    restarted = status.model_copy(update={"evidence_since": format_stamp(since)})
     event = CanaryEvent(
         "Normal",
         "CanaryEvidenceRestarted",
-        f"{label}: this operator took the step over at {format_time(since)} without its predecessor's "
+        f"{label}: this operator took the step over at {format_stamp(since)} without its predecessor's "
         "measurements; the analysis window, the pause and the timeout restart there",
     )
     return restarted, event
@@ -218,7 +210,7 @@ def _step(
     if status.phase == "Paused":
         # The window restarts: time spent paused must count neither as analysis nor towards the timeout.
         resumed = _with_verdict(
-            status, verdict, phase="Progressing", step_started_at=format_time(now), evidence_since=None
+            status, verdict, phase="Progressing", step_started_at=format_stamp(now), evidence_since=None
         )
         event = CanaryEvent("Normal", "CanaryResumed", f"resumed at {label}; its analysis window restarts")
         return CanaryProgress(
@@ -316,7 +308,7 @@ def _await_ready(
     if canary_ready:
         weight = steps[status.step].weight
         started = status.model_copy(
-            update={"weight": weight, "step_started_at": format_time(now), "evidence_since": None}
+            update={"weight": weight, "step_started_at": format_stamp(now), "evidence_since": None}
         )
         event = CanaryEvent(
             "Normal", "CanaryStepStarted", f"{label}: {weight}% of traffic to revision {status.canary_revision}"
@@ -356,7 +348,7 @@ def _pass_step(
     reference = _stable_tpot_p90(verdict)
     recorded = {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step} if reference else {}
     moved = _with_verdict(
-        status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_time(now),
+        status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_stamp(now),
         evidence_since=None, hold_reason="", **recorded,
     )
     event = CanaryEvent(

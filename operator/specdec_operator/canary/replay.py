@@ -40,6 +40,7 @@ from specdec_operator.canary.analysis import Verdict, WindowStats
 from specdec_operator.canary.evidence import CanaryWindows, PodRestarts, canary_verdicts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget
 from specdec_operator.canary.progress import StepObservation, advance
+from specdec_operator.timestamps import parse_stamp
 from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, ScrapeTarget, parse_metrics
 from specdec_operator.tuner.window import CounterWindows
 
@@ -122,11 +123,9 @@ def _stamp(value: Any, where: str) -> float:
             raise RecordingError(f"{where}: t must be finite")
         return float(value)
     try:
-        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        moment = parse_stamp(str(value), assume_utc=True)
     except ValueError as err:
         raise RecordingError(f"{where}: t {value!r} is not an RFC 3339 time") from err
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 

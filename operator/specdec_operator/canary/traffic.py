@@ -172,35 +172,3 @@ def reaches_canary(route: dict[str, Any] | None, namespace: str, stable_service:
         if observed and int(observed[0]) < int(generation):
             return True
     return False
-
-
-def _parent_name(parent: dict[str, Any]) -> str:
-    ref = parent.get("parentRef") or {}
-    namespace = ref.get("namespace")
-    return f"{namespace}/{ref.get('name')}" if namespace else str(ref.get("name"))
-
-
-def route_rejection(route: dict[str, Any]) -> tuple[str, str] | None:
-    """(reason, message) when a Gateway that the route is attached to does not accept it as it stands now.
-
-    Each parent (Gateway) in `status.parents` reports two conditions: Accepted (the Gateway takes the
-    route) and ResolvedRefs (every backendRef resolves: the Service exists, and a backend in another
-    namespace is allowed by a ReferenceGrant there). A condition that answers an older generation of the
-    route says nothing about the weights we last wrote, so it is ignored until the controller catches up.
-    No parents at all means no Gateway controller reports on the route: nothing is known, nothing held.
-    """
-    generation = (route.get("metadata") or {}).get("generation")
-    for parent in (route.get("status") or {}).get("parents") or []:
-        for condition in parent.get("conditions") or []:
-            if condition.get("type") not in ("Accepted", "ResolvedRefs") or condition.get("status") != "False":
-                continue
-            observed = condition.get("observedGeneration")
-            if generation is not None and observed is not None and int(observed) < int(generation):
-                continue
-            reason = "HTTPRouteNotAccepted" if condition["type"] == "Accepted" else "HTTPRouteBackendUnresolved"
-            detail = condition.get("message") or condition.get("reason") or "no detail"
-            return reason, (
-                f"Gateway {_parent_name(parent)} reports {condition['type']}=False "
-                f"({condition.get('reason', 'unknown')}): {detail}"
-            )
-    return None

@@ -22,6 +22,7 @@ from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.api.status import NodesMissing, PoolStatus
 from specdec_operator.decisions.placement import PlacementPlan, label_mismatch, scheduling_block
 from specdec_operator.gpu.inventory import NodeGpus
+from specdec_operator.timestamps import format_stamp, parse_stamp
 
 # Skips that mean "the nodes stopped offering", as opposed to a spec that no longer wants the pool.
 NODE_SKIP_REASONS = ("NoCompatibleNodes", "InsufficientGpus")
@@ -48,14 +49,6 @@ class AbsenceDecision:
 
     def held_for(self, gfx: str) -> HeldPool | None:
         return next((h for h in self.held if h.gfx == gfx), None)
-
-
-def _parse(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-
-
-def _format(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def why_missing(name: str, gfx: str, nodes: Mapping[str, NodeGpus], spec: SpeculativeModelSpec) -> str:
@@ -117,11 +110,11 @@ def hold_missing_pools(
         if not lost:
             continue
         if before.missing is not None:
-            since = _parse(before.missing.since)
+            since = parse_stamp(before.missing.since)
             recorded = before.missing
         else:
             since = now
-            recorded = NodesMissing(since=_format(now), nodes=missing_names)
+            recorded = NodesMissing(since=format_stamp(now), nodes=missing_names)
             first_seen.append(gfx)
         until = since + timedelta(seconds=grace_s)
         if now >= until:
@@ -146,5 +139,5 @@ def held_message(pool: str, held: HeldPool, replicas: int, k: int) -> str:
     """One pool's part of the NodesMissing condition: which nodes, why, and until when."""
     nodes = f"nodes {', '.join(held.missing.nodes)}" if held.missing.nodes else f"its {held.gfx} nodes"
     return (f"{pool}: {nodes} missing since {held.missing.since} ({'; '.join(held.why)}); keeping "
-            f"{replicas} replica(s) at K={k} until {_format(held.until)}, then the pool is "
+            f"{replicas} replica(s) at K={k} until {format_stamp(held.until)}, then the pool is "
             f"{'removed' if held.whole else 'resized'}")

@@ -1,6 +1,6 @@
 """Why a runtime pod does not serve, in the kubelet's own words.
 
-Pure: the runtime pod as the watch cache keeps it (handlers/watches.py runtime_pod_view) in; one named
+Pure: the runtime pod as the watch cache keeps it (handlers/services/watches.py runtime_pod_view) in; one named
 cause out, with the message the kubelet (or the scheduler) wrote. A rollout that waits on such a pod
 says so instead of "waiting for ...", and each cause is its own condition reason.
 """

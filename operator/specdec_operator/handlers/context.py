@@ -7,58 +7,29 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import aiohttp
 from aiohttp import web
 
-from specdec_operator.handlers.cache import FleetSnapshot, WatchCache
-from specdec_operator.handlers.memory import MemoryRelease
-from specdec_operator.handlers.supervisor import Supervisor
+from specdec_operator.handlers.model_memory import ModelKey, ModelMemory
+from specdec_operator.handlers.services.cache import FleetSnapshot, WatchCache
+from specdec_operator.handlers.services.memory_release import MemoryRelease
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
+from specdec_operator.handlers.services.supervisor import Supervisor
 from specdec_operator.kube.api import KubeApi
-from specdec_operator.reconcile.observed import Settings
+from specdec_operator.metrics import forget_model
+from specdec_operator.reconcile.observed import EvaluationSettings
 from specdec_operator.render.names import label_value
-from specdec_operator.settings import OperatorSettings
-
-if TYPE_CHECKING:
-    from specdec_operator.handlers.resync import Listing
-    from specdec_operator.handlers.scrapes import ScrapeScheduler
-    from specdec_operator.handlers.tuning import ModelTuner
-    from specdec_operator.handlers.writes import Refusals
+from specdec_operator.settings import OperatorEnvSettings
+from specdec_operator.timestamps import format_stamp
 
 Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
 
 
-ModelKey: TypeAlias = tuple[str, str]  # (namespace, name)
-
-
-@dataclass
-class ModelMemory:
-    """What this process remembers about one model between reconcile passes, in one place.
-
-    Every field is a cache or a pacing aid, rebuilt from the API server after a restart: decisions live in
-    the model's status (the tuner's state is read back from it), never only here.
-    """
-
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)  # set to run the model's loop now
-    tuner: ModelTuner | None = None  # scrape windows, canary evidence, the next scrape and evaluation times
-    # The object our last status write returned: newer than kopf's body until the watch catches up.
-    written: dict[str, Any] | None = None
-    # resourceVersions `written` is known to be newer than (handlers/writes.py newest_body; never ordered).
-    superseded: dict[str, None] = field(default_factory=dict)  # in the order learnt, oldest first
-    stats_due_at: float | None = None  # next statistics refresh, monotonic
-    refusals: Refusals | None = None  # owned objects the API server refused, and the retry schedule
-    # (reason, message) of a Gateway that refuses the model's HTTPRoute as last read: the canary step holds.
-    route_rejection: tuple[str, str] | None = None
-    route_warning: tuple[str, str] | None = None  # the route problem last posted as an event, posted once
-    # After a pause the watch cache is trusted for this model once it caught up with a LIST (handlers/resync.py).
-    cache_trusted: bool = False
-    listing: Listing | None = None  # the last LIST it was compared with
-
-
 @dataclass
 class OperatorContext:
-    settings: OperatorSettings
+    settings: OperatorEnvSettings
     api: KubeApi
     http: aiohttp.ClientSession
     models: dict[ModelKey, ModelMemory] = field(default_factory=dict)  # per model, while its loop runs
@@ -75,8 +46,15 @@ class OperatorContext:
     # count with the one it started at and ends itself. Kept across loops, so a model that comes back starts
     # a loop with the new count.
     departures: dict[ModelKey, int] = field(default_factory=dict)
-    # The monotonic clock that paces writes (statistics refreshes, refused-write backoff): tests step it.
+    # The two clocks handlers/ reads, and only through here, so tests step them. Monotonic for every interval
+    # (loop pacing, statistics refreshes, refused-write backoff, the tuner's windows); the wall clock only for
+    # what is compared with stamps in status (timestamps.py), in seconds since the epoch.
     clock: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], float] = time.time
+
+    def stamp_now(self) -> str:
+        """The wall clock's now as a status stamp (RFC 3339, UTC)."""
+        return format_stamp(self.wall_clock())
 
     def depart(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -92,15 +70,25 @@ class OperatorContext:
         return self.models.get((namespace, name))
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop every per-model memory when the model's loop ends."""
+        """The one path that drops what this process holds of a model when its loop ends (deleted, left the
+        model selector, or this replica paused for a peer): its memory, the services' working sets keyed by it,
+        and its metric series. Only `departures` stays (see above)."""
         key = (namespace, name)
         self.models.pop(key, None)
         if self.scrapes is not None:
             self.scrapes.forget(key)
         self.cache.forget(key)
+        forget_model(namespace, name)
         if not self.models:
             self.fleet.clear()
         self.memory.after_forget()
+
+    def forget_tuner(self, namespace: str, name: str) -> None:
+        """Drop the model's tuner and canary windows and stop scraping it (tuning and canary off, or no pools
+        yet); the rest of its memory stays."""
+        self.model(namespace, name).tuner = None
+        if self.scrapes is not None:
+            self.scrapes.forget((namespace, name))
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.model(namespace, name).wakeup
@@ -117,8 +105,8 @@ class OperatorContext:
             known.wakeup.set()
 
     @property
-    def evaluation_settings(self) -> Settings:
-        return Settings(
+    def evaluation_settings(self) -> EvaluationSettings:
+        return EvaluationSettings(
             runtime_images=self.settings.runtime_images,
             image_targets=self.settings.image_targets,
             simulator_image=self.settings.simulator_image,

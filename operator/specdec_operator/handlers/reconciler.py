@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -35,7 +33,7 @@ from specdec_operator.metrics import (
 )
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status, read_status
-from specdec_operator.reconcile.status_build import summarise
+from specdec_operator.reconcile.status_build import printer_columns
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
 from specdec_operator.render.names import label_value
 
@@ -51,10 +49,6 @@ ROLLOUT_RESULTS = {
 }
 # Events a canary's plan posts when it promotes a tuner K change (reconcile/rollout.py).
 K_ROLLED_OUT = ("KChanged", "KExplore")
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def gather(
@@ -133,7 +127,7 @@ async def write(
             # A refusal appeared or changed: the condition carries the server's words within this reconcile,
             # decided by the same policy as every other condition.
             facts = dataclasses.replace(plan.conditions, refusals=tuple(refused), not_owned=tuple(conflicts))
-            conditions = apply_updates(plan.status.conditions, summarize(facts), observed.generation, utc_now())
+            conditions = apply_updates(plan.status.conditions, summarize(facts), observed.generation, ctx.stamp_now())
             status = plan.status.model_copy(update={"conditions": conditions})
             changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
         else:
@@ -164,7 +158,7 @@ async def record_decision(
     status = previous.model_copy(update={
         "pools": pools,
         "speculation": speculation,
-        "summary": summarise(pools, speculation.acceptance_rate, canary_summary(previous.canary)),
+        "summary": printer_columns(pools, speculation.acceptance_rate, canary_summary(previous.canary)),
     })
     try:
         await write_status(ctx, baseline, status.to_wire(), logger, force_stats=True)
@@ -226,7 +220,7 @@ async def reconcile(
     ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger,
     gpu_claims: FleetClaims | None = None,
 ) -> ReconcilePlan:
-    started = time.monotonic()
+    started = ctx.clock()
     key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
     try:
         baseline = newest_body(ctx, key, body)
@@ -254,8 +248,9 @@ async def reconcile(
         if tuning.excluded_pods:
             observed = dataclasses.replace(observed, excluded_pod_metrics=tuning.excluded_pods)
         plan = evaluate(
-            observed, ctx.evaluation_settings, utc_now(), speculation=tuning.speculation, verdicts=tuning.verdicts,
-            refusals=refusals_of(ctx, key).summary(), not_owned=refusals_of(ctx, key).conflicts(),
+            observed, ctx.evaluation_settings, ctx.stamp_now(), speculation=tuning.speculation,
+            verdicts=tuning.verdicts, refusals=refusals_of(ctx, key).summary(),
+            not_owned=refusals_of(ctx, key).conflicts(),
         )
         if plan.held is not None:
             logger.debug("reconcile held: %s", plan.held)
@@ -274,7 +269,7 @@ async def reconcile(
         RECONCILES.labels(result="error").inc()
         raise
     finally:
-        RECONCILE_SECONDS.observe(time.monotonic() - started)
+        RECONCILE_SECONDS.observe(ctx.clock() - started)
     RECONCILES.labels(result="invalid" if plan.invalid_spec else "ok").inc()
     if plan.status_unreadable:
         logger.warning("status unreadable, holding: %s", "; ".join(plan.status_unreadable))

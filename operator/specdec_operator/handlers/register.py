@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,18 +18,18 @@ from prometheus_client import start_http_server
 from specdec_operator import GROUP, PLURAL, VERSION
 from specdec_operator.gpu.inventory import NodeGpus, PodGpus, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
-from specdec_operator.handlers.leadership import track_leadership
-from specdec_operator.handlers.metrics_server import serve_authenticated_metrics
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.schedule import LoopSchedule
-from specdec_operator.handlers.scrapes import ScrapeScheduler
-from specdec_operator.handlers.supervisor import Supervisor
+from specdec_operator.handlers.services.leadership import track_leadership
+from specdec_operator.handlers.services.metrics_server import serve_authenticated_metrics
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
+from specdec_operator.handlers.services.supervisor import Supervisor
+from specdec_operator.handlers.services.watches import filter_watches, owned_changed
 from specdec_operator.handlers.tuning import next_wake, scrape_tick
-from specdec_operator.handlers.watches import filter_watches, owned_changed
 from specdec_operator.handlers.writes import newest_body
 from specdec_operator.kube.api import KubeApi, KubeApiError
-from specdec_operator.metrics import REGISTRY, forget_model
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.metrics import REGISTRY
+from specdec_operator.settings import OperatorEnvSettings
 from specdec_operator.tuner.scraper import scrape_session
 from specdec_runtime import contract
 
@@ -41,7 +40,7 @@ __all__ = ["owned_changed"]  # registered by importing handlers.watches
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
-    operator_settings = OperatorSettings()
+    operator_settings = OperatorEnvSettings()
     settings.persistence.finalizer = f"{GROUP}/reconcile-loop"
     settings.posting.level = logging.WARNING  # kopf's own log lines stay out of the model's events
     settings.watching.server_timeout = 300
@@ -56,7 +55,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     memo.context.scrapes = ScrapeScheduler(
         http, interval_s=operator_settings.scrape_interval_seconds, timeout_s=operator_settings.scrape_timeout_seconds,
         concurrency=operator_settings.scrape_concurrency, allow_non_loopback=not operator_settings.scrape_loopback_only,
-        max_body_bytes=operator_settings.scrape_max_body_bytes,
+        max_body_bytes=operator_settings.scrape_max_body_bytes, clock=memo.context.clock,
     )
     start_background_tasks(memo.context)
     if not operator_settings.standalone:
@@ -65,14 +64,15 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     track_leadership(len(operator_settings.namespaces) or 1, operator_settings.standalone,
                      on_pause=memo.context.cache.paused)
     if operator_settings.metrics_port and operator_settings.metrics_auth:
-        memo.context.metrics_server = await serve_authenticated_metrics(api, REGISTRY, operator_settings.metrics_port)
+        memo.context.metrics_server = await serve_authenticated_metrics(
+            api, REGISTRY, operator_settings.metrics_port, clock=memo.context.clock)
     elif operator_settings.metrics_port:
         start_http_server(operator_settings.metrics_port, addr="0.0.0.0", registry=REGISTRY)
     logger.info("specdec-operator configured: %s", operator_settings.model_dump(exclude={"runtime_images"}))
 
 
 def start_background_tasks(context: OperatorContext) -> None:
-    """The operator-wide loops, each restarted after an unexpected error (handlers/supervisor.py)."""
+    """The operator-wide loops, each restarted after an unexpected error (handlers/services/supervisor.py)."""
     scrapes, memory, cache = context.scrapes, context.memory, context.cache
     assert scrapes is not None
     context.supervisor.start("scrape_scheduler", scrapes.run)
@@ -89,7 +89,7 @@ async def background_tasks(memo: Any, **_: Any) -> dict[str, dict[str, object]]:
     return supervisor.report()
 
 
-async def ensure_peering(api: KubeApi, settings: OperatorSettings) -> None:
+async def ensure_peering(api: KubeApi, settings: OperatorEnvSettings) -> None:
     """Kopf only patches its peering object; without one every replica stays paused. Create it once."""
     if settings.namespaces:
         peerings = [{"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
@@ -113,7 +113,7 @@ async def close(memo: Any, **_: Any) -> None:
     await context.api.close()
 
 
-# Async like the owned-object indices (handlers/watches.py): no thread hop per node or pod event.
+# Async like the owned-object indices (handlers/services/watches.py): no thread hop per node or pod event.
 @kopf.index("nodes")
 async def gpu_nodes(
     name: str, labels: Mapping[str, str], spec: kopf.Spec, status: kopf.Status, memo: Any, **_: Any
@@ -202,7 +202,7 @@ async def reconcile_loop(
                 logger.info("the model left this install's watch (deleted, or relabelled out of its model "
                             "selector): its loop ends")
                 return
-            now = time.monotonic()
+            now = context.clock()
             tuner_at = next_wake(context, namespace, name)
             retry_at = _retry_at(context, namespace, name)
             evaluation_at = tuner_at[1] if tuner_at else None
@@ -210,15 +210,15 @@ async def reconcile_loop(
                 nodes, claims = context.fleet.read(gpu_nodes, gpu_pods, now)
                 try:
                     plan = await reconcile(context, body, nodes, logger, claims)
-                    schedule.succeeded(time.monotonic(), plan.invalid_spec is not None, plan.held is not None)
+                    schedule.succeeded(context.clock(), plan.invalid_spec is not None, plan.held is not None)
                 except KubeApiError as error:
                     # The API said no (a terminating namespace, a conflict, a missing CRD): back off and retry.
-                    delay = schedule.failed(time.monotonic(), error.retry_after_s)
+                    delay = schedule.failed(context.clock(), error.retry_after_s)
                     logger.warning("reconcile deferred, retrying in %.1fs: %s", delay, error)
                 except Exception as error:
-                    delay = schedule.failed(time.monotonic())
+                    delay = schedule.failed(context.clock())
                     logger.exception("reconcile failed, retrying in %.1fs: %s", delay, error)
-                after = time.monotonic()
+                after = context.clock()
                 tuner_at = next_wake(context, namespace, name)
                 schedule.ran_full(after, tuner_at[1] if tuner_at else None, _retry_at(context, namespace, name))
             else:
@@ -229,13 +229,13 @@ async def reconcile_loop(
             tuner_at = next_wake(context, namespace, name)
             wake_at = schedule.wake_at(tuner_at[0] if tuner_at else None, tuner_at[1] if tuner_at else None,
                                        _retry_at(context, namespace, name))
-            nudged = await _sleep_until_nudged(wakeup, stopped, wake_at - time.monotonic())
+            nudged = await _sleep_until_nudged(wakeup, stopped, wake_at - context.clock())
             if nudged:
                 await asyncio.sleep(DEBOUNCE_S)
     finally:
+        # The loop ends when the model is deleted or this replica pauses for a peer: every per-model memory
+        # and its metric series go (OperatorContext.forget, the one path).
         context.forget(namespace, name)
-        # The loop ends when the model is deleted or this replica pauses for a peer: its series go too.
-        forget_model(namespace, name)
 
 
 def _retry_at(context: OperatorContext, namespace: str, name: str) -> float | None:

@@ -1,6 +1,6 @@
 """Whether a model's loop may read its owned objects and runtime pods from the watch cache yet.
 
-Kopf holds every handler until its indices are filled, but only the first time (handlers/cache.py). After a
+Kopf holds every handler until its indices are filled, but only the first time (handlers/services/cache.py). After a
 pause for a peer, a replica that takes over starts its model loops while each kind is still being listed
 again: its indices then say "no stable Deployment" of a model whose stable Deployment runs, and a pass that
 took that for absence rendered one (at the canary's revision, mid-canary). What has not been listed is
@@ -18,26 +18,19 @@ One LIST per owned kind per model while the indices lag, none on a replica that 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from specdec_operator import KIND
-from specdec_operator.handlers.cache import CHILD_INDICES
 from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.handlers.model_memory import Listing
+from specdec_operator.handlers.services.cache import CHILD_INDICES
 from specdec_operator.render.names import label_value
 from specdec_runtime import contract
 
 LISTED_KINDS = (*CHILD_INDICES, "Pod")
 Gone = tuple[str, str, str]  # (kind, uid, resourceVersion)
-
-
-@dataclass(frozen=True)
-class Listing:
-    """A model's owned objects and runtime pods as LISTed, with each kind's list resourceVersion."""
-
-    items: Sequence[Mapping[str, Any]] = ()
-    versions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

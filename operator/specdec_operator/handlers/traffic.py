@@ -11,7 +11,6 @@ from specdec_operator.canary.progress import CANARY_ACTION_ANNOTATION
 from specdec_operator.canary.traffic import (
     RouteError,
     canary_percent,
-    route_rejection,
     route_weights,
     weighted_route,
 )
@@ -20,6 +19,7 @@ from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import CANARY_WEIGHT, pool_series
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan
+from specdec_operator.reconcile.route_status import route_rejection
 from specdec_operator.render.names import service_name
 
 

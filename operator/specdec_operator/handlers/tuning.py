@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -29,6 +27,7 @@ from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.canary.progress import judge_step
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.health import probe_health
+from specdec_operator.handlers.model_memory import ModelTuner
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
 from specdec_operator.reconcile.plan import read_status
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, scrape_targets, speculation_status
@@ -38,16 +37,6 @@ from specdec_operator.tuner.exporter import count_k_change, publish, publish_exc
 from specdec_operator.tuner.window import QUARANTINE_S
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ModelTuner:
-    state: TunerState
-    next_scrape_at: float = 0.0  # monotonic
-    next_evaluation_at: float = 0.0  # monotonic
-    canary: CanaryWindows = field(default_factory=CanaryWindows)
-    # Pools the last full reconcile saw rolling: a scrape between reconciles keeps their windows closed too.
-    rolling: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -74,10 +63,6 @@ class TuningOutcome:
             count_k_change(namespace, name, self.proposal)
 
 
-def _rfc3339(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 async def _observe_round(
     ctx: OperatorContext,
     session: aiohttp.ClientSession,
@@ -91,12 +76,12 @@ async def _observe_round(
 ) -> None:
     """Tell the scrape scheduler which pods the model has now; feed the tuner every round it finished since.
 
-    The scheduler scrapes on its own operator-wide schedule (handlers/scrapes.py); this only reads. A pod the
+    The scheduler scrapes on its own operator-wide schedule (handlers/services/scrapes.py); this only reads. A pod the
     tuner's windows exclude (counters vLLM cannot produce) is logged once when it is excluded, and exported in
     specdec_pod_metrics_excluded while it stays out.
     """
     assert ctx.scrapes is not None  # started in configure(), before any model loop
-    tuner.next_scrape_at = time.monotonic() + ctx.settings.scrape_interval_seconds
+    tuner.next_scrape_at = ctx.clock() + ctx.settings.scrape_interval_seconds
     key = (namespace, name)
     pods = ctx.cache.pods(namespace, label_value(name), uid)
     targets = scrape_targets(pods)
@@ -104,7 +89,7 @@ async def _observe_round(
     allow = not ctx.settings.scrape_loopback_only
     for results in ctx.scrapes.take(key):
         excluded_before = tuner.state.excluded_pods()
-        report = tuner.state.observe(contexts, results, time.monotonic(), max_k=max_k)
+        report = tuner.state.observe(contexts, results, ctx.clock(), max_k=max_k)
         for pod, reason in sorted(report.violations.items()):
             if pod not in excluded_before:
                 logger.warning("%s/%s: pod %s left out of tuning and canary analysis for %ds: its /metrics is not "
@@ -122,9 +107,9 @@ async def scrape_tick(ctx: OperatorContext, session: aiohttp.ClientSession, body
     meta = body["metadata"]
     known = ctx.known(meta["namespace"], meta["name"])
     tuner = known.tuner if known is not None else None
-    if tuner is None or time.monotonic() < tuner.next_scrape_at:
+    if tuner is None or ctx.clock() < tuner.next_scrape_at:
         return
-    tuner.next_scrape_at = time.monotonic() + ctx.settings.scrape_interval_seconds
+    tuner.next_scrape_at = ctx.clock() + ctx.settings.scrape_interval_seconds
     try:
         spec = SpeculativeModelSpec.model_validate(dict(body.get("spec", {})))
     except ValidationError:
@@ -197,21 +182,19 @@ async def tuning_step(
     key = (observed.namespace, observed.name)
     canary_mode = spec.rollout.strategy == "Canary"
     if not previous.pools or not (autotune.enabled or canary_mode):
-        ctx.model(*key).tuner = None
-        if ctx.scrapes is not None:
-            ctx.scrapes.forget(key)
+        ctx.forget_tuner(*key)
         return TuningOutcome()
-    now = time.monotonic()
+    now = ctx.clock()
     memory = ctx.model(*key)
     tuner = memory.tuner
     if tuner is None:
-        state = TunerState.from_status(previous.speculation, wall_now=time.time(), monotonic_now=now)
+        state = TunerState.from_status(previous.speculation, wall_now=ctx.wall_clock(), monotonic_now=now)
         tuner = memory.tuner = ModelTuner(state)
         tuner.next_evaluation_at = now + autotune.interval_seconds
     in_flight = previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None
     # The canary windows compare against stamps in status: they keep wall-clock time.
     tuner.canary.follow(
-        in_flight, time.time(),
+        in_flight, ctx.wall_clock(),
         max_gap_s=2 * ctx.settings.reconcile_interval_seconds + ctx.settings.scrape_interval_seconds,
     )
     if in_flight is not None:
@@ -248,7 +231,7 @@ async def tuning_step(
     decision = None
     if proposed is not None and proposed.to_k != proposed.from_k:
         # The record users (and a restarted operator) read: wall-clock stamp, an id for the audit trail.
-        decision = proposed.model_copy(update={"time": _rfc3339(time.time()), "id": uuid.uuid4().hex[:12]})
+        decision = proposed.model_copy(update={"time": ctx.stamp_now(), "id": uuid.uuid4().hex[:12]})
         if canary_mode:
             # Not a change until its canary promotes it (then KChanged); announced as what it is now.
             reason, after = "KProposed", "; it rolls out through a canary"

@@ -12,19 +12,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from specdec_operator import KIND
 from specdec_operator.handlers.context import Logger, OperatorContext
+from specdec_operator.handlers.model_memory import ModelKey, Refusals
 from specdec_operator.kube.api import KubeApiError, NotOwnedError
 from specdec_operator.kube.retry import DownstreamBackoff
 from specdec_operator.metrics import STATUS_WRITES
 from specdec_operator.reconcile.status_write import merge_patch, status_to_write, write_cause
 
-ModelKey = tuple[str, str]
 # The API server's words for a namespace being deleted: every write is refused, the model goes with it.
 TERMINATING = "because it is being terminated"
 
@@ -129,22 +128,6 @@ def _leaf_paths(patch: Mapping[str, Any], prefix: str) -> list[str]:
         else:
             paths.append(f"{prefix}.{key}")
     return paths
-
-
-@dataclass
-class Refusals:
-    """Owned objects of one model the API server refused, with its messages and the retry schedule."""
-
-    backoff: DownstreamBackoff
-    messages: dict[str, str] = field(default_factory=dict)  # "Kind/name" -> the server's message
-    # "Kind/name" -> why an object under a name we compute is someone else's (left alone, never applied over).
-    not_owned: dict[str, str] = field(default_factory=dict)
-
-    def summary(self) -> list[str]:
-        return [f"{name}: {message}" for name, message in sorted(self.messages.items())]
-
-    def conflicts(self) -> list[str]:
-        return [message for _, message in sorted(self.not_owned.items())]
 
 
 def refusals_of(ctx: OperatorContext, key: ModelKey) -> Refusals:

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from specdec_operator.api.spec import Canary, SpeculativeModelSpec
 from specdec_operator.api.status import PoolRollout, SpeculativeModelStatus
-from specdec_operator.canary.plan import split_replicas
+from specdec_operator.canary.plan import split_canary_replicas
 from specdec_operator.conditions import Finding
 from specdec_operator.decisions.capacity import GpuUsage, RolloutMode, choose_mode, pool_room
 from specdec_operator.decisions.placement import PlacementPlan
@@ -18,6 +18,7 @@ from specdec_operator.gpu.inventory import PodGpus
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
 from specdec_operator.render.names import label_value
+from specdec_operator.timestamps import parse_stamp
 
 # A pod the scheduler cannot place for this long is reported; shorter waits are an in-place replacement's
 # new pod waiting for the old one's GPUs.
@@ -34,7 +35,7 @@ def _surge_need(spec: SpeculativeModelSpec, total: int) -> int:
         return 1
     steps = (spec.rollout.canary or Canary()).steps
     # The last step's canary replicas stay until the promoted stable set, surging, is ready beside them.
-    return split_replicas(total, steps[-1].weight)[1] + max(spec.rollout.max_surge, 1)
+    return split_canary_replicas(total, steps[-1].weight)[1] + max(spec.rollout.max_surge, 1)
 
 
 def _as_mode(decision: PoolRollout) -> RolloutMode:
@@ -117,7 +118,7 @@ def _unschedulable_for(pod: PodGpus, now: datetime) -> float | None:
     if not pod.pending_since:
         return None
     try:
-        since = datetime.fromisoformat(pod.pending_since.replace("Z", "+00:00"))
+        since = parse_stamp(pod.pending_since)
     except ValueError:
         return None
     return max(0.0, (now - since).total_seconds())

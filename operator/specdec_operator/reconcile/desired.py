@@ -10,7 +10,7 @@ from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.decisions.legal_k import legal_ks, nearest_legal_k
 from specdec_operator.decisions.placement import PlacementPlan, PoolPlan, effective_k
 from specdec_operator.decisions.runtime_env import RuntimePlan, plan_runtime
-from specdec_operator.reconcile.observed import ObservedModel, Settings
+from specdec_operator.reconcile.observed import EvaluationSettings, ObservedModel
 from specdec_operator.render import pool as render
 from specdec_operator.render.names import pool_name
 from specdec_operator.render.service import service
@@ -36,12 +36,12 @@ def pool_objects(
     spec: SpeculativeModelSpec,
     plan: PoolPlan,
     k: int,
-    settings: Settings,
+    settings: EvaluationSettings,
     track: str = "stable",
 ) -> DesiredPool:
     """Raises RuntimeEnvError when the spec's environment cannot be made consistent."""
     name = pool_name(observed.name, plan.gfx)
-    ctx = render.PoolContext(observed.namespace, observed.name, observed.uid, name, plan.gfx)
+    ctx = render.PoolIdentity(observed.namespace, observed.name, observed.uid, name, plan.gfx)
     if spec.runtime.simulate:
         image = settings.simulator_image
     else:
@@ -76,7 +76,7 @@ def desired_pools(
     spec: SpeculativeModelSpec,
     placement: PlacementPlan,
     previous_k: Mapping[str, int],
-    settings: Settings,
+    settings: EvaluationSettings,
 ) -> list[DesiredPool]:
     return [
         pool_objects(observed, spec, plan, _pool_k(spec, plan, previous_k.get(pool_name(observed.name, plan.gfx))),

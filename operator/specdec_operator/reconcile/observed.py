@@ -26,7 +26,7 @@ class ObservedModel:
     nodes: Sequence[NodeGpus] = ()
     # GPU claims of every pod the operator watches (all models, other workloads), for free-GPU counts.
     gpu_claims: FleetClaims = field(default_factory=FleetClaims)
-    # The model's runtime pods as the watch cache keeps them (handlers/watches.py runtime_pod_view).
+    # The model's runtime pods as the watch cache keeps them (handlers/services/watches.py runtime_pod_view).
     pods: Sequence[Mapping[str, Any]] = ()
     # The HTTPRoute named by spec.rollout.canary.traffic.httpRouteRef as read this pass; route_read says it
     # was read (a model without the ref, or a caller that did not gather it, has nothing to judge).
@@ -53,7 +53,7 @@ class EventRecord:
 
 
 @dataclass(frozen=True)
-class Settings:
+class EvaluationSettings:
     """The slice of operator settings the pure evaluation needs."""
 
     runtime_images: Mapping[str, str]

@@ -36,13 +36,14 @@ from specdec_operator.reconcile.capacity import (
 )
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
 from specdec_operator.reconcile.events import pool_events
-from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Settings
+from specdec_operator.reconcile.observed import EvaluationSettings, EventRecord, ObservedModel
 from specdec_operator.reconcile.rollout import RolloutInputs, RolloutResult, plan_rollout
 from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
 from specdec_operator.render.drift import covers
 from specdec_operator.render.names import service_name
 from specdec_operator.render.service import TRACKS, service
+from specdec_operator.timestamps import parse_stamp
 from specdec_runtime import contract
 
 # Old content-addressed ConfigMaps kept per pool so a rollback or a restarting old pod still finds its config.
@@ -180,7 +181,7 @@ class PassInputs:
     """One pass's inputs, parsed: what every policy of `evaluate` reads."""
 
     observed: ObservedModel
-    settings: Settings
+    settings: EvaluationSettings
     now: str
     spec: SpeculativeModelSpec
     previous: SpeculativeModelStatus
@@ -191,7 +192,7 @@ class PassInputs:
 
     @cached_property
     def moment(self) -> datetime:
-        return datetime.fromisoformat(self.now.replace("Z", "+00:00"))
+        return parse_stamp(self.now)
 
     @cached_property
     def route(self) -> ObjectRef | None:
@@ -205,7 +206,7 @@ class PassInputs:
 
 def evaluate(
     model: ObservedModel | ParsedModel,
-    settings: Settings,
+    settings: EvaluationSettings,
     now: str,
     speculation: SpeculationStatus | None = None,
     verdicts: Mapping[str, Verdict | None] | None = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from specdec_operator.api.spec import Rollout
@@ -24,7 +24,7 @@ from specdec_operator.canary.plan import (
     ServingReplicas,
     equal_load_percent,
     in_place_canary_size,
-    split_replicas,
+    split_canary_replicas,
 )
 from specdec_operator.canary.progress import ManualAction, StepObservation, advance
 from specdec_operator.decisions.capacity import RolloutMode
@@ -33,6 +33,7 @@ from specdec_operator.reconcile.observed import EventRecord
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
 from specdec_operator.render.names import deployment_name
 from specdec_operator.render.pool import rolling_strategy
+from specdec_operator.timestamps import format_stamp
 from specdec_runtime import contract
 
 
@@ -273,7 +274,7 @@ def _canary_pool(
     if in_place_budget and current is not None and current.phase in IN_FLIGHT_PHASES and rollout.canary:
         # In place the canary grows a budget at a time: its step starts once it has all of the step's replicas.
         steps = rollout.canary.steps
-        step_target = split_replicas(total, steps[min(current.step, len(steps) - 1)].weight)[1]
+        step_target = split_canary_replicas(total, steps[min(current.step, len(steps) - 1)].weight)[1]
         canary_ready = canary_ready and _size(canary_live) >= step_target
     target = CanaryTarget(pool.name, stable_rev, pool.revision, desired_k=pool.k,
                           decision_id=_decision_id(last_decision, pool, current))
@@ -322,7 +323,7 @@ def _record_tuner_outcome(
             result.events.append(_rolled_out_event(carried, pool.name))
         else:
             result.rejected = RejectedK(pool=pool.name, k=carried.to_k, stable_revision=finished.stable_revision,
-                                        time=_stamp(inputs.now), predicted_gain=carried.predicted_gain,
+                                        time=format_stamp(inputs.now), predicted_gain=carried.predicted_gain,
                                         reason=_rollback_reason(inputs.verdicts.get(pool.revision), event))
 
 
@@ -333,8 +334,6 @@ def _rollback_reason(verdict: Verdict | None, event: CanaryEvent | None) -> str:
     return event.reason if event is not None else ""
 
 
-def _stamp(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _surge_sizes(
@@ -347,7 +346,7 @@ def _surge_sizes(
 ) -> None:
     """Sizes with free GPUs: the canary's replicas beside the stable ones.
 
-    Behind a route as without one the step's replicas are `split_replicas` (the route's weight follows that
+    Behind a route as without one the step's replicas are `split_canary_replicas` (the route's weight follows that
     split, `equal_load_percent`), so a canary pod and a stable pod carry the same load. The stable gives up a
     replica only for a canary replica that is ready, so serving replicas never drop.
     """
@@ -355,11 +354,11 @@ def _surge_sizes(
     if plan.promote:
         result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], total, "stable"))
     else:
-        stable_size, canary_target = split_replicas(total, plan.sizing_weight)
+        stable_size, canary_target = split_canary_replicas(total, plan.sizing_weight)
         stable_size = max(stable_size, total - min(serving.canary_ready, canary_target))
         result.deployments.append(_with(pool.deployment, stable_template, stable_size, "stable"))
     if plan.keep_canary:
-        _, canary_size = split_replicas(total, plan.sizing_weight)
+        _, canary_size = split_canary_replicas(total, plan.sizing_weight)
         result.deployments.append(_with(pool.deployment, pool.deployment["spec"]["template"], canary_size, "canary"))
     elif canary_exists:
         result.delete.append(("Deployment", deployment_name(pool.name, "canary")))
@@ -395,7 +394,7 @@ def _in_place_sizes(
             result.delete.append(("Deployment", canary_name))
         return
     if keep_canary:
-        target = split_replicas(total, sizing_weight)[1]
+        target = split_canary_replicas(total, sizing_weight)[1]
         canary = in_place_canary_size(total, target, serving, budget)
         result.deployments.append(_with(pool.deployment, stable_template, total - canary, "stable"))
         result.deployments.append(_with(pool.deployment, desired_template, canary, "canary"))

@@ -29,17 +29,16 @@ def _parent(parent: Mapping[str, Any]) -> str:
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
 
 
-def route_verdict(namespace: str, name: str, route: Mapping[str, Any] | None) -> RouteVerdict | None:
-    """None while every reporting Gateway accepts the route and resolves its refs, or none reports yet.
+def _refusals(route: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], Mapping[str, Any]]]:
+    """(condition type, parent, condition) of every current Accepted=False or ResolvedRefs=False, the route's
+    worst first: not accepted at all outranks accepted-with-unresolved-refs.
 
     A condition about an older generation of the route (observedGeneration behind metadata.generation) is
-    about weights or refs we have since changed, so it is left out until the Gateway catches up.
+    about weights or refs we have since changed, so it is left out until the Gateway catches up. No parents at
+    all means no Gateway controller reports on the route: nothing is known, nothing refused.
     """
-    where = f"HTTPRoute {namespace}/{name}"
-    if route is None:
-        return RouteVerdict("HTTPRouteNotFound", f"{where} not found: no traffic reaches the canary through it")
     generation = (route.get("metadata") or {}).get("generation")
-    problems: list[tuple[str, str]] = []
+    found: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]] = []
     for parent in (route.get("status") or {}).get("parents") or []:
         for condition in parent.get("conditions") or []:
             kind = condition.get("type")
@@ -48,11 +47,31 @@ def route_verdict(namespace: str, name: str, route: Mapping[str, Any] | None) ->
             observed = condition.get("observedGeneration")
             if generation is not None and observed is not None and int(observed) < int(generation):
                 continue
-            detail = condition.get("message") or "no message"
-            problems.append((kind, f"{_parent(parent)} reports {kind}=False ({condition.get('reason', 'unknown')}): "
-                                   f"{detail}"))
-    if not problems:
+            found.append((str(kind), parent, condition))
+    found.sort(key=lambda refusal: ROUTE_CONDITIONS.index(refusal[0]))
+    return found
+
+
+def route_verdict(namespace: str, name: str, route: Mapping[str, Any] | None) -> RouteVerdict | None:
+    """The model's condition about its route: None while every reporting Gateway accepts the route and resolves
+    its refs, or none reports yet; every refusal is named in the message."""
+    where = f"HTTPRoute {namespace}/{name}"
+    if route is None:
+        return RouteVerdict("HTTPRouteNotFound", f"{where} not found: no traffic reaches the canary through it")
+    refusals = _refusals(route)
+    if not refusals:
         return None
-    # Not accepted at all outranks accepted-with-unresolved-refs.
-    problems.sort(key=lambda problem: ROUTE_CONDITIONS.index(problem[0]))
-    return RouteVerdict(REASONS[problems[0][0]], f"{where}: " + "; ".join(message for _, message in problems))
+    messages = [f"{_parent(parent)} reports {kind}=False ({condition.get('reason', 'unknown')}): "
+                f"{condition.get('message') or 'no message'}" for kind, parent, condition in refusals]
+    return RouteVerdict(REASONS[refusals[0][0]], f"{where}: " + "; ".join(messages))
+
+
+def route_rejection(route: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of the route's worst refusal, from the same judgement as `route_verdict`: what holds a
+    canary step (handlers/traffic.py keeps it, handlers/tuning.py route_hold turns a Pass into Inconclusive)."""
+    refusals = _refusals(route)
+    if not refusals:
+        return None
+    kind, parent, condition = refusals[0]
+    detail = condition.get("message") or condition.get("reason") or "no detail"
+    return REASONS[kind], f"{_parent(parent)} reports {kind}=False ({condition.get('reason', 'unknown')}): {detail}"

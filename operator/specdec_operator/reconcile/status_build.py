@@ -66,7 +66,8 @@ def rollout_done(pool: DesiredPool, live: Mapping[str, Any] | None, revision: st
     )
 
 
-def summarise(pools: Sequence[PoolStatus], acceptance: float | None, canary: str) -> Summary:
+def printer_columns(pools: Sequence[PoolStatus], acceptance: float | None, canary: str) -> Summary:
+    """status.summary: the strings `kubectl get specdec` prints as columns (not `conditions.summarize`)."""
     return Summary(
         drafter=",".join(sorted({p.drafter.method for p in pools})),
         effective_k=",".join(f"{p.gfx_target}={p.effective_k}" for p in pools),
@@ -141,7 +142,7 @@ def build_status(
     status.observed_generation = observed.generation
     status.pools = list(pools)
     status.conditions = apply_updates(previous.conditions, updates, observed.generation, now)
-    status.summary = summarise(pools, status.speculation.acceptance_rate, canary_summary(status.canary))
+    status.summary = printer_columns(pools, status.speculation.acceptance_rate, canary_summary(status.canary))
     status.replicas = sum(pool.replicas for pool in pools)
     status.selector = model_selector(observed.name)
     # The model's Service exists while it has pools (reconcile/plan.py renders it with them).

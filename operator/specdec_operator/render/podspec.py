@@ -31,7 +31,7 @@ PodSecurityLevel = Literal["restricted", "baseline"]
 
 @dataclass(frozen=True)
 class PodSettings:
-    """Installation-wide settings of runtime pods (OperatorSettings; the chart's runtime.pod values)."""
+    """Installation-wide settings of runtime pods (OperatorEnvSettings; the chart's runtime.pod values)."""
 
     # restricted: non-root, passes the `restricted` Pod Security Standard. baseline: for images that must
     # run as root; everything else stays locked down.

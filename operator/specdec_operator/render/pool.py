@@ -35,7 +35,7 @@ PROGRESS_DEADLINE_S = IMAGE_PULL_ALLOWANCE_S + STARTUP_PROBE_BUDGET_S + 300
 
 
 @dataclass(frozen=True)
-class PoolContext:
+class PoolIdentity:
     """Everything that identifies where a pool's objects live and who owns them."""
 
     namespace: str
@@ -76,7 +76,7 @@ def with_attention_backend(config: RuntimeConfig, backend: str, mla_backend: str
     return config.model_copy(update={"attention_backend": backend, "mla_attention_backend": mla_backend})
 
 
-def config_map(ctx: PoolContext, config: RuntimeConfig) -> dict[str, Any]:
+def config_map(ctx: PoolIdentity, config: RuntimeConfig) -> dict[str, Any]:
     """Content-addressed, so a canary and its stable revision can each mount their own config."""
     body = config.to_json()
     return {
@@ -108,7 +108,7 @@ def _env_var(name: str, value: str) -> dict[str, str]:
 
 
 def pod_template(
-    ctx: PoolContext,
+    ctx: PoolIdentity,
     spec: SpeculativeModelSpec,
     runtime: RuntimePlan,
     config_map_name: str,
@@ -217,7 +217,7 @@ def rolling_strategy(max_surge: int = 1, max_unavailable: int = 0) -> dict[str, 
     return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max_unavailable, "maxSurge": max_surge}}
 
 
-def deployment(ctx: PoolContext, template: dict[str, Any], replicas: int, track: str) -> dict[str, Any]:
+def deployment(ctx: PoolIdentity, template: dict[str, Any], replicas: int, track: str) -> dict[str, Any]:
     selector = {
         contract.LABEL_MODEL: label_value(ctx.model),
         contract.LABEL_POOL: ctx.pool,
@@ -243,7 +243,7 @@ def deployment(ctx: PoolContext, template: dict[str, Any], replicas: int, track:
     }
 
 
-def pod_disruption_budget(ctx: PoolContext) -> dict[str, Any]:
+def pod_disruption_budget(ctx: PoolIdentity) -> dict[str, Any]:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

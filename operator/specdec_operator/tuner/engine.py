@@ -16,11 +16,11 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from specdec_operator.api.spec import Speculation
 from specdec_operator.api.status import PoolSpeculationStats, SpeculationStatus, TuningDecision
 from specdec_operator.decisions.legal_k import legal_ks
+from specdec_operator.timestamps import stamp_seconds
 from specdec_operator.tuner.costmodel import StepCostModel
 from specdec_operator.tuner.estimator import EVIDENCE_FLOOR, estimate_acceptance, position_rates
 from specdec_operator.tuner.policy import PoolEvidence, decide
@@ -385,6 +385,6 @@ def _weighs(delta: WindowDelta) -> bool:
 
 def _parse_time(text: str) -> float | None:
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return stamp_seconds(text)
     except ValueError:
         return None

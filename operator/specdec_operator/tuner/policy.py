@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Literal
 
 from specdec_operator.api.spec import Speculation
 from specdec_operator.api.status import TuningDecision
 from specdec_operator.decisions.legal_k import nearest_legal_k, next_legal_k
+from specdec_operator.timestamps import format_stamp
 from specdec_operator.tuner.costmodel import StepPrediction
 from specdec_operator.tuner.estimator import AcceptanceEstimate, Interval
 
@@ -85,10 +85,6 @@ class PolicyOutcome:
     decision: TuningDecision | None  # the one Change/Explore to carry out, if any
 
 
-def rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def decide(
     pools: Sequence[PoolEvidence], speculation: Speculation, *, now: float, last_change_at: float | None
 ) -> PolicyOutcome:
@@ -129,7 +125,7 @@ class _Verdicts:
     ) -> Assessment:
         k = self.pool.current_k
         decision = TuningDecision(
-            time=rfc3339(self.now),
+            time=format_stamp(self.now),
             pool=self.pool.pool,
             from_k=k,
             to_k=k if action == "Hold" or to_k is None else to_k,

@@ -6,13 +6,13 @@ from specdec_operator.canary.progress import StepObservation, advance
 from specdec_operator.handlers.tuning import route_hold
 from tests.unit.canary.canaryfactories import FAIL, PASS, at, canary_status, rollout, target
 
-REJECTION = ("HTTPRouteBackendUnresolved",
+REJECTION = ("HTTPRouteRefsNotResolved",
              "Gateway gw/public reports ResolvedRefs=False (RefNotPermitted): no ReferenceGrant in team-a")
 
 
 def test_a_refused_route_turns_pass_into_a_held_step_and_times_out_naming_the_gateway() -> None:
     (verdict,) = route_hold({"rev-new": PASS}, REJECTION).values()
-    assert (verdict.outcome, verdict.reason) == ("Inconclusive", "HTTPRouteBackendUnresolved")
+    assert (verdict.outcome, verdict.reason) == ("Inconclusive", "HTTPRouteRefsNotResolved")
     spec = rollout(timeout_seconds=300)
     held = advance(canary_status(), target=target(), rollout=spec, now=at(200), action=None,
                    seen=StepObservation(verdict, True))

@@ -211,7 +211,7 @@ def _condition(kind: str, status: str, reason: str, observed: int = 3, message: 
 
 
 def test_an_accepted_route_with_resolved_refs_is_not_rejected() -> None:
-    from specdec_operator.canary.traffic import route_rejection
+    from specdec_operator.reconcile.route_status import route_rejection
 
     route = _route_with_parents(_condition("Accepted", "True", "Accepted"),
                                 _condition("ResolvedRefs", "True", "ResolvedRefs"))
@@ -219,26 +219,26 @@ def test_an_accepted_route_with_resolved_refs_is_not_rejected() -> None:
 
 
 def test_no_gateway_status_holds_nothing() -> None:
-    from specdec_operator.canary.traffic import route_rejection
+    from specdec_operator.reconcile.route_status import route_rejection
 
     assert route_rejection({"metadata": {"name": "r", "namespace": "n", "generation": 1}, "spec": {}}) is None
 
 
 def test_a_cross_namespace_backend_without_reference_grant_is_named() -> None:
-    from specdec_operator.canary.traffic import route_rejection
+    from specdec_operator.reconcile.route_status import route_rejection
 
     route = _route_with_parents(
         _condition("Accepted", "True", "Accepted"),
         _condition("ResolvedRefs", "False", "RefNotPermitted", message="backendRef team-a/m-canary not permitted"),
     )
     assert route_rejection(route) == (
-        "HTTPRouteBackendUnresolved",
+        "HTTPRouteRefsNotResolved",
         "Gateway gw/public reports ResolvedRefs=False (RefNotPermitted): backendRef team-a/m-canary not permitted",
     )
 
 
 def test_a_gateway_that_refuses_the_route_is_named() -> None:
-    from specdec_operator.canary.traffic import route_rejection
+    from specdec_operator.reconcile.route_status import route_rejection
 
     rejection = route_rejection(_route_with_parents(_condition("Accepted", "False", "NotAllowedByListeners")))
     assert rejection is not None and rejection[0] == "HTTPRouteNotAccepted"
@@ -246,7 +246,7 @@ def test_a_gateway_that_refuses_the_route_is_named() -> None:
 
 
 def test_a_condition_about_an_older_generation_is_ignored() -> None:
-    from specdec_operator.canary.traffic import route_rejection
+    from specdec_operator.reconcile.route_status import route_rejection
 
     stale = _route_with_parents(_condition("ResolvedRefs", "False", "BackendNotFound", observed=2), generation=3)
     assert route_rejection(stale) is None

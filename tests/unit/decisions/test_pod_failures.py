@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from specdec_operator.decisions.pod_failures import failure_summaries, pod_failure, pod_failures
-from specdec_operator.handlers.watches import runtime_pod_view
+from specdec_operator.handlers.services.watches import runtime_pod_view
 from specdec_runtime import contract
 
 POOL = "llama-gfx942"

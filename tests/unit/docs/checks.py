@@ -254,7 +254,7 @@ def env_problems(blocks: Iterable[Block], settings: dict[str, str], tooling: set
                     problems.append(f"{block.where()}: `{name}*`: no variable starts so")
             elif name not in known and name != "SPECDEC_":
                 problems.append(
-                    f"{block.where()}: `{name}`: neither an operator setting (OperatorSettings) nor "
+                    f"{block.where()}: `{name}`: neither an operator setting (OperatorEnvSettings) nor "
                     f"a variable the tooling reads"
                 )
     return problems
@@ -267,7 +267,7 @@ def _snake(name: str) -> str:
 def setting_name_problems(blocks: Iterable[Block], settings: dict[str, str]) -> list[str]:
     fields = set(settings.values())
     return [
-        f"{block.where()}: `{name}` (operator setting): OperatorSettings has no field {_snake(name)!r}"
+        f"{block.where()}: `{name}` (operator setting): OperatorEnvSettings has no field {_snake(name)!r}"
         for block in blocks
         for name in SETTING_NAME.findall(block.text)
         if _snake(name) not in fields

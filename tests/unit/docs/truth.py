@@ -5,7 +5,7 @@
   and the runtime's code (reasons are written as literals where they are decided, or as f-strings);
 - metrics: the operator's registry (`specdec_operator.metrics.REGISTRY`);
 - alerts: the chart's PrometheusRule template;
-- settings: `OperatorSettings` (env `SPECDEC_<FIELD>`), plus the variables the tooling reads;
+- settings: `OperatorEnvSettings` (env `SPECDEC_<FIELD>`), plus the variables the tooling reads;
 - chart values: values.yaml; CLI: the argparse trees of `specdec-operator`, `specdec-runtime` and `bench`.
 """
 
@@ -275,8 +275,8 @@ def alerts(root: Path = REPO_ROOT) -> dict[str, Alert]:
 
 
 def settings_env() -> dict[str, str]:
-    """SPECDEC_<FIELD> -> field name, for every OperatorSettings field (nested ones as SPECDEC_<A>__<B>)."""
-    from specdec_operator.settings import OperatorSettings
+    """SPECDEC_<FIELD> -> field name, for every OperatorEnvSettings field (nested ones as SPECDEC_<A>__<B>)."""
+    from specdec_operator.settings import OperatorEnvSettings
 
     def walk(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str]]:
         for name, info in model.model_fields.items():
@@ -285,8 +285,8 @@ def settings_env() -> dict[str, str]:
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 yield from walk(annotation, f"{prefix}{name.upper()}__")
 
-    prefix = str(OperatorSettings.model_config.get("env_prefix", ""))
-    return dict(walk(OperatorSettings, prefix))
+    prefix = str(OperatorEnvSettings.model_config.get("env_prefix", ""))
+    return dict(walk(OperatorEnvSettings, prefix))
 
 
 def _reads_in_shell(text: str) -> set[str]:

@@ -10,7 +10,7 @@ from specdec_operator.decisions.placement import unvetted_nodes
 from specdec_operator.gpu.devices import BUILTIN_DEVICES, DeviceTable, GpuDevice
 from specdec_operator.gpu.inventory import NodeGpus, node_gpus, requested_gpus
 from specdec_operator.render.affinity import gfx_node_affinity
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.settings import OperatorEnvSettings
 from tests.unit.gpu.gpufactories import (
     MI300X,
     UNLISTED,
@@ -66,7 +66,7 @@ def test_operator_setting_reads_device_entries_from_the_environment(monkeypatch:
         "SPECDEC_GPU_DEVICES",
         '[{"deviceId": "0x7FFF", "product": "Custom", "gfx": "gfx942", "vramGib": 96}]',
     )
-    table = OperatorSettings().device_table
+    table = OperatorEnvSettings().device_table
     assert table.get("7fff") == GpuDevice("7fff", "Custom", "gfx942", 96)
     assert table.get("74a1") == BUILTIN_DEVICES.get("74a1")
 
@@ -82,7 +82,7 @@ def test_operator_setting_reads_device_entries_from_the_environment(monkeypatch:
 )
 def test_a_bad_device_entry_is_refused_naming_its_field(entry: dict[str, object], field: str) -> None:
     with pytest.raises(ValidationError, match=field):
-        OperatorSettings.model_validate({"gpu_devices": [entry]})
+        OperatorEnvSettings.model_validate({"gpu_devices": [entry]})
 
 
 def _node(

@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 from kopf._core.engines import posting
 
-from specdec_operator.handlers.watches import INDEX_HANDLERS, OWNED
+from specdec_operator.handlers.services.watches import INDEX_HANDLERS, OWNED
 from specdec_operator.kube.api import KubeApi, KubeApiError
 
 Key = tuple[str, str, str]  # kind, namespace, name

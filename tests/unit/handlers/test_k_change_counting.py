@@ -7,8 +7,8 @@ import aiohttp
 import kopf
 
 from specdec_operator.api.status import CanaryStatus, SpeculativeModelStatus
+from specdec_operator.handlers.model_memory import ModelTuner
 from specdec_operator.handlers.reconciler import _post_events, record_decision
-from specdec_operator.handlers.tuning import ModelTuner
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from specdec_operator.handlers import memory
-from specdec_operator.handlers.memory import MemoryRelease, release_memory
+from specdec_operator.handlers.services import memory_release as memory
+from specdec_operator.handlers.services.memory_release import MemoryRelease, release_memory
 from tests.unit.virtual_time import run_in_virtual_time
 
 
@@ -121,7 +121,7 @@ def test_fragmenting_the_heap_strands_what_a_trim_cannot_give_back() -> None:
     # In a child with glibc malloc for objects (the operator image's setting): many small objects, then
     # every 50th kept alive, so most pages keep one live neighbour through the trim.
     code = (
-        "from specdec_operator.handlers.memory import release_memory, stranded_heap_mib\n"
+        "from specdec_operator.handlers.services.memory_release import release_memory, stranded_heap_mib\n"
         "fresh = stranded_heap_mib()\n"
         "grown = [str(i) * 10 for i in range(300_000)]\n"
         "pinned = grown[::50]\n"

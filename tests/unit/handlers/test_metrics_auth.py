@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from specdec_operator.handlers.metrics_server import ACCESS_REVIEWS, TOKEN_REVIEWS, MetricsAuthorizer
+from specdec_operator.handlers.services.metrics_server import ACCESS_REVIEWS, TOKEN_REVIEWS, MetricsAuthorizer
 
 
 class FakeReviews:

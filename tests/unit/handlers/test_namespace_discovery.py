@@ -1,7 +1,7 @@
 """A namespace created between kopf's namespace LIST and the start of its namespace watch is still watched.
 
 Found in the e2e lanes: a model created in a new namespace moments after its operator started went unhandled
-until a label on the namespace woke kopf up (handlers/namespace_discovery.py).
+until a label on the namespace woke kopf up (handlers/services/namespace_discovery.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from kopf._cogs.structs import bodies, references
 from kopf._core.reactor import observation
 
-from specdec_operator.handlers import namespace_discovery
-from specdec_operator.handlers.namespace_discovery import process_namespace_event
+from specdec_operator.handlers.services import namespace_discovery
+from specdec_operator.handlers.services.namespace_discovery import process_namespace_event
 
 PATTERNS: list[references.NamespacePattern] = ["team-*"]
 

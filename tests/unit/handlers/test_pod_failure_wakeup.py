@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from specdec_operator.handlers.watches import runtime_pod_failing
+from specdec_operator.handlers.services.watches import runtime_pod_failing
 from specdec_runtime import contract
 
 

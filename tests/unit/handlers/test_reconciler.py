@@ -13,14 +13,15 @@ import pytest
 
 from specdec_operator.api.status import SpeculationStatus, TuningDecision
 from specdec_operator.handlers.context import OperatorContext
+from specdec_operator.handlers.model_memory import ModelTuner
 from specdec_operator.handlers.reconciler import reconcile, record_decision
-from specdec_operator.handlers.scrapes import ScrapeScheduler
-from specdec_operator.handlers.tuning import ModelTuner, TuningOutcome
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
+from specdec_operator.handlers.tuning import TuningOutcome
 from specdec_operator.handlers.writes import remember_written
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
-from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
+from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorEnvSettings
 from specdec_operator.tuner.engine import TunerState
 from specdec_runtime import contract
 from tests.unit.api.specfactories import drafter_wire, spec_wire
@@ -34,13 +35,13 @@ SPEC = spec_wire(drafters=[drafter_wire("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instr
 LOG = logging.getLogger("test")
 
 
-def settings(**overrides: Any) -> OperatorSettings:
+def settings(**overrides: Any) -> OperatorEnvSettings:
     values: dict[str, Any] = {
         "runtime_images": DEFAULT_IMAGES, "image_targets": DEFAULT_IMAGE_TARGETS, "namespaces": [NAMESPACE],
         "status_stats_period_seconds": 300.0, "refused_write_backoff_seconds": 0.2,
         "refused_write_backoff_max_seconds": 1.0, **overrides,
     }
-    return OperatorSettings.model_validate(values)
+    return OperatorEnvSettings.model_validate(values)
 
 
 class SteppedClock:

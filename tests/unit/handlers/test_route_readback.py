@@ -10,8 +10,8 @@ import kopf
 
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
-from specdec_operator.handlers.scrapes import ScrapeScheduler
-from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
+from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorEnvSettings
 from tests.unit.api.specfactories import drafter_wire, spec_wire
 from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents, live_indices
 from tests.unit.reconcile.reconcilefactories import FLEET, NAMESPACE
@@ -23,7 +23,7 @@ SPEC = spec_wire(drafters=[drafter_wire("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instr
 
 
 def context(api: FakeKubeApi, http: aiohttp.ClientSession) -> OperatorContext:
-    settings = OperatorSettings(runtime_images=DEFAULT_IMAGES, image_targets=DEFAULT_IMAGE_TARGETS)
+    settings = OperatorEnvSettings(runtime_images=DEFAULT_IMAGES, image_targets=DEFAULT_IMAGE_TARGETS)
     ctx = OperatorContext(settings=settings, api=api, http=http)
     ctx.cache.bind(live_indices(api))
     ctx.scrapes = ScrapeScheduler(http, interval_s=15, timeout_s=5, concurrency=4, allow_non_loopback=False)

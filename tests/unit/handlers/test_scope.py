@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec_operator.cli import main
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.settings import OperatorEnvSettings
 
 
 @pytest.mark.parametrize(("env", "problem"), [
@@ -20,7 +20,7 @@ def test_scope_must_be_explicit(monkeypatch: pytest.MonkeyPatch, env: dict[str, 
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    found = OperatorSettings().scope_problem()
+    found = OperatorEnvSettings().scope_problem()
     assert (found is None) if problem is None else (found is not None and problem in found), found
 
 

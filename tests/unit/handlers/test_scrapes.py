@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from specdec_operator.handlers.scrapes import SPREAD, ScrapeScheduler, phase
+from specdec_operator.handlers.services.scrapes import SPREAD, ScrapeScheduler, phase
 from specdec_operator.tuner.samples import ScrapeTarget
 from specdec_operator.tuner.scraper import scrape_session
 from tests.unit.tuner.factories import metrics_text

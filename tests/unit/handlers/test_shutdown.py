@@ -10,7 +10,7 @@ import signal
 import kopf
 import pytest
 
-from specdec_operator.handlers.shutdown import STOPPING_REQUEST_TIMEOUT_S, Stopper, fail_fast
+from specdec_operator.handlers.services.shutdown import STOPPING_REQUEST_TIMEOUT_S, Stopper, fail_fast
 
 
 def test_fail_fast_leaves_one_short_attempt_per_request() -> None:

@@ -13,13 +13,13 @@ import aiohttp
 import kopf
 import pytest
 
-from specdec_operator.handlers import scrapes as scrapes_module
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.register import background_tasks, start_background_tasks
-from specdec_operator.handlers.scrapes import ScrapeScheduler
-from specdec_operator.handlers.supervisor import FailureStreak, RestartPolicy, Supervisor
+from specdec_operator.handlers.services import scrapes as scrapes_module
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
+from specdec_operator.handlers.services.supervisor import FailureStreak, RestartPolicy, Supervisor
 from specdec_operator.metrics import BACKGROUND_TASK_RESTARTS
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.settings import OperatorEnvSettings
 from specdec_operator.tuner.scraper import scrape_session
 from tests.unit.handlers.test_scrapes import Pod, serve, targets
 
@@ -98,7 +98,7 @@ async def test_a_task_that_keeps_failing_restarts_with_backoff_then_fails_the_li
     supervisor, fake = supervisor_and_time
     runs: list[int] = []
     before = restarts("test_failing")
-    with caplog.at_level(logging.WARNING, logger="specdec_operator.handlers.supervisor"):
+    with caplog.at_level(logging.WARNING, logger="specdec_operator.handlers.services.supervisor"):
         supervisor.start("test_failing", failing(runs, RuntimeError("unexpected")))
         await asyncio.wait_for(fake.blocked.wait(), 10)
     assert fake.sleeps == [1.0, 2.0, 4.0, 8.0, 10.0]
@@ -163,7 +163,7 @@ async def test_a_killed_scrape_scheduler_restarts_and_scraping_resumes(monkeypat
     monkeypatch.setattr(scrapes_module, "scrape", scrape_killed_once)
     fake = FakeTime(blocks_after=100)
     session = scrape_session(pool_size=4)
-    context = OperatorContext(settings=OperatorSettings(), api=None, http=session)  # type: ignore[arg-type]
+    context = OperatorContext(settings=OperatorEnvSettings(), api=None, http=session)  # type: ignore[arg-type]
     context.supervisor = Supervisor(POLICY, clock=fake.clock, sleep=fake.sleep)  # restarts without waiting
     context.scrapes = ScrapeScheduler(session, interval_s=0.2, timeout_s=2, concurrency=4, allow_non_loopback=False)
     round_done = asyncio.Event()
@@ -200,7 +200,7 @@ async def test_kopfs_liveness_endpoint_answers_500_while_a_task_cannot_recover()
     fake = FakeTime(blocks_after=1)
     supervisor = Supervisor(RestartPolicy(give_up_failures=1), clock=fake.clock, sleep=fake.sleep)
     memo = ephemera.AnyMemo(kopf.Memo(context=OperatorContext(
-        settings=OperatorSettings(), api=None, http=None)))  # type: ignore[arg-type]
+        settings=OperatorEnvSettings(), api=None, http=None)))  # type: ignore[arg-type]
     memo.context.supervisor = supervisor
     port = free_port()
     serving = asyncio.Event()

@@ -10,11 +10,12 @@ from typing import Any
 
 import aiohttp
 
-from specdec_operator.handlers.cache import WatchCache
 from specdec_operator.handlers.context import OperatorContext
+from specdec_operator.handlers.model_memory import Listing
 from specdec_operator.handlers.reconciler import reconcile
-from specdec_operator.handlers.resync import Listing, compare
-from specdec_operator.handlers.scrapes import ScrapeScheduler
+from specdec_operator.handlers.resync import compare
+from specdec_operator.handlers.services.cache import WatchCache
+from specdec_operator.handlers.services.scrapes import ScrapeScheduler
 from specdec_runtime import contract
 from tests.unit.api.specfactories import drafter_wire, spec_wire
 from tests.unit.handlers.fakeapi import FakeKubeApi, KopfView, PostedEvents, live_indices

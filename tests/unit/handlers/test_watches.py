@@ -8,8 +8,8 @@ import kopf
 
 from specdec_operator import GROUP, KIND, PLURAL
 from specdec_operator.gpu.inventory import PodGpus, node_gpus
-from specdec_operator.handlers.cache import WatchCache
-from specdec_operator.handlers.watches import (
+from specdec_operator.handlers.services.cache import WatchCache
+from specdec_operator.handlers.services.watches import (
     OWNED_SELECTOR,
     filter_watches,
     index_configmap,
@@ -121,7 +121,7 @@ def test_watches_are_filtered_by_our_label_on_the_server_and_listed_in_pages() -
 
 
 def test_the_fleet_snapshot_is_shared_for_a_moment_then_read_again() -> None:
-    from specdec_operator.handlers.cache import FleetSnapshot
+    from specdec_operator.handlers.services.cache import FleetSnapshot
 
     def claim(name: str, node: str, model: str | None = None) -> PodGpus:
         return PodGpus("ns", name, 2, node, model)

@@ -11,7 +11,7 @@ import yaml
 
 from localcluster.fleet import load_fleet, node_objects
 from localcluster.scale import RELEASE_LINE, Bench, fleet_yaml, percentile, report, samples
-from specdec_operator.handlers import memory
+from specdec_operator.handlers.services import memory_release as memory
 
 
 def test_the_generated_fleet_has_a_gpu_for_every_pod_and_loads(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.structs import references
 from kopf._core.engines import peering
 
-from specdec_operator.handlers.cache import WatchCache
-from specdec_operator.handlers.leadership import KOPF_PEERING_LOGGER, LeadershipTracker, track_leadership
+from specdec_operator.handlers.services.cache import WatchCache
+from specdec_operator.handlers.services.leadership import KOPF_PEERING_LOGGER, LeadershipTracker, track_leadership
 from specdec_operator.metrics import ACTIVE, EFFECTIVE_K, REGISTRY
 
 PEERING = "specdec-operator"

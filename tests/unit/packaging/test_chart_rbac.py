@@ -24,7 +24,7 @@ WORKLOAD_VERBS: dict[tuple[str, str], set[str]] = {
 CLUSTER_VERBS: dict[tuple[str, str], set[str]] = {
     ("", "nodes"): {"list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-    # Authenticated /metrics (metrics.auth.enabled, the default): handlers/metrics_server.py.
+    # Authenticated /metrics (metrics.auth.enabled, the default): handlers/services/metrics_server.py.
     ("authentication.k8s.io", "tokenreviews"): {"create"},
     ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
 }

@@ -10,7 +10,7 @@ import yaml
 from kopf._cogs.structs import references as kopf_references
 
 from specdec_operator.crdfiles import CRD_FILE_NAME
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.settings import OperatorEnvSettings
 from tests.unit.packaging.chart import (
     CHART_DIR,
     RELEASE,
@@ -35,10 +35,10 @@ def _settings_env(manifests: list[Manifest]) -> dict[str, str]:
     return {var["name"]: var["value"] for var in _container(manifests)["env"] if var["name"].startswith("SPECDEC_")}
 
 
-def _settings_from_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> OperatorSettings:
+def _settings_from_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> OperatorEnvSettings:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return OperatorSettings()
+    return OperatorEnvSettings()
 
 
 # Lint reports the default values' missing scope but passes: `helm install` is what refuses it.
@@ -105,7 +105,7 @@ def test_container_is_locked_down(default_manifests: list[Manifest]) -> None:
 @pytest.mark.parametrize("kind", ["livenessProbe", "readinessProbe"])
 def test_the_probes_hit_the_endpoint_kopf_serves(default_manifests: list[Manifest], kind: str) -> None:
     # Readiness too: kopf serves the endpoint only once the startup handlers are done, and it fails while
-    # a background task cannot recover (handlers/supervisor.py).
+    # a background task cannot recover (handlers/services/supervisor.py).
     container = _container(default_manifests)
     args = container["args"]
     assert args[0] == "run"
@@ -121,7 +121,7 @@ def test_settings_env_parses_to_the_operator_defaults(
     # The chart's defaults are the operator's defaults: installing the chart changes no behaviour.
     # default_manifests are the cluster-wide install (tests/unit/packaging/chart.py): the chart's other defaults
     # are the operator's, but for metrics.auth.enabled (on in the chart, off for a bare operator).
-    expected = OperatorSettings(cluster_wide=True, metrics_auth=True)
+    expected = OperatorEnvSettings(cluster_wide=True, metrics_auth=True)
     assert _settings_from_env(_settings_env(default_manifests), monkeypatch) == expected
 
 
@@ -160,7 +160,7 @@ def test_gpu_devices_value_extends_the_operator_device_table(helm: str, monkeypa
 
 
 # Settings the chart already sets that the operator has yet to read. Strict: once the field exists in
-# OperatorSettings the mark fails, so it is removed together with the pending entry.
+# OperatorEnvSettings the mark fails, so it is removed together with the pending entry.
 
 
 def _env_names() -> list[Any]:
@@ -203,7 +203,7 @@ def test_env_names_cover_what_the_chart_renders(default_manifests: list[Manifest
 @pytest.mark.parametrize("env_name", _env_names())
 def test_every_env_var_is_an_operator_setting(env_name: str) -> None:
     field = env_name.removeprefix("SPECDEC_").lower()
-    assert field in OperatorSettings.model_fields
+    assert field in OperatorEnvSettings.model_fields
 
 
 def test_standalone_needs_a_single_replica(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:

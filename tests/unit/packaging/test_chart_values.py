@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from specdec_operator.api.vocabulary import GFX_TARGETS
-from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
+from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorEnvSettings
 from tests.unit.packaging.chart import CHART_DIR, load_values
 
 
@@ -79,6 +79,6 @@ def test_runtime_images_default_to_the_operator_defaults() -> None:
     runtime = load_values()["runtime"]
     assert runtime["images"] == DEFAULT_IMAGES
     assert runtime["imageTargets"] == DEFAULT_IMAGE_TARGETS
-    assert runtime["simulatorImage"] == OperatorSettings().simulator_image
+    assert runtime["simulatorImage"] == OperatorEnvSettings().simulator_image
 
 

@@ -186,7 +186,7 @@ def runtime_deployments() -> list[Manifest]:
             plain_env = {e.name: e.value for e in spec.runtime.env if e.value_from is None}
             runtime = plan_runtime(gfx, image, DEFAULT_IMAGE_TARGETS.get(image), plain_env, spec.model.attention)
             drafter = spec.drafters[0] if spec.drafters else FALLBACK
-            ctx = render.PoolContext("inference", name, "00000000-0000-4000-8000-000000000000", pool_name(name, gfx),
+            ctx = render.PoolIdentity("inference", name, "00000000-0000-4000-8000-000000000000", pool_name(name, gfx),
                                      gfx)
             config = render.runtime_config(spec, drafter, spec.speculation.initial_k)
             config_map = render.config_map(ctx, config)

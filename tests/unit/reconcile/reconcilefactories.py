@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from specdec_operator.gpu.inventory import NodeGpus
-from specdec_operator.reconcile.observed import ObservedModel, Settings
+from specdec_operator.reconcile.observed import EvaluationSettings, ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan
-from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorSettings
+from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorEnvSettings
 from tests.unit.api.specfactories import spec_wire
 from tests.unit.gpu.gpufactories import demo_fleet
 
@@ -20,12 +20,12 @@ T0 = "2026-11-29T10:00:00Z"
 T1 = "2026-11-29T10:05:00Z"
 T2 = "2026-11-29T10:10:00Z"
 
-# The shipped defaults, not OperatorSettings(): that would read SPECDEC_* from the environment.
-SETTINGS = Settings(
+# The shipped defaults, not OperatorEnvSettings(): that would read SPECDEC_* from the environment.
+SETTINGS = EvaluationSettings(
     runtime_images=DEFAULT_IMAGES,
     image_targets=DEFAULT_IMAGE_TARGETS,
-    simulator_image=str(OperatorSettings.model_fields["simulator_image"].default),
-    kv_headroom_fraction=float(OperatorSettings.model_fields["kv_headroom_fraction"].default),
+    simulator_image=str(OperatorEnvSettings.model_fields["simulator_image"].default),
+    kv_headroom_fraction=float(OperatorEnvSettings.model_fields["kv_headroom_fraction"].default),
 )
 FLEET = demo_fleet()
 

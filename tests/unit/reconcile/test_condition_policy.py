@@ -10,7 +10,7 @@ import pytest
 
 import specdec_operator
 from specdec_operator.conditions import ConditionFacts, ConditionUpdate, Finding, summarize
-from specdec_operator.handlers.watches import runtime_pod_view
+from specdec_operator.handlers.services.watches import runtime_pod_view
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import evaluate
 from specdec_runtime import contract

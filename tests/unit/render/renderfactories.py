@@ -18,8 +18,8 @@ MODEL = "llama8b"
 UID = "6f1c1d2e-0000-4000-8000-000000000001"
 
 
-def context(gfx: str = "gfx942", model: str = MODEL) -> render.PoolContext:
-    return render.PoolContext(NAMESPACE, model, UID, pool_name(model, gfx), gfx)
+def context(gfx: str = "gfx942", model: str = MODEL) -> render.PoolIdentity:
+    return render.PoolIdentity(NAMESPACE, model, UID, pool_name(model, gfx), gfx)
 
 
 def runtime_plan(

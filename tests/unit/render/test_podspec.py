@@ -9,7 +9,7 @@ import pytest
 from specdec_operator.render.drift import covers
 from specdec_operator.render.podspec import PodSettings
 from specdec_operator.render.pool import revision_of
-from specdec_operator.settings import OperatorSettings
+from specdec_operator.settings import OperatorEnvSettings
 from specdec_runtime import contract
 from tests.unit.api.specfactories import spec
 from tests.unit.render.renderfactories import rendered_pool
@@ -60,7 +60,7 @@ def test_operator_settings_carry_the_pod_settings(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("SPECDEC_RUNTIME_SUPPLEMENTAL_GROUPS", "[39, 998]")
     monkeypatch.setenv("SPECDEC_RUNTIME_POD_SECURITY", "baseline")
     monkeypatch.setenv("SPECDEC_WEIGHTS_CACHE_CLAIM", "hf-cache")
-    settings = OperatorSettings().pod_settings
+    settings = OperatorEnvSettings().pod_settings
     assert settings == PodSettings(
         security="baseline", supplemental_groups=(39, 998), fs_group=10001, weights_cache_claim="hf-cache"
     )

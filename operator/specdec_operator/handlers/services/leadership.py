@@ -62,7 +62,7 @@ def track_leadership(
     peerings: int, standalone: bool, on_pause: Callable[[], None] | None = None
 ) -> LeadershipTracker:
     """Attach a tracker to kopf's peering logger (replacing one attached before) and return it. `on_pause` is
-    called whenever kopf pauses this replica (handlers/cache.py: its indices may lag once it resumes)."""
+    called whenever kopf pauses this replica (handlers/services/cache.py: its indices may lag once it resumes)."""
     logger = logging.getLogger(KOPF_PEERING_LOGGER)
     for handler in [h for h in logger.handlers if isinstance(h, LeadershipTracker)]:
         logger.removeHandler(handler)

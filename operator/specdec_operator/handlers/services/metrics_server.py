@@ -100,10 +100,12 @@ def metrics_app(registry: CollectorRegistry, authorizer: MetricsAuthorizer) -> w
 
 
 async def serve_authenticated_metrics(
-    api: KubeApi, registry: CollectorRegistry, port: int, host: str = "0.0.0.0"
+    api: KubeApi, registry: CollectorRegistry, port: int, host: str = "0.0.0.0",
+    clock: Callable[[], float] = time.monotonic,
 ) -> web.AppRunner:
-    """Starts the server on the running loop; the caller keeps the runner and cleans it up on stop."""
-    runner = web.AppRunner(metrics_app(registry, MetricsAuthorizer(api.review)), access_log=None)
+    """Starts the server on the running loop; the caller keeps the runner and cleans it up on stop. `clock` ages
+    cached verdicts (the operator passes OperatorContext.clock)."""
+    runner = web.AppRunner(metrics_app(registry, MetricsAuthorizer(api.review, clock)), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

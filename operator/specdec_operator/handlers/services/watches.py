@@ -4,7 +4,7 @@ A reconcile used to LIST Deployments, ConfigMaps, Services, PDBs and Pods for it
 five requests per model every ~15 s, ~175 LISTs/s at 500 models for a fleet in which nothing changed.
 Now kopf keeps one watch per kind, filtered on the API server by our managed-by label
 (`filter_watches`; pods excepted, as free-GPU counts need every pod), and indexes the objects by
-owning model; gather() and the scrape path read the indices (handlers/cache.py). Kopf fills every
+owning model; gather() and the scrape path read the indices (handlers/services/cache.py). Kopf fills every
 index before any model loop starts, so a restarted operator never mistakes "not listed yet" for
 "missing"; but only once per process: after a pause for a peer the indices are checked against a LIST
 before a model's loop trusts them (handlers/resync.py).
@@ -87,7 +87,7 @@ def index_pdb(body: Mapping[str, Any]) -> dict[ChildKey, dict[str, Any]] | None:
 # canary/evidence.py pod_restarts). The rest, its spec above all, is most of a pod's size, and 2,000 of them
 # held for nothing were both resident memory and, once freed, heap the allocator could not give back.
 # The resourceVersion tells a lagging index from a current one (handlers/resync.py).
-# Its ownerReferences tell the model's own pods from look-alikes carrying its labels (handlers/cache.py pods).
+# Its ownerReferences tell the model's own pods from look-alikes carrying its labels (handlers/services/cache.py pods).
 POD_METADATA_KEYS = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "deletionTimestamp",
                      "ownerReferences")
 

@@ -1,4 +1,4 @@
-"""What gather() and the scrape path read instead of LISTs: the kopf indices of handlers/watches.py.
+"""What gather() and the scrape path read instead of LISTs: the kopf indices of handlers/services/watches.py.
 
 Kopf fills every index before the first model loop starts, but only once in a process's life. A replica that
 paused for a peer (kopf closes every watch) and resumes re-lists each kind on its own while the model loops

@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from specdec_operator.handlers.model_memory import ModelKey
 from specdec_operator.metrics import SCRAPE_LAST_ROUND_SECONDS, SCRAPE_ROUND_SECONDS, SCRAPE_TARGETS
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
 from specdec_operator.tuner.scraper import DEFAULT_MAX_BODY_BYTES, scrape
 
 logger = logging.getLogger(__name__)
 
-ModelKey = tuple[str, str]
 # Scrapes start within this share of the interval, leaving the rest for the slowest answers.
 SPREAD = 0.8
 JITTER = 0.05  # of the interval, random per round, on top of the pod's stable phase
@@ -137,8 +137,8 @@ class ScrapeScheduler:
         allow_non_loopback: bool,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         rng: random.Random | None = None,
-        # The tuner's clock: it compares when a pod was scraped with the times a reconcile hands it
-        # (tuner/engine.py), so results are stamped on the same monotonic clock.
+        # The tuner's clock (OperatorContext.clock): it compares when a pod was scraped with the times a reconcile
+        # hands it (tuner/engine.py), so results are stamped on the same monotonic clock; rounds are paced on it.
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
@@ -152,7 +152,7 @@ class ScrapeScheduler:
         self._models: dict[ModelKey, _ModelScrapes] = {}
         self._wanted = asyncio.Event()
         self.rounds = 0
-        self.delivered_at: dict[ModelKey, float] = {}  # when each model's latest round was handed over (loop time)
+        self.delivered_at: dict[ModelKey, float] = {}  # when each model's latest round was handed over (the clock)
 
     # -- the models' side ---------------------------------------------------------------------
 
@@ -188,18 +188,16 @@ class ScrapeScheduler:
 
     async def run(self) -> None:
         """Run rounds until cancelled."""
-        loop = asyncio.get_running_loop()
         while True:
             if not self._models:
                 self._wanted.clear()
                 await self._wanted.wait()
-            started = loop.time()
+            started = self._clock()
             await self.run_round()
-            await asyncio.sleep(max(0.0, started + self.interval_s - loop.time()))
+            await asyncio.sleep(max(0.0, started + self.interval_s - self._clock()))
 
     async def run_round(self) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = self._clock()
         jobs = [
             (key, target)
             for key, model in self._models.items()
@@ -212,14 +210,14 @@ class ScrapeScheduler:
         for (key, target), offset in zip(jobs, offsets, strict=True):
             by_model.setdefault(key, []).append((target, started + offset))
         # Task groups, not gather: if one scrape fails unexpectedly the others are cancelled with it, so a
-        # round the supervisor restarts (handlers/supervisor.py) leaves no scrape behind holding the gate.
+        # round the supervisor restarts (handlers/services/supervisor.py) leaves no scrape behind holding the gate.
         async with asyncio.TaskGroup() as group:
             for key, model_jobs in by_model.items():
                 group.create_task(self._model_round(key, model_jobs))
         self.rounds += 1
         if jobs:
-            SCRAPE_ROUND_SECONDS.observe(loop.time() - started)
-            SCRAPE_LAST_ROUND_SECONDS.set(loop.time() - started)
+            SCRAPE_ROUND_SECONDS.observe(self._clock() - started)
+            SCRAPE_LAST_ROUND_SECONDS.set(self._clock() - started)
 
     async def _model_round(self, key: ModelKey, jobs: list[tuple[ScrapeTarget, float]]) -> None:
         """One model's share of a round, handed to the model as soon as its own pods answered: a slow pod of
@@ -233,11 +231,10 @@ class ScrapeScheduler:
         model.rounds.append([result for scrape in scrapes
                              if (result := scrape.result()) is not None and result.target.uid in wanted])
         del model.rounds[:-KEPT_ROUNDS]
-        self.delivered_at[key] = asyncio.get_running_loop().time()
+        self.delivered_at[key] = self._clock()
 
     async def _one(self, key: ModelKey, target: ScrapeTarget, at: float) -> ScrapeResult | None:
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(max(0.0, at - loop.time()))
+        await asyncio.sleep(max(0.0, at - self._clock()))
         model = self._models.get(key)
         if model is None or target.uid not in model.targets:
             return None  # the model or the pod went away since the round was planned
