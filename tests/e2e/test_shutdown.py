@@ -32,7 +32,7 @@ def peering_crds(cluster: LocalCluster) -> None:
     """kopf's peering CRDs as the chart renders them, unless another release installed them already."""
     if existing_peering_crds(cluster):
         return
-    manifests = Helm(cluster).template(unique_name("shutdown"), "default", {})
+    manifests = Helm(cluster).template(unique_name("shutdown"), "default", {"clusterWide": True})
     crds = [m for m in manifests if m["kind"] == "CustomResourceDefinition" and m["spec"]["group"] == "kopf.dev"]
     assert len(crds) == 2
     for crd in crds:
