@@ -308,7 +308,8 @@ def run_canaries(kube: Kube, gateway: GatewayStandIn, pools: dict[str, int], ana
             return all(sum(meter.taken_by_revision(n).values()) > 0 for n in pools)
 
         # The route's whole weight goes to the stable Service before the canary starts.
-        wait_for("traffic on each model's stable revision", stable_serves, 60)
+        wait_for("traffic on each model's stable revision", stable_serves, 60,
+                 describe=lambda: meter.snapshots[-1] if meter.snapshots else None)
         for name in pools:
             if not tuned:
                 change_drafter(kube, bodies[name])
