@@ -49,7 +49,7 @@ def test_helm_upgrade_serves_a_new_crd_field_and_uninstall_in_order_leaves_nothi
 ) -> None:
     helm = Helm(cluster)
     name, namespace = unique_name("upgrade"), unique_name("e2e-upgrade-sys")
-    values = ["--set", "crds.templated=true", "--set", "replicaCount=1",
+    values = ["--set", "crds.templated=true", "--set", "replicaCount=1", "--set", "clusterWide=true",
               "--set", f"peering.installCRDs={str(not existing_peering_crds(cluster)).lower()}"]
     common = ["--namespace", namespace, "--kube-version", KUBERNETES_VERSION.lstrip("v")]
     try:
