@@ -255,8 +255,10 @@ def test_the_role_grants_only_what_the_chart_declares(sa_operator: ServiceAccoun
     """The verbs dropped as unused really are absent in the watched namespace (and the rest present)."""
     workload = sa_operator.workload_namespace
     expectations = {
-        ("get", "configmaps"): "no", ("get", "services"): "no", ("get", "pods"): "no",
-        ("get", "deployments.apps"): "no", ("watch", "httproutes.gateway.networking.k8s.io"): "no",
+        ("get", "pods"): "no", ("watch", "httproutes.gateway.networking.k8s.io"): "no",
+        # get: an owned kind's object not in the cache as the model's is read once before its first apply, so
+        # one someone else made under the same name is never taken over (ObjectNotOwned, kube/api.py).
+        ("get", "configmaps"): "yes", ("get", "services"): "yes", ("get", "deployments.apps"): "yes",
         ("list", "pods"): "yes", ("watch", "pods"): "yes",  # the runtime-pod and GPU-claim pod indices
         # kopf's indices of owned objects: the reconcile reads these caches instead of listing
         ("watch", "deployments.apps"): "yes", ("watch", "configmaps"): "yes", ("watch", "services"): "yes",

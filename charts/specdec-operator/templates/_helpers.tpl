@@ -70,21 +70,23 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
   verbs: ["patch"]
 # Runtime pools and canaries. list and watch feed kopf's index of owned Deployments, which wakes a model's
 # loop when one of its Deployments changes (rollout progress). Server-side apply is a PATCH that creates a missing object, which
-# the API server authorises as create; delete removes canary Deployments after promotion or rollback.
+# the API server authorises as create; delete removes canary Deployments after promotion or rollback. get:
+# an object the watch cache does not hold as the model's is read once before its first apply, so one that
+# someone else made under the same name is never taken over (ObjectNotOwned); the same for the kinds below.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Per-pool runtime ConfigMaps and Services: list and watch feed kopf's indices of owned objects
 # (handlers/watches.py), which the reconcile reads instead of listing, and wake a model when one changes;
 # applied like Deployments; stale ones of replaced revisions and removed pools are deleted.
 - apiGroups: [""]
   resources: ["configmaps", "services"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # A PodDisruptionBudget per pool keeps voluntary evictions from emptying it; watched like the other owned
 # objects; deleted with the pool.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods are read only. list: a model's runtime pods (labelled) give the IPs to scrape vLLM's /metrics and
 # probe /health, and their restarts; list and watch: kopf's pod index (handlers/register.py gpu_pods)
 # caches every watched pod's amd.com/gpu request and scheduling state, so placement and rollouts count
