@@ -78,7 +78,7 @@ async def sync_route(
         memory.route_rejection = rejection
         if current is None or plan.route_weight > current:
             # More traffic must not go where a Gateway says it cannot: hold this weight; the canary's
-            # analysis reads the rejection and holds the step (see tuning.route_hold). Less traffic
+            # analysis reads the rejection and holds the step (see canary/verdict.py route_hold). Less traffic
             # (a rollback) always goes through.
             _warn_once(ctx, body, observed, rejection[0],
                        f"canary weight held at {current}% instead of {plan.route_weight}%: {rejection[1]}")

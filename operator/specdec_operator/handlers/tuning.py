@@ -19,12 +19,12 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from specdec_operator.api.spec import CanaryAnalysis, SpeculativeModelSpec
+from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.api.status import CanaryStatus, SpeculationStatus, SpeculativeModelStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict
-from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts, pod_restarts
+from specdec_operator.canary.evidence import pod_restarts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
-from specdec_operator.canary.progress import judge_step
+from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.health import probe_health
 from specdec_operator.handlers.model_memory import ModelTuner
@@ -129,36 +129,6 @@ def next_wake(ctx: OperatorContext, namespace: str, name: str) -> tuple[float, f
     return None if tuner is None else (tuner.next_scrape_at, tuner.next_evaluation_at)
 
 
-def judged(
-    verdicts: dict[str, Verdict | None],
-    windows: CanaryWindows,
-    canary: CanaryStatus | None,
-    thresholds: CanaryAnalysis | None,
-    gpus: int,
-    initial_k: int,
-) -> dict[str, Verdict | None]:
-    """`judge_step` on the canary's verdict with its window: quiet models (InsufficientTraffic) and the 100%
-    step's TPOT against the stable's recorded figures (canary/progress.py)."""
-    if canary is None or not verdicts:
-        return verdicts
-    k = windows.ks.get(canary.canary_revision, canary.canary_k if canary.canary_k is not None else initial_k)
-    stats = windows.stats(canary.canary_revision, k, gpus)
-    return {revision: judge_step(verdict, stats, canary, thresholds) for revision, verdict in verdicts.items()}
-
-
-def route_hold(verdicts: dict[str, Verdict | None], rejection: tuple[str, str] | None) -> dict[str, Verdict | None]:
-    """A Gateway that refuses the route turns a canary's Pass into Inconclusive: a step must not pass on
-    traffic that never reached the canary. The step holds; if the route stays refused it times out with the
-    Gateway's reason in the rollback event and in status.canary. A Fail stays a Fail (a dead canary rolls
-    back whatever the route says)."""
-    if rejection is None:
-        return verdicts
-    reason, message = rejection
-    held = Verdict("Inconclusive", reason, f"HTTPRoute not usable for the canary: {message}")
-    return {revision: verdict if verdict is not None and verdict.outcome == "Fail" else held
-            for revision, verdict in verdicts.items()}
-
-
 def _stable_serving(observed: ObservedModel, canary: CanaryStatus | None) -> bool:
     """Whether the canary pool's stable Deployment keeps a replica: a one-replica pool canaried in place has
     none, so its steps have no baseline (canary/analysis.py)."""
@@ -209,13 +179,11 @@ async def tuning_step(
                              contexts, spec.speculation.max_k)
     excluded = tuple(sorted(tuner.state.excluded_pods().items()))
     thresholds = spec.rollout.canary.analysis if spec.rollout.canary else None
-    verdicts = route_hold(
-        judged(canary_verdicts(tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size,
-                               spec.speculation.initial_k, last_decision=previous.speculation.last_decision,
-                               stable_serving=_stable_serving(observed, in_flight)),
-               tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size, spec.speculation.initial_k),
-        memory.route_rejection,
-    )
+    verdicts = step_verdicts(VerdictInputs(
+        tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size, spec.speculation.initial_k,
+        last_decision=previous.speculation.last_decision, stable_serving=_stable_serving(observed, in_flight),
+        route_rejection=memory.route_rejection,
+    ))
     if not autotune.enabled:
         tuner.next_evaluation_at = math.inf  # nothing to evaluate: the loop must not wake for it
         return TuningOutcome(verdicts=verdicts, excluded_pods=excluded)
