@@ -57,6 +57,10 @@ MIN_RELATIVE_SD = 0.01
 _PRIOR_WEIGHT = 1.0  # each prior ratio counts like one interval of data
 
 
+# The shortest engine step a row may report (seconds); see StepCostModel.observe.
+MIN_STEP_S = 1e-6
+
+
 @dataclass(frozen=True)
 class StepCoefficients:
     base_s: float
@@ -96,7 +100,9 @@ class StepCostModel:
     def observe(self, at: float, k: int, batch: float, step_s: float, weight: float = 1.0) -> None:
         """One row: the mean batch and step time over an interval. `weight`: how many scrape intervals it sums, so
         that data weighs the same against the priors however finely it is cut."""
-        if not (batch > 0 and step_s > 0 and weight > 0 and math.isfinite(batch) and math.isfinite(step_s)):
+        if not (batch > 0 and step_s >= MIN_STEP_S and weight > 0 and math.isfinite(batch) and math.isfinite(step_s)):
+            # No engine step takes under a microsecond: such a row is a corrupt counter, and its square (the fit
+            # divides by the mean step squared) would underflow to zero.
             return
         self._forget_until(at)
         # Divided by the observed step, so that every row counts by its relative error.

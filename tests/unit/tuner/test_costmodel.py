@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specdec_operator.tuner.costmodel import MIN_RELATIVE_SD, StepCoefficients, StepCostModel
@@ -89,3 +91,13 @@ def test_a_row_summing_n_intervals_weighs_like_n_rows_against_the_priors() -> No
     rows, summed, once = predicted(model(6, 1.0)), predicted(model(1, 6.0)), predicted(model(1, 1.0))
     assert summed == pytest.approx(rows, rel=1e-9)
     assert once[0] > rows[0] * 1.001
+
+
+def test_a_step_time_no_engine_produces_is_not_a_row() -> None:
+    """A corrupt counter's step of 1e-300 s would underflow the fit's scale squared to zero (found by the pipeline
+    fuzz): rows under a microsecond are left out, and the fit stays finite."""
+    model = StepCostModel("gfx942", "eagle3")
+    model.observe(0.0, 3, 8.0, 1e-300)
+    model.observe(1.0, 3, 8.0, 0.03)
+    predictions = model.predict(8.0, range(1, 5))
+    assert predictions and all(math.isfinite(p.seconds) and p.seconds > 0 for p in predictions.values())
