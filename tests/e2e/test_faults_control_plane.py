@@ -142,7 +142,16 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
     next_step = min(started_at for step, started_at in step_starts if step == in_step["step"] + 1)
     assert _at(in_step["stepStartedAt"]) <= _at(outage_began) <= _at(next_step), "the outage missed step 1"
     assert steps[-1][3] == "Promoted", steps
-    assert [w for w in weights if w] == route_weights_for(body) and weights[-1] == 0, f"route weights: {weights}"
+    # The route's weights in order, none out of turn. The outage starts as soon as status shows step 1, which is
+    # when the operator writes that step's route weight (status first): a write the killed API server committed
+    # but never audited is missing from the log (its answer was lost, and the route already carries it, so the
+    # operator has nothing to write again). So the audited weights are the expected ones in order, with at most
+    # that one missing, and end at 100 then 0.
+    expected, audited = route_weights_for(body), [w for w in weights if w]
+    assert audited and audited[-1] == 100 and weights[-1] == 0, f"route weights: {weights}"
+    assert audited == expected or (component == "kube-apiserver" and len(audited) == len(expected) - 1
+                                   and all(w in expected for w in audited)
+                                   and audited == sorted(audited, key=expected.index)), f"route weights: {weights}"
     assert [(c.created, c.k) for c in canary_rollouts] == [(True, canary_k)], f"canary Deployment: {canary_rollouts}"
     assert len(canary_deletes) == 1
     assert [c.k for c in stable_rollouts] == [canary_k], f"stable Deployment rollouts: {stable_rollouts}"
