@@ -37,9 +37,10 @@ from pydantic import ValidationError
 from specdec_operator.api.spec import Canary, Rollout
 from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict, WindowStats
-from specdec_operator.canary.evidence import CanaryWindows, PodRestarts, canary_verdicts
+from specdec_operator.canary.evidence import CanaryWindows, PodRestarts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget
 from specdec_operator.canary.progress import advance
+from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, ScrapeTarget, parse_metrics
 from specdec_operator.tuner.window import CounterWindows
 
@@ -333,9 +334,9 @@ class Replayer:
         expected = None
         if route_percent is not None and self.compare_with == "stable" and 0 < route_percent < 100:
             expected = route_percent / 100
-        verdicts = canary_verdicts(
+        verdicts = step_verdicts(VerdictInputs(
             self.windows, status, self.thresholds, self.spec.gpus_per_pod, self.spec.canary_k or 1,
-            last_decision=self.last_decision, stable_serving=stable_serving, expected_share=expected)
+            last_decision=self.last_decision, stable_serving=stable_serving, expected_share=expected))
         verdict = verdicts.get(status.canary_revision)
         if verdict is not None:
             self.last_verdict = verdict

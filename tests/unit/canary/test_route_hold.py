@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec_operator.canary.progress import advance
-from specdec_operator.handlers.tuning import route_hold
+from specdec_operator.canary.verdict import route_hold
 from tests.unit.canary.canaryfactories import FAIL, PASS, at, canary_status, rollout, target
 
 REJECTION = ("HTTPRouteBackendUnresolved",
