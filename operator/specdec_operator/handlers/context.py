@@ -77,6 +77,8 @@ class OperatorContext:
     departures: dict[ModelKey, int] = field(default_factory=dict)
     # The monotonic clock that paces writes (statistics refreshes, refused-write backoff): tests step it.
     clock: Callable[[], float] = time.monotonic
+    # The wall clock (Unix seconds), for status stamps and the canary's windows that compare with them.
+    wall_clock: Callable[[], float] = time.time
 
     def depart(self, namespace: str, name: str) -> None:
         key = (namespace, name)

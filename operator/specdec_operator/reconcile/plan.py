@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from specdec_operator.reconcile.observed import EventRecord, ObservedModel, Sett
 from specdec_operator.reconcile.rollout import RolloutResult, plan_rollout
 from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
+from specdec_operator.reconcile.tuning_policy import TuningOutcome, decide_tuning, decision_status
 from specdec_operator.render.drift import covers
 from specdec_operator.render.names import service_name
 from specdec_operator.render.service import TRACKS, service
@@ -64,6 +65,9 @@ class ReconcilePlan:
     conditions: ConditionFacts | None = None
     # Why nothing at all may be decided or written this pass (inputs not known yet); the loop retries soon.
     held: str | None = None
+    # The tuner's and the canary's decision this pass (reconcile/tuning_policy.py): what the handler commits
+    # to memory once status holds it. With a proposal the plan records that decision alone.
+    tuning: TuningOutcome = field(default_factory=TuningOutcome)
 
 
 def validation_message(error: ValidationError) -> str:
@@ -158,14 +162,12 @@ def evaluate(
     observed: ObservedModel,
     settings: Settings,
     now: str,
-    speculation: SpeculationStatus | None = None,
     verdicts: Mapping[str, Verdict | None] | None = None,
-    refusals: Sequence[str] = (),
-    not_owned: Sequence[str] = (),
 ) -> ReconcilePlan:
     """Render from status: each pool's K is `status.pools[].effectiveK` (the tuner writes its decisions there
-    first). `refusals` are the API server's messages for owned objects it refused on earlier attempts;
-    `not_owned` names objects under our names that someone else holds (left alone, handlers/writes.py)."""
+    first). `observed.refusals` are the API server's messages for owned objects it refused on earlier attempts;
+    `observed.not_owned` names objects under our names that someone else holds (left alone, handlers/writes.py).
+    `verdicts` stand in for the canary analysis when `observed` carries no tuning inputs (a test's model)."""
     if not observed.children_known:
         # Not listed is not absent: a pass that took a lagging cache for the cluster would recreate what runs
         # (a stable Deployment at the canary's revision) and delete what it has not seen change.
@@ -178,6 +180,29 @@ def evaluate(
         spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
     except ValidationError as error:
         return _invalid(observed, previous, validation_message(error), now)
+    # The tuner's K decision and the canary's verdict first: a proposed K is recorded alone, before any render.
+    tuning = decide_tuning(observed, spec, previous, now)
+    if tuning.proposal is not None:
+        return decision_plan(previous, tuning)
+    plan = _render(observed, settings, now, spec, previous, tuning.speculation, tuning.verdicts or verdicts)
+    return replace(plan, tuning=tuning)
+
+
+def decision_plan(previous: SpeculativeModelStatus, tuning: TuningOutcome) -> ReconcilePlan:
+    """A pass that proposes a K change records it, and nothing else: the next pass renders from it."""
+    return ReconcilePlan(status=decision_status(previous, tuning), events=list(tuning.events), tuning=tuning)
+
+
+def _render(
+    observed: ObservedModel,
+    settings: Settings,
+    now: str,
+    spec: SpeculativeModelSpec,
+    previous: SpeculativeModelStatus,
+    speculation: SpeculationStatus | None,
+    verdicts: Mapping[str, Verdict | None] | None,
+) -> ReconcilePlan:
+    """Everything but the tuner's decision: placement, pools, the rollout, status and conditions."""
     if not observed.nodes and previous.pools:
         # No node at all, not even a CPU node, is a watch that has not synced, not a fleet that vanished: hold.
         # (GPU nodes that go while others stay are the grace's to handle: decisions/absence.py.)
@@ -281,8 +306,8 @@ def evaluate(
         nodes_missing=tuple(held_message(p.name, held, p.replicas, p.effective_k) for p in pool_statuses
                             if (held := absence.held_for(p.gfx_target)) is not None),
         canary_progress=canary_progress, canary_failed=canary_failed,
-        capacity=capacity_findings(placement, usage, moment), refusals=tuple(refusals),
-        not_owned=tuple(not_owned),
+        capacity=capacity_findings(placement, usage, moment), refusals=observed.refusals,
+        not_owned=observed.not_owned,
         route=route_finding, pod_metrics_excluded=pod_metrics_finding(observed.excluded_pod_metrics),
     )
     status = build_status(observed, previous, pool_statuses, summarize(condition_facts), now, speculation,
