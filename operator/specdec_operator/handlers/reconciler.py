@@ -54,9 +54,9 @@ ROLLOUT_RESULTS = {
 K_ROLLED_OUT = ("KChanged", "KExplore")
 
 
-def stamp(ctx: OperatorContext) -> str:
-    """The context's wall clock now, as status stamps it."""
-    return datetime.fromtimestamp(ctx.wall_clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def stamp(at: float) -> str:
+    """A wall-clock time (Unix seconds) as status stamps it."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def gather(
@@ -72,6 +72,9 @@ async def gather(
     # The HTTPRoute is not ours (no owner reference, no watch): read it, status and all, once per pass.
     route, route_read, route_error = await read_route(ctx, namespace, body.get("spec") or {}, logger)
     refusals = refusals_of(ctx, (namespace, name))
+    # One reading of the wall clock for the pass: its status stamps and the canary windows' look agree, so a step
+    # this pass starts is never mistaken for one started before this process watched.
+    wall_now = ctx.wall_clock()
     observed = ObservedModel(
         namespace=namespace,
         name=name,
@@ -90,10 +93,10 @@ async def gather(
         children_known=known,
         refusals=tuple(refusals.summary()),
         not_owned=tuple(refusals.conflicts()),
-        now=stamp(ctx),
+        now=stamp(wall_now),
     )
     # The scrape round feeds the tuner's and the canary's windows; the pass reads them through observed.tuning.
-    return await observe_tuning(ctx, observed, logger or LOG)
+    return await observe_tuning(ctx, observed, wall_now, logger or LOG)
 
 
 def _post_events(body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) -> None:
@@ -128,7 +131,7 @@ async def write_model_status(
     status = plan.status
     if refused is not None and plan.conditions is not None:
         status = with_refusals(status, plan.conditions, refused[0], refused[1], observed.generation,
-                               observed.now or stamp(ctx))
+                               observed.now or stamp(ctx.wall_clock()))
     if plan.status_unreadable:
         computed = {**dict(observed.status), "conditions": status.to_wire().get("conditions", [])}
     else:

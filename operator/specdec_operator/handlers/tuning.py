@@ -145,7 +145,9 @@ def _tuned_status(observed: ObservedModel) -> tuple[SpeculativeModelSpec, Specul
     return None if read.problems else (spec, read.status)  # no K decision on a status we cannot fully read
 
 
-async def observe_tuning(ctx: OperatorContext, observed: ObservedModel, logger: Logger) -> ObservedModel:
+async def observe_tuning(
+    ctx: OperatorContext, observed: ObservedModel, wall_now: float, logger: Logger
+) -> ObservedModel:
     """Gather: the model's scrape round (when due) into its tuner and canary windows, and what the pure decision
     reads from them (`observed.tuning`) with the pods they leave out (`observed.excluded_pod_metrics`).
 
@@ -165,13 +167,13 @@ async def observe_tuning(ctx: OperatorContext, observed: ObservedModel, logger: 
     now = ctx.clock()
     tuner = memory.tuner
     if tuner is None:
-        state = TunerState.from_status(previous.speculation, wall_now=ctx.wall_clock(), monotonic_now=now)
+        state = TunerState.from_status(previous.speculation, wall_now=wall_now, monotonic_now=now)
         tuner = memory.tuner = ModelTuner(state)
         tuner.next_evaluation_at = now + autotune.interval_seconds
     in_flight = previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None
     # The canary windows compare against stamps in status: they keep wall-clock time.
     tuner.canary.follow(
-        in_flight, ctx.wall_clock(),
+        in_flight, wall_now,
         max_gap_s=2 * ctx.settings.reconcile_interval_seconds + ctx.settings.scrape_interval_seconds,
     )
     rolling = rolling_pools(observed.children_of_kind("Deployment"))
