@@ -1,26 +1,28 @@
-"""Gather the observed state of one SpeculativeModel, evaluate it with pure functions, then write."""
+"""One pass over one SpeculativeModel: gather what it needs (I/O), evaluate it with pure functions, then write.
+
+Gather: the model, its owned objects and pods from the watch cache, its HTTPRoute, the scrape round into the
+tuner's and canary's windows (handlers/tuning.py), the refusals known so far and the clocks' now, all in one
+`ObservedModel`. Decide: `evaluate` (reconcile/plan.py) makes the tuner's K decision, the canary's verdict,
+the plan and the conditions from it. Write: status through `write_model_status`, the one status writer, then
+traffic and owned objects; memory (the tuner's commit) only after status holds the decision.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
 from specdec_operator import KIND
-from specdec_operator.api.spec import SpeculativeModelSpec
-from specdec_operator.canary.plan import canary_summary
-from specdec_operator.conditions import apply_updates, summarize
 from specdec_operator.decisions import label_selector
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.resync import cache_known
 from specdec_operator.handlers.traffic import clear_manual_action, read_route, sync_route
-from specdec_operator.handlers.tuning import TuningOutcome, tuning_step
+from specdec_operator.handlers.tuning import commit_tuning, observe_tuning, pace_tuning
 from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, remember_written, write_status
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import (
@@ -32,10 +34,11 @@ from specdec_operator.metrics import (
     set_model_conditions,
 )
 from specdec_operator.reconcile.observed import ObservedModel
-from specdec_operator.reconcile.plan import ReconcilePlan, evaluate, parse_previous_status, read_status
-from specdec_operator.reconcile.status_build import printer_columns
-from specdec_operator.reconcile.tuning_inputs import rolling_pools
+from specdec_operator.reconcile.plan import ReconcilePlan, evaluate
+from specdec_operator.reconcile.status_write import with_refusals
+from specdec_operator.reconcile.tuning_policy import recorded_decision_id
 from specdec_operator.render.names import label_value
+from specdec_operator.timestamps import format_stamp
 
 OWNED_KINDS = ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget")
 LOG = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ async def gather(
     ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus], gpu_claims: FleetClaims | None = None,
     logger: Logger | None = None,
 ) -> ObservedModel:
+    """Everything the pass decides from, read once before anything is decided."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     known = await cache_known(ctx, namespace, name, uid, logger or LOG)
@@ -62,7 +66,11 @@ async def gather(
     children = ctx.cache.children(namespace, uid)
     # The HTTPRoute is not ours (no owner reference, no watch): read it, status and all, once per pass.
     route, route_read, route_error = await read_route(ctx, namespace, body.get("spec") or {}, logger)
-    return ObservedModel(
+    refusals = refusals_of(ctx, (namespace, name))
+    # One reading of the wall clock for the pass: its status stamps and the canary windows' look agree, so a step
+    # this pass starts is never mistaken for one started before this process watched.
+    wall_now = ctx.wall_clock()
+    observed = ObservedModel(
         namespace=namespace,
         name=name,
         uid=uid,
@@ -78,7 +86,12 @@ async def gather(
         route_read=route_read,
         route_error=route_error,
         children_known=known,
+        refusals=tuple(refusals.summary()),
+        not_owned=tuple(refusals.conflicts()),
+        now=format_stamp(wall_now),
     )
+    # The scrape round feeds the tuner's and the canary's windows; the pass reads them through observed.tuning.
+    return await observe_tuning(ctx, observed, wall_now, logger or LOG)
 
 
 def _post_events(body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) -> None:
@@ -90,6 +103,49 @@ def _post_events(body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) 
         if event.reason in K_ROLLED_OUT and plan.status is not None and plan.status.canary is not None:
             # A tuner K change is counted when its canary promotes it, as its event says.
             pool_series(K_CHANGES, observed.namespace, observed.name, plan.status.canary.pool).inc()
+
+
+async def write_model_status(
+    ctx: OperatorContext,
+    baseline: Mapping[str, Any],
+    observed: ObservedModel,
+    plan: ReconcilePlan,
+    logger: Logger,
+    *,
+    refused: tuple[Sequence[str], Sequence[str]] | None = None,
+) -> dict[str, Any] | None:
+    """The one writer of a model's status: the plan's decisions and conditions in one merge patch, conditional
+    on the baseline's resourceVersion. Returns the stored object, or None when nothing changed.
+
+    `refused` (the refusals and foreign objects the pass's object writes met): the same status with its
+    conditions decided again from them. With an unreadable status only its conditions are written. A K
+    decision is written with its statistics; if the write's answer is lost, a fresh read says whether it is
+    stored (then it counts as written) or not (the error is raised: nothing may act on it).
+    """
+    assert plan.status is not None
+    status = plan.status
+    if refused is not None and plan.conditions is not None:
+        status = with_refusals(status, plan.conditions, refused[0], refused[1], observed.generation,
+                               observed.now or ctx.stamp_now())
+    if plan.status_unreadable:
+        computed = {**dict(observed.status), "conditions": status.to_wire().get("conditions", [])}
+    else:
+        computed = status.to_wire()
+    decision = plan.tuning.proposal
+    try:
+        return await write_status(ctx, baseline, computed, logger, force_stats=decision is not None)
+    except KubeApiError as error:
+        if decision is None:
+            raise
+        stored = await _decision_stored(ctx, observed, baseline, decision.id)
+        if stored is None:
+            logger.warning("K decision %s (%s: K %d -> %d) not recorded, the tuner keeps K %d: %s",
+                           decision.id, decision.pool, decision.from_k, decision.to_k, decision.from_k, error)
+            raise
+        # The write reached etcd but its answer was lost (a timeout, or a retry that met our own write as a
+        # 409): the record is what counts, so the tuner commits it like any other recorded decision.
+        logger.info("K decision %s was stored although its write answered %s", decision.id, error)
+        return stored
 
 
 async def write(
@@ -107,11 +163,7 @@ async def write(
     key = (observed.namespace, observed.name)
     changed = False
     if plan.status is not None:
-        if plan.status_unreadable:
-            computed = {**dict(observed.status), "conditions": plan.status.to_wire().get("conditions", [])}
-        else:
-            computed = plan.status.to_wire()
-        written = await write_status(ctx, baseline, computed, logger)
+        written = await write_model_status(ctx, baseline, observed, plan, logger)
         changed = written is not None
         if written is not None:
             baseline = written
@@ -124,12 +176,9 @@ async def write(
             and plan.status is not None:
         refused, conflicts = refusals_of(ctx, key).summary(), refusals_of(ctx, key).conflicts()
         if (refused or conflicts) and plan.conditions is not None:
-            # A refusal appeared or changed: the condition carries the server's words within this reconcile,
-            # decided by the same policy as every other condition.
-            facts = dataclasses.replace(plan.conditions, refusals=tuple(refused), not_owned=tuple(conflicts))
-            conditions = apply_updates(plan.status.conditions, summarize(facts), observed.generation, ctx.stamp_now())
-            status = plan.status.model_copy(update={"conditions": conditions})
-            changed = await write_status(ctx, baseline, status.to_wire(), logger) is not None or changed
+            # A refusal appeared or changed: the condition carries the server's words within this pass.
+            rewritten = await write_model_status(ctx, baseline, observed, plan, logger, refused=(refused, conflicts))
+            changed = rewritten is not None or changed
         else:
             ctx.nudge(*key)  # accepted now: the next pass computes Degraded from scratch
     for kind, name in plan.delete:
@@ -142,36 +191,17 @@ async def record_decision(
     body: kopf.Body,
     baseline: Mapping[str, Any],
     observed: ObservedModel,
-    tuning: TuningOutcome,
+    plan: ReconcilePlan,
     logger: Logger,
 ) -> None:
-    """Write the tuner's K decision to status, and nothing else; commit it in the tuner only once it is stored.
-
-    The next pass (nudged at once) renders the Deployments from the recorded K, like any other pass.
-    """
-    decision = tuning.proposal
+    """Write a pass's K decision (`plan.tuning.proposal`, recorded alone in `plan.status`) and nothing else;
+    commit it in the tuner only once it is stored. The next pass (nudged at once) renders the Deployments from
+    the recorded K, like any other pass."""
+    decision = plan.tuning.proposal
     assert decision is not None
-    previous = parse_previous_status(observed.status)
-    pools = [p.model_copy(update={"effective_k": decision.to_k}) if p.name == decision.pool else p
-             for p in previous.pools]
-    speculation = tuning.speculation or previous.speculation
-    status = previous.model_copy(update={
-        "pools": pools,
-        "speculation": speculation,
-        "summary": printer_columns(pools, speculation.acceptance_rate, canary_summary(previous.canary)),
-    })
-    try:
-        await write_status(ctx, baseline, status.to_wire(), logger, force_stats=True)
-    except KubeApiError as error:
-        if not await _decision_stored(ctx, observed, baseline, decision.id):
-            logger.warning("K decision %s (%s: K %d -> %d) not recorded, the tuner keeps K %d: %s",
-                           decision.id, decision.pool, decision.from_k, decision.to_k, decision.from_k, error)
-            raise
-        # The write reached etcd but its answer was lost (a timeout, or a retry that met our own write as a
-        # 409): the record is what counts, so the tuner commits it like any other recorded decision.
-        logger.info("K decision %s was stored although its write answered %s", decision.id, error)
-    tuning.commit(ctx.model(observed.namespace, observed.name).tuner, observed.namespace, observed.name)
-    for event in tuning.events:
+    await write_model_status(ctx, baseline, observed, plan, logger)
+    commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
+    for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
     logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k, decision.to_k)
     ctx.nudge(observed.namespace, observed.name)
@@ -179,41 +209,18 @@ async def record_decision(
 
 async def _decision_stored(
     ctx: OperatorContext, observed: ObservedModel, baseline: Mapping[str, Any], decision_id: str
-) -> bool:
-    """Whether status already records this decision, read fresh (the last write's answer is unknown)."""
+) -> dict[str, Any] | None:
+    """The stored model if its status already records this decision, read fresh (the last write's answer is
+    unknown); None otherwise."""
     try:
         fresh = await ctx.api.get(KIND, observed.namespace, observed.name)
     except KubeApiError:
-        return False
-    if fresh is None:
-        return False
-    recorded = (fresh.get("status") or {}).get("speculation", {}).get("lastDecision") or {}
-    if recorded.get("id") != decision_id:
-        return False
+        return None
+    if fresh is None or recorded_decision_id(fresh.get("status") or {}) != decision_id:
+        return None
     # The next pass's baseline: the write (conditional on the baseline's resourceVersion) came after it.
     remember_written(ctx, (observed.namespace, observed.name), fresh, baseline)
-    return True
-
-
-async def _tune(ctx: OperatorContext, observed: ObservedModel, logger: Logger) -> TuningOutcome:
-    """Tuning needs a valid spec, a readable status, pools that exist and known pods; anything else is the
-    plan's to report."""
-    if not observed.children_known:
-        return TuningOutcome()
-    try:
-        spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
-    except ValidationError:
-        return TuningOutcome()
-    read = read_status(observed.status)
-    if read.problems:
-        return TuningOutcome()  # no K decision on top of a status we cannot fully read
-    previous = read.status
-    rolling = rolling_pools(observed.children_of_kind("Deployment"))
-    try:
-        return await tuning_step(ctx, ctx.http, observed, spec, previous, rolling)
-    except KubeApiError as error:
-        logger.warning("tuning skipped this round: %s", error)
-        return TuningOutcome()
+    return dict(fresh)
 
 
 async def reconcile(
@@ -232,7 +239,6 @@ async def reconcile(
             return ReconcilePlan(held="the model left this install's model selector")
         departures = ctx.departures.get(key, 0)
         observed = await gather(ctx, baseline, nodes, gpu_claims, logger)
-        tuning = await _tune(ctx, observed, logger)
         if ctx.departures.get(key, 0) != departures:
             # The watch said DELETED while this pass gathered. For a relabel out of the model selector, the API
             # server sends the object as it was before (labels that still match) with the relabel's
@@ -241,24 +247,18 @@ async def reconcile(
             logger.info("the model left this install's watch during the pass: nothing written")
             RECONCILES.labels(result="ok").inc()
             return ReconcilePlan(held="the model left this install's watch")
-        if tuning.proposal is not None:
-            await record_decision(ctx, body, baseline, observed, tuning, logger)
+        plan = evaluate(observed, ctx.evaluation_settings, observed.now)
+        pace_tuning(ctx, observed, plan.tuning)
+        if plan.status is not None and ctx.settings.shard:
+            plan.status.shard = ctx.settings.shard  # which install owns the model, for sharded fleets
+        if plan.tuning.proposal is not None:
+            await record_decision(ctx, body, baseline, observed, plan, logger)
             RECONCILES.labels(result="ok").inc()
-            return ReconcilePlan()
-        if tuning.excluded_pods:
-            observed = dataclasses.replace(observed, excluded_pod_metrics=tuning.excluded_pods)
-        plan = evaluate(
-            observed, ctx.evaluation_settings, ctx.stamp_now(), speculation=tuning.speculation,
-            verdicts=tuning.verdicts, refusals=refusals_of(ctx, key).summary(),
-            not_owned=refusals_of(ctx, key).conflicts(),
-        )
+            return plan
         if plan.held is not None:
             logger.debug("reconcile held: %s", plan.held)
             RECONCILES.labels(result="ok").inc()
             return plan
-        plan.events.extend(tuning.events)
-        if plan.status is not None and ctx.settings.shard:
-            plan.status.shard = ctx.settings.shard  # which install owns the model, for sharded fleets
         changed = await write(ctx, body, baseline, observed, plan, logger)
         if plan.status is not None:
             set_model_conditions(observed.namespace, observed.name,

@@ -71,20 +71,18 @@ async def sync_route(
     if route is None:
         _warn_once(ctx, body, observed, "HTTPRouteNotFound", f"HTTPRoute {namespace}/{plan.route.name} not found")
         return
-    memory = ctx.model(observed.namespace, observed.name)
     current = canary_percent(route_weights(route, observed.namespace, stable, canary))
     rejection = route_rejection(route)
     if rejection is not None:
-        memory.route_rejection = rejection
         if current is None or plan.route_weight > current:
             # More traffic must not go where a Gateway says it cannot: hold this weight; the canary's
-            # analysis reads the rejection and holds the step (see canary/verdict.py route_hold). Less traffic
-            # (a rollback) always goes through.
+            # analysis reads the same rejection from the route it gathered and holds the step
+            # (canary/verdict.py route_hold). Less traffic (a rollback) always goes through.
             _warn_once(ctx, body, observed, rejection[0],
                        f"canary weight held at {current}% instead of {plan.route_weight}%: {rejection[1]}")
             return
     else:
-        memory.route_rejection = memory.route_warning = None
+        ctx.model(observed.namespace, observed.name).route_warning = None
     if current == plan.route_weight:
         return
     try:

@@ -1,66 +1,47 @@
-"""The observation step of a reconcile: scrape Ready runtime pods, feed the model's tuner and canary windows.
+"""The tuner's and the canary's part of gathering: scrape Ready runtime pods, feed the model's windows.
 
-The tuner's memory lives here per model; what must survive a restart (each pool's K, the last decision
-with its time, the canary step and its timers) is in status. A proposed K change is committed to the
-tuner's memory only after the reconciler has written it to status (`TuningOutcome.commit`). Canary
-windows (canary/evidence.py) restart with the process; a process that takes over a step restarts the
-step's clock with them, which delays a verdict but never skips, repeats or times out a step.
+This is I/O and memory only: the scrape round's results and health probes feed the tuner's counter windows
+and the canary's evidence (caches), and `observe_tuning` hands them to the pass as `TuningInputs`. The K
+decision and the canary verdict are made by the pure evaluation (reconcile/tuning_policy.py); what it
+proposes is committed to the tuner's memory only after status holds it (`commit_tuning`).
+
+What must survive a restart (each pool's K, the last decision with its time, the canary step and its timers)
+is in status. Canary windows (canary/evidence.py) restart with the process; a process that takes over a step
+restarts the step's clock with them, which delays a verdict but never skips, repeats or times out a step.
+Time comes from the context's injected clocks: monotonic for the windows and the pacing, wall clock where
+the canary windows compare with stamps in status.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
 
 from specdec_operator.api.spec import SpeculativeModelSpec
-from specdec_operator.api.status import CanaryStatus, SpeculationStatus, SpeculativeModelStatus, TuningDecision
-from specdec_operator.canary.analysis import Verdict
+from specdec_operator.api.status import SpeculativeModelStatus
 from specdec_operator.canary.evidence import pod_restarts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
-from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
-from specdec_operator.handlers.context import OperatorContext
+from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.health import probe_health
 from specdec_operator.handlers.model_memory import ModelTuner
-from specdec_operator.reconcile.observed import EventRecord, ObservedModel
+from specdec_operator.kube.api import KubeApiError
+from specdec_operator.reconcile.observed import ObservedModel, TuningInputs
 from specdec_operator.reconcile.plan import read_status
-from specdec_operator.reconcile.tuning_inputs import pool_contexts, scrape_targets, speculation_status
-from specdec_operator.render.names import deployment_name, label_value
+from specdec_operator.reconcile.route_status import route_rejection
+from specdec_operator.reconcile.tuning_inputs import pool_contexts, rolling_pools, scrape_targets
+from specdec_operator.reconcile.tuning_policy import TuningOutcome
+from specdec_operator.render.names import label_value
 from specdec_operator.tuner.engine import PoolContext, TunerState
 from specdec_operator.tuner.exporter import count_k_change, publish, publish_exclusions
 from specdec_operator.tuner.window import QUARANTINE_S
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TuningOutcome:
-    speculation: SpeculationStatus | None = None
-    events: tuple[EventRecord, ...] = ()
-    verdicts: dict[str, Verdict | None] = field(default_factory=dict)
-    # A K change the tuner proposes: it is written to status first, then committed with `commit`.
-    proposal: TuningDecision | None = None
-    proposed_at: float = 0.0  # monotonic time of the proposal, the cooldown's start once committed
-    # With strategy Canary a recorded decision is not a K change yet: the canary's promotion makes it one
-    # (reconcile/rollout.py posts KChanged then, handlers/reconciler.py counts it).
-    rolls_out_now: bool = True
-    # Pods whose /metrics vLLM cannot produce, left out of tuning and canary analysis: (pod, why), sorted.
-    excluded_pods: tuple[tuple[str, str], ...] = ()
-
-    def commit(self, tuner: ModelTuner | None, namespace: str, name: str) -> None:
-        """The proposal is in status: the tuner may now remember it; a rolling K change counts now."""
-        if self.proposal is None:
-            return
-        if tuner is not None:
-            tuner.state.commit(self.proposal, self.proposed_at)
-        if self.rolls_out_now:
-            count_k_change(namespace, name, self.proposal)
 
 
 async def _observe_round(
@@ -129,87 +110,102 @@ def next_wake(ctx: OperatorContext, namespace: str, name: str) -> tuple[float, f
     return None if tuner is None else (tuner.next_scrape_at, tuner.next_evaluation_at)
 
 
-def _stable_serving(observed: ObservedModel, canary: CanaryStatus | None) -> bool:
-    """Whether the canary pool's stable Deployment keeps a replica: a one-replica pool canaried in place has
-    none, so its steps have no baseline (canary/analysis.py)."""
-    if canary is None:
-        return True
-    stable = observed.children.get(("Deployment", deployment_name(canary.pool, "stable")))
-    if stable is None:
-        return True
-    return int((stable.get("spec") or {}).get("replicas", 0) or 0) > 0
 
 
-async def tuning_step(
-    ctx: OperatorContext,
-    session: aiohttp.ClientSession,
-    observed: ObservedModel,
-    spec: SpeculativeModelSpec,
-    previous: SpeculativeModelStatus,
-    rolling: set[str],
-) -> TuningOutcome:
-    autotune = spec.speculation.autotune
+def _route_rejection(ctx: OperatorContext, observed: ObservedModel) -> tuple[str, str] | None:
+    """Whether a Gateway refuses the model's HTTPRoute as gathered this pass. A route that could not be read
+    keeps what its last read said (unread is not accepted); a model without a route has nothing refused."""
+    memory = ctx.model(observed.namespace, observed.name)
+    if observed.route_read:
+        memory.route_rejection = route_rejection(dict(observed.route)) if observed.route is not None else None
+    elif observed.route_error is None:
+        memory.route_rejection = None
+    return memory.route_rejection
+
+
+def _tuned_status(observed: ObservedModel) -> tuple[SpeculativeModelSpec, SpeculativeModelStatus] | None:
+    """Tuning needs known pods, a valid spec and a readable status; anything else is the plan's to report."""
+    if not observed.children_known:
+        return None
+    try:
+        spec = SpeculativeModelSpec.model_validate(dict(observed.spec))
+    except ValidationError:
+        return None
+    read = read_status(observed.status)
+    return None if read.problems else (spec, read.status)  # no K decision on a status we cannot fully read
+
+
+async def observe_tuning(
+    ctx: OperatorContext, observed: ObservedModel, wall_now: float, logger: Logger
+) -> ObservedModel:
+    """Gather: the model's scrape round (when due) into its tuner and canary windows, and what the pure decision
+    reads from them (`observed.tuning`) with the pods they leave out (`observed.excluded_pod_metrics`).
+
+    A model with no pools yet, or neither tuned nor canaried, keeps no tuner and is not scraped."""
+    valid = _tuned_status(observed)
+    if valid is None:
+        return observed
+    spec, previous = valid
     key = (observed.namespace, observed.name)
-    canary_mode = spec.rollout.strategy == "Canary"
-    if not previous.pools or not (autotune.enabled or canary_mode):
-        ctx.forget_tuner(*key)
-        return TuningOutcome()
-    now = ctx.clock()
+    autotune = spec.speculation.autotune
     memory = ctx.model(*key)
+    if not previous.pools or not (autotune.enabled or spec.rollout.strategy == "Canary"):
+        ctx.forget_tuner(*key)
+        return observed
+    now = ctx.clock()
     tuner = memory.tuner
     if tuner is None:
-        state = TunerState.from_status(previous.speculation, wall_now=ctx.wall_clock(), monotonic_now=now)
+        state = TunerState.from_status(previous.speculation, wall_now=wall_now, monotonic_now=now)
         tuner = memory.tuner = ModelTuner(state)
         tuner.next_evaluation_at = now + autotune.interval_seconds
     in_flight = previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None
     # The canary windows compare against stamps in status: they keep wall-clock time.
     tuner.canary.follow(
-        in_flight, ctx.wall_clock(),
+        in_flight, wall_now,
         max_gap_s=2 * ctx.settings.reconcile_interval_seconds + ctx.settings.scrape_interval_seconds,
     )
+    rolling = rolling_pools(observed.children_of_kind("Deployment"))
     if in_flight is not None:
         # No K decision while a canary is in flight: its verdict (and a rollback to the K the decision record
         # says it left) must concern one decision only.
-        rolling = rolling | {pool.name for pool in previous.pools}
+        rolling |= {pool.name for pool in previous.pools}
     tuner.rolling = set(rolling)
-    contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling,
-                             previous.speculation.rejected_ks)
     if now >= tuner.next_scrape_at:
-        await _observe_round(ctx, session, tuner, observed.namespace, observed.name, observed.uid, previous,
-                             contexts, spec.speculation.max_k)
+        contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, rolling,
+                                 previous.speculation.rejected_ks)
+        try:
+            await _observe_round(ctx, ctx.http, tuner, observed.namespace, observed.name, observed.uid, previous,
+                                 contexts, spec.speculation.max_k)
+        except KubeApiError as error:
+            logger.warning("tuning skipped this round: %s", error)
+            return observed
+    inputs = TuningInputs(
+        state=tuner.state, windows=tuner.canary, now=now, next_evaluation_at=tuner.next_evaluation_at,
+        rolling=frozenset(rolling), route_rejection=_route_rejection(ctx, observed),
+        decision_id=uuid.uuid4().hex[:12],
+    )
     excluded = tuple(sorted(tuner.state.excluded_pods().items()))
-    thresholds = spec.rollout.canary.analysis if spec.rollout.canary else None
-    verdicts = step_verdicts(VerdictInputs(
-        tuner.canary, previous.canary, thresholds, spec.model.tensor_parallel_size, spec.speculation.initial_k,
-        last_decision=previous.speculation.last_decision, stable_serving=_stable_serving(observed, in_flight),
-        route_rejection=memory.route_rejection,
-    ))
-    if not autotune.enabled:
-        tuner.next_evaluation_at = math.inf  # nothing to evaluate: the loop must not wake for it
-        return TuningOutcome(verdicts=verdicts, excluded_pods=excluded)
-    if tuner.next_evaluation_at == math.inf:
-        tuner.next_evaluation_at = now + autotune.interval_seconds
-    if now < tuner.next_evaluation_at:
-        return TuningOutcome(verdicts=verdicts, excluded_pods=excluded)
-    tuner.next_evaluation_at = now + autotune.interval_seconds
-    report_ = tuner.state.evaluate(now, contexts, spec.speculation)
-    publish(observed.namespace, observed.name, report_)
-    proposed = report_.decision
-    events: list[EventRecord] = []
-    decision = None
-    if proposed is not None and proposed.to_k != proposed.from_k:
-        # The record users (and a restarted operator) read: wall-clock stamp, an id for the audit trail.
-        decision = proposed.model_copy(update={"time": ctx.stamp_now(), "id": uuid.uuid4().hex[:12]})
-        if canary_mode:
-            # Not a change until its canary promotes it (then KChanged); announced as what it is now.
-            reason, after = "KProposed", "; it rolls out through a canary"
-        else:
-            reason, after = ("KChanged" if decision.action == "Change" else "KExplore"), ""
-        events.append(EventRecord(
-            "Normal", reason,
-            f"{decision.pool}: K {decision.from_k} -> {decision.to_k}, predicted gain {decision.predicted_gain:+.1%}, "
-            f"confidence {decision.confidence:.0%}: {decision.reason} (decision {decision.id}){after}",
-        ))
-    status = speculation_status(previous.speculation, report_.stats, decision)
-    return TuningOutcome(speculation=status, events=tuple(events), verdicts=verdicts, proposal=decision,
-                         proposed_at=now, rolls_out_now=not canary_mode, excluded_pods=excluded)
+    return dataclasses.replace(observed, tuning=inputs, excluded_pod_metrics=excluded)
+
+
+def pace_tuning(ctx: OperatorContext, observed: ObservedModel, outcome: TuningOutcome) -> None:
+    """What the pass's evaluation did to the tuner that holds whatever is written: its next evaluation time,
+    and the figures its report exports on /metrics."""
+    known = ctx.known(observed.namespace, observed.name)
+    tuner = known.tuner if known is not None else None
+    if tuner is not None and outcome.next_evaluation_at is not None:
+        tuner.next_evaluation_at = outcome.next_evaluation_at
+    if outcome.report is not None:
+        publish(observed.namespace, observed.name, outcome.report)
+
+
+def commit_tuning(ctx: OperatorContext, namespace: str, name: str, outcome: TuningOutcome) -> None:
+    """The proposal is in status: the tuner may now remember it; a rolling K change counts now."""
+    if outcome.proposal is None:
+        return
+    known = ctx.known(namespace, name)
+    tuner = known.tuner if known is not None else None
+    if tuner is not None:
+        tuner.state.commit(outcome.proposal, outcome.proposed_at)
+    if outcome.rolls_out_now:
+        count_k_change(namespace, name, outcome.proposal)

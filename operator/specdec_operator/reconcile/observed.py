@@ -6,10 +6,32 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec_operator.canary.evidence import CanaryWindows
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.devices import BUILTIN_DEVICES, DeviceTable
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.render.podspec import DEFAULT_POD_SETTINGS, PodSettings
+from specdec_operator.tuner.engine import TunerState
+
+
+@dataclass(frozen=True)
+class TuningInputs:
+    """What the tuner and the canary analysis gathered for one pass (handlers/tuning.py `observe_tuning`).
+
+    The scrape round already fed `state` and `windows` (a cache of counter windows, rebuilt from status after
+    a restart); the pure decision (reconcile/tuning_policy.py) reads them with the times below and returns
+    what to commit, which the handler commits only once status holds it.
+    """
+
+    state: TunerState
+    windows: CanaryWindows
+    now: float  # monotonic, from the injected clock: the tuner's windows and cooldown run on it
+    next_evaluation_at: float  # monotonic; math.inf while autotune is off
+    # Pools whose Deployments are rolling, or every pool while a canary is in flight: no K decision for them.
+    rolling: frozenset[str] = frozenset()
+    # (reason, message) of a Gateway that refuses the model's HTTPRoute as read this pass: the step holds.
+    route_rejection: tuple[str, str] | None = None
+    decision_id: str = ""  # the audit id a decision proposed this pass carries
 
 
 @dataclass(frozen=True)
@@ -40,6 +62,15 @@ class ObservedModel:
     # Runtime pods whose /metrics vLLM cannot produce, left out of tuning and canary analysis (tuner/window.py):
     # (pod, why). The plan reports them in the Degraded condition.
     excluded_pod_metrics: tuple[tuple[str, str], ...] = ()
+    # The tuner's and the canary's inputs for this pass; None when the model is not tuned or canaried (or the
+    # caller gathered no scrape round): then no K is decided and no step judged.
+    tuning: TuningInputs | None = None
+    # Owned objects the API server refused on earlier attempts ("Kind/name: message"), and objects under our
+    # names that someone else holds (handlers/writes.py), as known when the pass began.
+    refusals: tuple[str, ...] = ()
+    not_owned: tuple[str, ...] = ()
+    # When the pass gathered, on the injected wall clock (RFC 3339, whole seconds): the pass's status stamps.
+    now: str = ""
 
     def children_of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         return [body for (child_kind, _), body in sorted(self.children.items()) if child_kind == kind]

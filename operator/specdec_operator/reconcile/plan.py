@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -40,6 +40,7 @@ from specdec_operator.reconcile.observed import EvaluationSettings, EventRecord,
 from specdec_operator.reconcile.rollout import RolloutInputs, RolloutResult, plan_rollout
 from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
+from specdec_operator.reconcile.tuning_policy import TuningOutcome, decide_tuning, decision_status
 from specdec_operator.render.drift import covers
 from specdec_operator.render.names import service_name
 from specdec_operator.render.service import TRACKS, service
@@ -67,6 +68,9 @@ class ReconcilePlan:
     conditions: ConditionFacts | None = None
     # Why nothing at all may be decided or written this pass (inputs not known yet); the loop retries soon.
     held: str | None = None
+    # The tuner's and the canary's decision this pass (reconcile/tuning_policy.py): what the handler commits
+    # to memory once status holds it. With a proposal the plan records that decision alone.
+    tuning: TuningOutcome = field(default_factory=TuningOutcome)
 
 
 def validation_message(error: ValidationError) -> str:
@@ -208,32 +212,34 @@ def evaluate(
     model: ObservedModel | ParsedModel,
     settings: EvaluationSettings,
     now: str,
-    speculation: SpeculationStatus | None = None,
     verdicts: Mapping[str, Verdict | None] | None = None,
-    refusals: Sequence[str] = (),
-    not_owned: Sequence[str] = (),
 ) -> ReconcilePlan:
     """Render from status: each pool's K is `status.pools[].effectiveK` (the tuner writes its decisions there
-    first). `refusals` are the API server's messages for owned objects it refused on earlier attempts;
-    `not_owned` names objects under our names that someone else holds (left alone, handlers/writes.py).
-    `model`: the observed model, parsed by the pass already (`parse_model`) or parsed here.
+    first). `model`: the observed model, parsed by the pass already (`parse_model`) or parsed here. Its
+    `refusals` are the API server's messages for owned objects it refused on earlier attempts; its `not_owned`
+    names objects under our names that someone else holds (left alone, handlers/writes.py). `verdicts` stand in
+    for the canary analysis when the model carries no tuning inputs (a test's model).
 
-    A chain of policies, each a function of its inputs and of what the ones before it decided."""
+    A chain of policies, each a function of its inputs and of what the ones before it decided. The tuner's K
+    decision and the canary's verdict come first: a proposed K is recorded alone, before anything renders it."""
     parsed = model if isinstance(model, ParsedModel) else parse_model(model)
     observed = parsed.observed
     gate = gate_inputs(parsed, now)
     if isinstance(gate, ReconcilePlan):
         return gate
     spec, previous = gate
-    inputs = PassInputs(observed, settings, now, spec, previous, speculation, verdicts or {}, tuple(refusals),
-                        tuple(not_owned))
+    tuning = decide_tuning(observed, spec, previous, now)
+    if tuning.proposal is not None:
+        return decision_plan(previous, tuning)
+    inputs = PassInputs(observed, settings, now, spec, previous, tuning.speculation,
+                        tuning.verdicts or verdicts or {}, observed.refusals, observed.not_owned)
     if (held := hold_without_nodes(inputs)) is not None:
-        return held
+        return replace(held, tuning=tuning)
     placed = place_pools(inputs)
     try:
         rolled = roll_out(inputs, placed)
     except RuntimeEnvError as error:
-        return _invalid(observed, previous, str(error), now)
+        return replace(_invalid(observed, previous, str(error), now), tuning=tuning)
     owned = desired_objects(inputs, placed, rolled)
     route = judge_route(inputs)
     pools = pool_statuses(inputs, placed, rolled)
@@ -242,15 +248,20 @@ def evaluate(
     if route.unreadable:
         # Unread is not absent: which canary the route still sends requests to is unknown, so no owned object is
         # written or deleted this pass; the condition says why (the loop retries at its own pace).
-        return ReconcilePlan(status=status, conditions=facts, pools=rolled.pools,
+        return ReconcilePlan(status=status, conditions=facts, pools=rolled.pools, tuning=tuning,
                              events=[EventRecord("Warning", "HTTPRouteUnreadable", route.finding.message)]
                              if route.finding is not None else [])
     return ReconcilePlan(
         apply=owned.to_apply, delete=stale_objects(inputs, placed, rolled, owned), status=status, conditions=facts,
         events=plan_events(inputs, placed, rolled, status, facts), pools=rolled.pools, route=inputs.route,
         route_weight=rolled.rollout.route_weight if inputs.route is not None else None,
-        clear_action=rolled.rollout.clear_action or bool(rolled.action_events),
+        clear_action=rolled.rollout.clear_action or bool(rolled.action_events), tuning=tuning,
     )
+
+
+def decision_plan(previous: SpeculativeModelStatus, tuning: TuningOutcome) -> ReconcilePlan:
+    """A pass that proposes a K change records it, and nothing else: the next pass renders from it."""
+    return ReconcilePlan(status=decision_status(previous, tuning), events=list(tuning.events), tuning=tuning)
 
 
 def gate_inputs(

@@ -20,6 +20,7 @@ from tests.unit.handlers.test_reconciler import (
     NAMESPACE,
     POOL,
     context,
+    decided,
     observed_of,
     proposal,
     settled,
@@ -44,7 +45,7 @@ async def test_a_decision_that_rolls_out_through_a_canary_is_not_counted_when_re
     proposed = proposal(3, 5)
     canary_mode = type(proposed)(**{**proposed.__dict__, "rolls_out_now": False,
                                     "events": (EventRecord("Normal", "KProposed", "K 3 -> 5 (decision d1)"),)})
-    await record_decision(ctx, body, dict(body), observed_of(body), canary_mode, LOG)
+    await record_decision(ctx, body, dict(body), observed_of(body), decided(body, canary_mode), LOG)
     assert tuner.state.last_change_at == 50.0  # recorded: the cooldown runs
     assert changes() == before
     assert events.drain() == [("Normal", "KProposed", "K 3 -> 5 (decision d1)")]

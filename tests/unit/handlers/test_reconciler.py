@@ -16,11 +16,12 @@ from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.model_memory import ModelTuner
 from specdec_operator.handlers.reconciler import reconcile, record_decision
 from specdec_operator.handlers.services.scrapes import ScrapeScheduler
-from specdec_operator.handlers.tuning import TuningOutcome
 from specdec_operator.handlers.writes import remember_written
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
+from specdec_operator.reconcile.plan import ReconcilePlan, decision_plan, parse_previous_status
+from specdec_operator.reconcile.tuning_policy import TuningOutcome
 from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorEnvSettings
 from specdec_operator.tuner.engine import TunerState
 from specdec_runtime import contract
@@ -103,6 +104,11 @@ def proposal(from_k: int, to_k: int) -> TuningOutcome:
                          events=(EventRecord("Normal", "KChanged", "K 3 -> 5 (decision d1)"),))
 
 
+def decided(body: kopf.Body, outcome: TuningOutcome) -> ReconcilePlan:
+    """The plan `evaluate` makes of a pass whose tuner proposed `outcome`: the decision recorded alone."""
+    return decision_plan(parse_previous_status(body["status"]), outcome)
+
+
 def observed_of(body: kopf.Body) -> ObservedModel:
     return ObservedModel(namespace=NAMESPACE, name=NAME, uid=body["metadata"]["uid"],
                          generation=body["metadata"]["generation"], spec=body["spec"], status=body["status"])
@@ -126,7 +132,7 @@ async def test_a_decision_is_in_status_before_any_deployment_and_then_rendered_o
     assert deployment_k(api) == "3"
     tuner = ctx.model(NAMESPACE, NAME).tuner = ModelTuner(TunerState())
     outcome = proposal(3, 5)
-    await record_decision(ctx, body, dict(body), observed_of(body), outcome, LOG)
+    await record_decision(ctx, body, dict(body), observed_of(body), decided(body, outcome), LOG)
     assert [c.verb for c in api.calls] == ["patch-status"]  # the decision alone, nothing rendered yet
     stored = api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]
     assert stored["pools"][0]["effectiveK"] == 5 and stored["speculation"]["lastDecision"]["id"] == "d1"
@@ -159,7 +165,7 @@ async def test_a_refused_decision_write_changes_nothing_and_is_not_committed(
     changes_before = REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0
     api.refuse[("patch-status", "SpeculativeModel")] = lambda _: refusal
     with pytest.raises(KubeApiError):
-        await record_decision(ctx, body, dict(body), observed_of(body), proposal(3, 5), LOG)
+        await record_decision(ctx, body, dict(body), observed_of(body), decided(body, proposal(3, 5)), LOG)
     assert tuner.state.last_change_at is None
     assert (REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0) == changes_before
     assert events.drain() == []
@@ -188,7 +194,7 @@ async def test_a_stored_decision_whose_answer_was_lost_is_committed_once(
         raise lost_answer
 
     api.patch_status = stored_then_lost  # type: ignore[method-assign]
-    await record_decision(ctx, body, dict(body), observed_of(body), proposal(3, 5), LOG)
+    await record_decision(ctx, body, dict(body), observed_of(body), decided(body, proposal(3, 5)), LOG)
     api.patch_status = store  # type: ignore[method-assign]
     assert tuner.state.last_change_at == 50.0  # the cooldown runs from the recorded decision
     assert (REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0) == changes_before + 1
@@ -209,7 +215,7 @@ async def test_a_concurrent_status_write_is_reread_never_overwritten(
     other["metadata"]["resourceVersion"] = "999999"
     ctx.model(NAMESPACE, NAME).written = None
     with pytest.raises(KubeApiError) as raised:
-        await record_decision(ctx, body, dict(body), observed_of(body), proposal(3, 5), LOG)
+        await record_decision(ctx, body, dict(body), observed_of(body), decided(body, proposal(3, 5)), LOG)
     assert raised.value.status == 409
     assert api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["pools"][0]["effectiveK"] == 6
     assert ctx.model(NAMESPACE, NAME).written["metadata"]["resourceVersion"] == "999999"  # re-read at once

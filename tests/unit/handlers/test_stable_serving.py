@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from specdec_operator.api.status import CanaryStatus
-from specdec_operator.handlers.tuning import _stable_serving
 from specdec_operator.reconcile.observed import ObservedModel
+from specdec_operator.reconcile.tuning_policy import stable_serving
 
 CANARY = CanaryStatus(pool="m-gfx942", stable_revision="a", canary_revision="b", phase="Progressing", weight=10,
                       step_started_at="2026-12-01T12:00:00Z")
@@ -21,10 +21,10 @@ def observed(stable_replicas: int | None) -> ObservedModel:
 
 
 def test_a_stable_deployment_scaled_to_zero_for_an_in_place_canary_is_no_baseline() -> None:
-    assert _stable_serving(observed(0), CANARY) is False
+    assert stable_serving(observed(0), CANARY) is False
 
 
 def test_a_stable_deployment_with_replicas_or_unknown_is_a_baseline() -> None:
-    assert _stable_serving(observed(1), CANARY) is True
-    assert _stable_serving(observed(None), CANARY) is True  # not seen yet: never judge without a baseline early
-    assert _stable_serving(observed(0), None) is True
+    assert stable_serving(observed(1), CANARY) is True
+    assert stable_serving(observed(None), CANARY) is True  # not seen yet: never judge without a baseline early
+    assert stable_serving(observed(0), None) is True
