@@ -172,3 +172,32 @@ def reaches_canary(route: dict[str, Any] | None, namespace: str, stable_service:
         if observed and int(observed[0]) < int(generation):
             return True
     return False
+
+
+def expected_canary_share(
+    route: dict[str, Any] | None, namespace: str, stable_service: str, canary_service: str
+) -> float | None:
+    """The canary's share of both sides' requests the route's weights promise, for the sample-ratio check; None
+    when no share is promised: no route, weights that disagree between rules or give one side everything, or a
+    Gateway that has not yet reported on the route's current generation (it may still split by the weights
+    before).
+
+    A Gateway assigns each request to a backend by weight, whatever the client waits for, so under a route the
+    requests each side finishes follow the weights even when a slower side finishes each one later. Without a
+    route, a Service's connections stay on the pod they opened to, so each side's share moves with its speed:
+    nothing is promised there."""
+    if route is None:
+        return None
+    try:
+        percent = canary_percent(route_weights(route, namespace, stable_service, canary_service))
+    except RouteError:
+        return None
+    if percent is None or not 0 < percent < PERCENT:
+        return None
+    generation = (route.get("metadata") or {}).get("generation")
+    for parent in (route.get("status") or {}).get("parents") or []:
+        observed = [c.get("observedGeneration") for c in parent.get("conditions") or []
+                    if c.get("type") == "Accepted" and c.get("observedGeneration") is not None]
+        if generation is not None and observed and int(observed[0]) < int(generation):
+            return None
+    return percent / PERCENT

@@ -17,11 +17,12 @@ from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.api.status import CanaryStatus, SpeculationStatus, SpeculativeModelStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES, canary_summary
+from specdec_operator.canary.traffic import expected_canary_share
 from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, TuningInputs
 from specdec_operator.reconcile.status_build import printer_columns
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, speculation_status
-from specdec_operator.render.names import deployment_name
+from specdec_operator.render.names import deployment_name, service_name
 from specdec_operator.tuner.engine import TunerReport
 
 
@@ -58,12 +59,22 @@ def canary_step_verdicts(
 ) -> dict[str, Verdict | None]:
     """The verdict on the canary step in flight, from the windows this pass's scrape round fed."""
     in_flight = previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None
+    routed = spec.rollout.canary is not None and spec.rollout.canary.traffic.http_route_ref is not None
     return step_verdicts(VerdictInputs(
         inputs.windows, previous.canary, spec.rollout.canary.analysis if spec.rollout.canary else None,
         spec.model.tensor_parallel_size, spec.speculation.initial_k,
         last_decision=previous.speculation.last_decision, stable_serving=stable_serving(observed, in_flight),
-        route_rejection=inputs.route_rejection,
+        expected_share=_expected_share(observed) if routed else None, route_rejection=inputs.route_rejection,
     ))
+
+
+def _expected_share(observed: ObservedModel) -> float | None:
+    """The canary's share of requests the route as read this pass promises (canary/traffic.py); None when the
+    route was not read this pass."""
+    if not observed.route_read or observed.route is None:
+        return None
+    return expected_canary_share(dict(observed.route), observed.namespace, service_name(observed.name, "stable"),
+                                 service_name(observed.name, "canary"))
 
 
 def _due_at(inputs: TuningInputs, interval_s: float) -> float:

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec_operator.canary.traffic import RouteError, RuleWeights, canary_percent, route_weights, weighted_route
+from specdec_operator.canary.traffic import (
+    RouteError,
+    RuleWeights,
+    canary_percent,
+    expected_canary_share,
+    route_weights,
+    weighted_route,
+)
 
 NS = "serving"
 STABLE, CANARY = "llama-stable", "llama-canary"
@@ -250,3 +257,30 @@ def test_a_condition_about_an_older_generation_is_ignored() -> None:
 
     stale = _route_with_parents(_condition("ResolvedRefs", "False", "BackendNotFound", observed=2), generation=3)
     assert route_rejection(stale) is None
+
+
+def _reported(route: dict[str, Any], generation: int, observed: int) -> dict[str, Any]:
+    """The route at `generation`, with a Gateway that has reported on generation `observed`."""
+    route = copy.deepcopy(route)
+    route["metadata"]["generation"] = generation
+    route["status"] = {"parents": [{"parentRef": {"name": "inference-gateway"}, "conditions": [
+        {"type": "Accepted", "status": "True", "observedGeneration": observed}]}]}
+    return route
+
+
+def test_the_share_a_route_promises_is_its_canary_weight_in_force() -> None:
+    route = http_route([ref(STABLE, 75), ref(CANARY, 25)], [ref(STABLE, 75), ref(CANARY, 25)])
+    assert expected_canary_share(route, NS, STABLE, CANARY) == 0.25
+    assert expected_canary_share(_reported(route, 3, 3), NS, STABLE, CANARY) == 0.25
+
+
+@pytest.mark.parametrize("route", [
+    None,  # no route: a Service's connections stay on their pod, so shares move with each side's speed
+    http_route([ref(STABLE, 100), ref(CANARY, 0)]),  # the canary gets nothing: no share to check
+    http_route([ref(STABLE, 0), ref(CANARY, 100)]),  # the last step: no stable side to share with
+    http_route([ref(STABLE, 90), ref(CANARY, 10)], [ref(STABLE, 50), ref(CANARY, 50)]),  # rules disagree
+    http_route([ref("someone-else", 100)]),  # not our route
+    _reported(http_route([ref(STABLE, 50), ref(CANARY, 50)]), 4, 3),  # the Gateway still splits by older weights
+])
+def test_no_share_is_promised_where_the_weights_do_not_say_one(route: dict[str, Any] | None) -> None:
+    assert expected_canary_share(route, NS, STABLE, CANARY) is None

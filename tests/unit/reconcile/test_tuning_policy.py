@@ -7,17 +7,23 @@ import dataclasses
 import math
 from pathlib import Path
 
+from specdec_operator.api.spec import SpeculativeModelSpec
+from specdec_operator.api.status import SpeculativeModelStatus
 from specdec_operator.bench.closedloop import settings_for
 from specdec_operator.canary.evidence import CanaryWindows
 from specdec_operator.reconcile.observed import ObservedModel, TuningInputs
 from specdec_operator.reconcile.plan import evaluate, read_status
 from specdec_operator.reconcile.tuning_inputs import pool_contexts
+from specdec_operator.reconcile.tuning_policy import canary_step_verdicts
+from specdec_operator.render.names import service_name
 from specdec_operator.tuner.engine import TunerState
 from specdec_operator.tuner.samples import ScrapeResult, parse_metrics
 from specdec_runtime.simulator.profile import load_profile
 from specdec_runtime.simulator.virtual import VirtualReplica
 from tests.unit.api.specfactories import drafter_wire, spec_wire
-from tests.unit.reconcile.reconcilefactories import SETTINGS, live_children, observed, status_wire
+from tests.unit.canary.canaryfactories import canary_status
+from tests.unit.canary.test_evidence import simulated_windows
+from tests.unit.reconcile.reconcilefactories import NAME, NAMESPACE, SETTINGS, live_children, observed, status_wire
 from tests.unit.tuner.factories import target
 
 PROFILES = Path(__file__).resolve().parents[3] / "runtime" / "specdec_runtime" / "profiles"
@@ -88,3 +94,30 @@ def test_without_autotune_nothing_is_evaluated_and_the_loop_is_not_woken_for_it(
     plan = evaluate(with_tuning(model, TunerState(), 125.0, 120.0), SETTINGS, T1)
     assert plan.tuning.proposal is None and plan.tuning.report is None
     assert plan.tuning.next_evaluation_at == math.inf
+
+
+def routed_step(canary_weight: int) -> tuple[ObservedModel, SpeculativeModelSpec, SpeculativeModelStatus]:
+    """A canary step in flight behind our HTTPRoute, whose weights give the canary `canary_weight` percent."""
+    wire = spec_wire(rollout={"strategy": "Canary", "canary": {
+        "traffic": {"httpRouteRef": {"name": "llm"}},
+        "analysis": {"minRequests": 20, "minDrafts": 200}}})
+    route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+             "metadata": {"name": "llm", "namespace": NAMESPACE},
+             "spec": {"rules": [{"backendRefs": [
+                 {"name": service_name(NAME, "stable"), "port": 8000, "weight": 100 - canary_weight},
+                 {"name": service_name(NAME, "canary"), "port": 8000, "weight": canary_weight}]}]}}
+    model = dataclasses.replace(observed(wire), route=route, route_read=True)
+    previous = SpeculativeModelStatus(canary=canary_status(
+        stable_revision="stable", canary_revision="canary", weight=canary_weight))
+    return model, SpeculativeModelSpec.model_validate(wire), previous
+
+
+def test_a_routed_step_whose_sides_served_other_shares_than_the_weights_holds_on_a_sample_ratio_mismatch() -> None:
+    # Two identical pods that each served half the requests: right for a 50% weight, not for 20%.
+    windows = simulated_windows("quick", "quick", seconds=120.0)
+    for weight, expected in ((50, ("Pass", "ThresholdsMet")), (20, ("Inconclusive", "TrafficMismatch"))):
+        model, spec, previous = routed_step(weight)
+        inputs = TuningInputs(state=TunerState(), windows=windows, now=0.0, next_evaluation_at=math.inf)
+        verdict = canary_step_verdicts(model, inputs, spec, previous)["canary"]
+        assert verdict is not None and (verdict.outcome, verdict.reason) == expected, verdict.message
+    assert "sample-ratio mismatch: the canary served 50.0% of the requests, its weight says 20.0%" in verdict.message
