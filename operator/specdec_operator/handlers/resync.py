@@ -6,7 +6,8 @@ again: its indices then say "no stable Deployment" of a model whose stable Deplo
 took that for absence rendered one (at the canary's revision, mid-canary). What has not been listed is
 unknown, not absent, so after a pause each model's loop compares the indices with a LIST of the model's
 objects, and trusts them only once they hold every listed object at its listed resourceVersion or newer.
-Until then its passes hold (reconcile/plan.py) and retry soon.
+Until then its passes hold (reconcile/plan.py) and retry soon, backing off while they stay held
+(handlers/schedule.py): after a failover every model is held at once.
 
 The comparison is with the last LIST first: an index that caught up with it is live, even if the objects
 changed since (a rolling Deployment changes every few seconds, and a fresh LIST may be a watch event ahead).

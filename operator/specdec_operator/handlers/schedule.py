@@ -6,7 +6,11 @@ from dataclasses import dataclass, field
 
 from specdec_operator.kube.retry import Backoff
 
+# A held pass (its inputs not known yet) retries after a second, doubling while it stays held, up to the cap or
+# the reconcile interval, whichever is shorter: each may LIST the model's objects (handlers/resync.py), and
+# after a failover every model of the fleet is held at once. A watch event still runs the next pass at once.
 HELD_RETRY_S = 1.0
+HELD_RETRY_CAP_S = 15.0
 
 
 @dataclass
@@ -23,6 +27,7 @@ class LoopSchedule:
     error_backoff: Backoff = field(default_factory=lambda: Backoff(base_s=1.0, cap_s=60.0))
     next_full: float = 0.0
     failures: int = 0
+    holds: int = 0  # held passes in a row
     _spent: set[float] = field(default_factory=set)  # due times a full reconcile has already served
 
     def _due(self, *times: float | None) -> list[float]:
@@ -40,8 +45,14 @@ class LoopSchedule:
     def succeeded(self, now: float, invalid_spec: bool, held: bool = False) -> None:
         self.failures = 0
         # An invalid spec cannot heal by retrying: wait for the next change instead of the interval. A held
-        # pass (its inputs not known yet, e.g. a watch cache catching up) tries again soon.
-        self.next_full = now + (3600.0 if invalid_spec else HELD_RETRY_S if held else self.reconcile_interval_s)
+        # pass (its inputs not known yet, e.g. a watch cache catching up) tries again soon, backing off.
+        if held:
+            delay = min(HELD_RETRY_S * 2.0 ** min(self.holds, 16), HELD_RETRY_CAP_S, self.reconcile_interval_s)
+            self.holds += 1
+        else:
+            delay = 3600.0 if invalid_spec else self.reconcile_interval_s
+            self.holds = 0
+        self.next_full = now + delay
 
     def failed(self, now: float, retry_after_s: float | None = None) -> float:
         delay = self.error_backoff.delay(self.failures, retry_after_s)

@@ -67,3 +67,19 @@ def test_a_held_pass_tries_again_soon_without_counting_as_a_failure() -> None:
     assert schedule.failures == 0
     assert not schedule.full_due(now=0.5, nudged=False, evaluation_at=None, retry_at=None)
     assert schedule.full_due(now=1.0, nudged=False, evaluation_at=None, retry_at=None)
+
+
+def test_passes_that_stay_held_back_off_so_a_failover_does_not_become_a_list_storm() -> None:
+    # Each held pass may LIST the model's objects (handlers/resync.py): a fleet of models held after a failover
+    # must not LIST every second for as long as a watch takes to catch up.
+    schedule = LoopSchedule(reconcile_interval_s=30.0)
+    now, waits = 0.0, []
+    for _ in range(8):
+        schedule.succeeded(now, invalid_spec=False, held=True)
+        waits.append(schedule.next_full - now)
+        now = schedule.next_full
+    assert waits == [1.0, 2.0, 4.0, 8.0, 15.0, 15.0, 15.0, 15.0]  # doubling, capped below the reconcile interval
+    assert schedule.full_due(now=now + 0.1, nudged=True, evaluation_at=None, retry_at=None)  # a watch event: at once
+    schedule.succeeded(now, invalid_spec=False)  # the inputs came: the next hold starts at a second again
+    schedule.succeeded(now, invalid_spec=False, held=True)
+    assert schedule.next_full - now == 1.0
