@@ -258,33 +258,43 @@ def k_change_under_test(canary: CanaryStatus, decision: TuningDecision | None, s
     return KChange(predicted_gain=decision.predicted_gain)
 
 
-def canary_verdicts(
-    windows: CanaryWindows,
-    canary: CanaryStatus | None,
-    thresholds: CanaryAnalysis | None,
-    gpus: int,
-    initial_k: int,
-    *,
-    last_decision: TuningDecision | None = None,
-    stable_serving: bool = True,
-    expected_share: float | None = None,
-) -> dict[str, Verdict | None]:
+@dataclass(frozen=True)
+class VerdictInputs:
+    """What a step's verdict is computed from."""
+
+    windows: CanaryWindows
+    canary: CanaryStatus | None  # the canary as status records it before this pass
+    thresholds: CanaryAnalysis | None  # spec.rollout.canary.analysis
+    gpus: int  # per pod (tensor parallel size): throughput figures are per GPU
+    initial_k: int  # the K a revision's counters came from when the windows never saw one
+    last_decision: TuningDecision | None = None  # the tuner decision the canary may be testing
+    # False: the stable Deployment has no replica in this step, so there is no baseline to compare with.
+    stable_serving: bool = True
+    # The canary's share of requests the route's weights promise (None: unknown, no sample-ratio check).
+    expected_share: float | None = None
+    # (reason, message) of a Gateway that refuses the route as last read: a Pass becomes Inconclusive.
+    route_rejection: tuple[str, str] | None = None
+
+
+def canary_verdicts(inputs: VerdictInputs) -> dict[str, Verdict | None]:
     """The verdict on the canary revision of the step in flight; empty before traffic reaches it.
 
-    `stable_serving` False: the stable Deployment has no replica in this step (a one-replica pool canaried
-    in place), so there is no baseline to compare against (see `analyse`). `expected_share`: the canary's
-    share of both sides' requests the route's weights promise, for the sample-ratio check (None: unknown).
+    `inputs.stable_serving` False: the stable Deployment has no replica in this step (a one-replica pool
+    canaried in place), so there is no baseline to compare against (see `analyse`). `inputs.expected_share`:
+    the canary's share of both sides' requests the route's weights promise, for the sample-ratio check (None:
+    unknown).
     """
+    windows, canary, thresholds, gpus = inputs.windows, inputs.canary, inputs.thresholds, inputs.gpus
     if canary is None or canary.phase not in IN_FLIGHT_PHASES or canary.weight == 0 or thresholds is None:
         return {}
-    fallback_k = canary.canary_k if canary.canary_k is not None else initial_k
+    fallback_k = canary.canary_k if canary.canary_k is not None else inputs.initial_k
     stable = windows.stats(canary.stable_revision, windows.ks.get(canary.stable_revision, fallback_k), gpus)
     verdict = analyse(
         windows.stats(canary.canary_revision, windows.ks.get(canary.canary_revision, fallback_k), gpus),
-        stable if stable_serving else None,
+        stable if inputs.stable_serving else None,
         thresholds,
-        k_change_under_test(canary, last_decision, windows.ks.get(canary.stable_revision)),
-        expected_share=expected_share,
+        k_change_under_test(canary, inputs.last_decision, windows.ks.get(canary.stable_revision)),
+        expected_share=inputs.expected_share,
     )
     since = windows.evidence_since if windows.step == (canary.canary_revision, canary.step_started_at, canary.step) \
         else None

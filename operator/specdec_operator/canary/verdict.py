@@ -8,41 +8,19 @@ chains them in the one order both callers use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from specdec_operator.api.spec import CanaryAnalysis
-from specdec_operator.api.status import CanaryStatus, TuningDecision
+from specdec_operator.api.status import CanaryStatus
 from specdec_operator.canary.analysis import Verdict
-from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts
+from specdec_operator.canary.evidence import CanaryWindows, VerdictInputs, canary_verdicts
 from specdec_operator.canary.progress import judge_step
 
-
-@dataclass(frozen=True)
-class VerdictInputs:
-    """What a step's verdict is computed from."""
-
-    windows: CanaryWindows
-    canary: CanaryStatus | None  # the canary as status records it before this pass
-    thresholds: CanaryAnalysis | None  # spec.rollout.canary.analysis
-    gpus: int  # per pod (tensor parallel size): throughput figures are per GPU
-    initial_k: int  # the K a revision's counters came from when the windows never saw one
-    last_decision: TuningDecision | None = None  # the tuner decision the canary may be testing
-    # False: the stable Deployment has no replica in this step, so there is no baseline to compare with.
-    stable_serving: bool = True
-    # The canary's share of requests the route's weights promise (None: unknown, no sample-ratio check).
-    expected_share: float | None = None
-    # (reason, message) of a Gateway that refuses the route as last read: a Pass becomes Inconclusive.
-    route_rejection: tuple[str, str] | None = None
+__all__ = ["VerdictInputs", "judged", "route_hold", "step_verdicts"]
 
 
 def step_verdicts(inputs: VerdictInputs) -> dict[str, Verdict | None]:
     """The verdict on the canary revision of the step in flight, judged and held: empty before traffic reaches
     it, or without a canary in flight."""
-    verdicts = canary_verdicts(
-        inputs.windows, inputs.canary, inputs.thresholds, inputs.gpus, inputs.initial_k,
-        last_decision=inputs.last_decision, stable_serving=inputs.stable_serving,
-        expected_share=inputs.expected_share,
-    )
+    verdicts = canary_verdicts(inputs)
     judged_ = judged(verdicts, inputs.windows, inputs.canary, inputs.thresholds, inputs.gpus, inputs.initial_k)
     return route_hold(judged_, inputs.route_rejection)
 

@@ -9,7 +9,7 @@ import pytest
 
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.canary.analysis import Verdict, analyse
-from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts, pod_restarts
+from specdec_operator.canary.evidence import CanaryWindows, VerdictInputs, canary_verdicts, pod_restarts
 from specdec_operator.canary.progress import StepObservation, advance
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget, parse_metrics
 from specdec_operator.tuner.window import CounterWindows
@@ -107,7 +107,7 @@ def test_a_window_opened_after_the_step_started_is_a_takeover() -> None:
     taken_over = CanaryWindows()
     taken_over.follow(status, T0.timestamp() + 40)  # a new process meets a step that is already running
     assert taken_over.evidence_since == stamp(40)
-    verdicts = canary_verdicts(taken_over, status, CanaryAnalysis(), gpus=1, initial_k=3)
+    verdicts = canary_verdicts(VerdictInputs(taken_over, status, CanaryAnalysis(), gpus=1, initial_k=3))
     assert verdicts["rev-new"] is not None and verdicts["rev-new"].evidence_since == stamp(40)
     # The next step is seen start by this process: no takeover any more.
     taken_over.follow(canary_status(step=1, weight=50, step_started_at=stamp(100)), T0.timestamp() + 101)

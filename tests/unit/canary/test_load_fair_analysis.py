@@ -12,7 +12,7 @@ import pytest
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Buckets, Verdict
-from specdec_operator.canary.evidence import CanaryWindows, canary_verdicts
+from specdec_operator.canary.evidence import CanaryWindows, VerdictInputs, canary_verdicts
 from specdec_operator.tuner.samples import RequestCounters
 from specdec_operator.tuner.window import WindowDelta
 from tests.unit.canary.canaryfactories import buckets, canary_status
@@ -73,7 +73,7 @@ def verdict_of(
     windows.deltas = {status.canary_revision: canary, status.stable_revision: stable}
     windows.ks = {status.canary_revision: canary_k, status.stable_revision: stable_k}
     extra = {"last_decision": decision} if decision is not None else {}
-    verdicts = canary_verdicts(windows, status, CanaryAnalysis(), 1, 4, **extra)
+    verdicts = canary_verdicts(VerdictInputs(windows, status, CanaryAnalysis(), 1, 4, **extra))
     verdict = verdicts[status.canary_revision]
     assert verdict is not None
     return verdict
@@ -142,7 +142,8 @@ def test_a_one_replica_pool_canaried_in_place_reaches_a_verdict() -> None:
     windows.follow(status, 0.0)
     windows.deltas = {status.canary_revision: delta(pods=1, batch=8.0)}
     windows.ks = {status.canary_revision: 4}
-    verdict = canary_verdicts(windows, status, CanaryAnalysis(), 1, 4, stable_serving=False)[status.canary_revision]
+    no_stable = VerdictInputs(windows, status, CanaryAnalysis(), 1, 4, stable_serving=False)
+    verdict = canary_verdicts(no_stable)[status.canary_revision]
     assert verdict is not None
     assert (verdict.outcome, verdict.reason) == ("Pass", "NoBaselineHealthy"), verdict.message
     assert "no stable replica serves in this step" in verdict.message
@@ -150,7 +151,7 @@ def test_a_one_replica_pool_canaried_in_place_reaches_a_verdict() -> None:
     erroring = delta(pods=1, batch=8.0)
     erroring = WindowDelta(**{**erroring.__dict__, "requests": RequestCounters(finished=190.0, errored=10.0)})
     windows.deltas = {status.canary_revision: erroring}
-    failed = canary_verdicts(windows, status, CanaryAnalysis(), 1, 4, stable_serving=False)[status.canary_revision]
+    failed = canary_verdicts(no_stable)[status.canary_revision]
     assert failed is not None and (failed.outcome, failed.reason) == ("Fail", "ErrorRateExceeded")
 
 
