@@ -172,8 +172,8 @@ async def write(
         return changed
     # Traffic moves before Deployments: a canary loses its weight before it is deleted.
     await sync_route(ctx, body, observed, plan, logger)
-    if await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys()) \
-            and plan.status is not None:
+    applied = await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys())
+    if applied and plan.status is not None:
         refused, conflicts = refusals_of(ctx, key).summary(), refusals_of(ctx, key).conflicts()
         if (refused or conflicts) and plan.conditions is not None:
             # A refusal appeared or changed: the condition carries the server's words within this pass.
