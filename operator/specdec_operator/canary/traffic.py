@@ -178,9 +178,9 @@ def expected_canary_share(
     route: dict[str, Any] | None, namespace: str, stable_service: str, canary_service: str
 ) -> float | None:
     """The canary's share of both sides' requests the route's weights promise, for the sample-ratio check; None
-    when no share is promised: no route, weights that disagree between rules or give one side everything, or a
-    Gateway that has not yet reported on the route's current generation (it may still split by the weights
-    before).
+    when no share is promised: no route, weights that disagree between rules or give one side everything, or no
+    Gateway that has accepted the route's current generation (weights no Gateway programs split nothing, and a
+    Gateway that lags the generation may still split by the weights before).
 
     A Gateway assigns each request to a backend by weight, whatever the client waits for, so under a route the
     requests each side finishes follow the weights even when a slower side finishes each one later. Without a
@@ -194,10 +194,22 @@ def expected_canary_share(
         return None
     if percent is None or not 0 < percent < PERCENT:
         return None
-    generation = (route.get("metadata") or {}).get("generation")
-    for parent in (route.get("status") or {}).get("parents") or []:
-        observed = [c.get("observedGeneration") for c in parent.get("conditions") or []
-                    if c.get("type") == "Accepted" and c.get("observedGeneration") is not None]
-        if generation is not None and observed and int(observed[0]) < int(generation):
-            return None
+    if not _accepted_at_current_generation(route):
+        return None
     return percent / PERCENT
+
+
+def _accepted_at_current_generation(route: dict[str, Any]) -> bool:
+    """Whether a Gateway reports the route Accepted at its current generation: every parent that reports must be
+    current (one that lags may split by older weights) and at least one must have accepted it."""
+    generation = (route.get("metadata") or {}).get("generation")
+    accepted = False
+    for parent in (route.get("status") or {}).get("parents") or []:
+        for condition in parent.get("conditions") or []:
+            if condition.get("type") != "Accepted":
+                continue
+            observed = condition.get("observedGeneration")
+            if generation is not None and observed is not None and int(observed) < int(generation):
+                return False
+            accepted = accepted or condition.get("status") == "True"
+    return accepted

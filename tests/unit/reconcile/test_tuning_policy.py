@@ -105,7 +105,10 @@ def routed_step(canary_weight: int) -> tuple[ObservedModel, SpeculativeModelSpec
              "metadata": {"name": "llm", "namespace": NAMESPACE},
              "spec": {"rules": [{"backendRefs": [
                  {"name": service_name(NAME, "stable"), "port": 8000, "weight": 100 - canary_weight},
-                 {"name": service_name(NAME, "canary"), "port": 8000, "weight": canary_weight}]}]}}
+                 {"name": service_name(NAME, "canary"), "port": 8000, "weight": canary_weight}]}]},
+             # A Gateway has accepted the route as it is, so its weights are the split in force.
+             "status": {"parents": [{"parentRef": {"name": "inference-gateway"}, "conditions": [
+                 {"type": "Accepted", "status": "True"}]}]}}
     model = dataclasses.replace(observed(wire), route=route, route_read=True)
     previous = SpeculativeModelStatus(canary=canary_status(
         stable_revision="stable", canary_revision="canary", weight=canary_weight))
