@@ -96,6 +96,11 @@ class OperatorEnvSettings(BaseSettings):
         default=30.0, gt=0, description="Level-triggered resync period per SpeculativeModel."
     )
     scrape_interval_seconds: float = Field(default=15.0, gt=0, description="Runtime pod /metrics scrape period.")
+    fleet_audit_interval_seconds: float = Field(
+        default=600.0, gt=0,
+        description="How often node and GPU pod watch caches are checked against a LIST for objects deleted during "
+                    "a watch gap (handlers/services/fleet_audit.py); also after every pause for a peer.",
+    )
     status_stats_period_seconds: float = Field(
         default=300.0, ge=0,
         description="Live statistics (acceptance, mean accepted length; tokens/s only rides along) reach status "

@@ -167,6 +167,8 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ .Values.reconcileIntervalSeconds | quote }}
 - name: SPECDEC_NODE_MISSING_GRACE_SECONDS
   value: {{ .Values.nodeMissingGraceSeconds | quote }}
+- name: SPECDEC_FLEET_AUDIT_INTERVAL_SECONDS
+  value: {{ .Values.fleetAuditIntervalSeconds | quote }}
 - name: SPECDEC_SCRAPE_INTERVAL_SECONDS
   value: {{ .Values.scrape.intervalSeconds | quote }}
 - name: SPECDEC_SCRAPE_TIMEOUT_SECONDS

@@ -61,6 +61,7 @@ class NodeGpus:
     cordoned: bool = False
     unknown_device_ids: tuple[str, ...] = field(default=())
     labels: Mapping[str, str] = field(default_factory=dict, compare=False)
+    uid: str = field(default="", compare=False)  # the Node object's: a LIST proves a node gone by it
 
     @property
     def gfx_targets(self) -> frozenset[str]:
@@ -206,6 +207,7 @@ class PodGpus:
     pool: str | None = None
     unschedulable: str | None = None
     pending_since: str | None = None
+    uid: str = field(default="", compare=False)  # the Pod object's: a LIST proves a pod gone by it
 
 
 def _gpu_quantity(resources: Mapping[str, Any]) -> int:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from specdec_operator.handlers.model_memory import ModelKey, ModelMemory
 from specdec_operator.handlers.services.cache import FleetSnapshot, WatchCache
+from specdec_operator.handlers.services.fleet_audit import FleetAudit
 from specdec_operator.handlers.services.memory_release import MemoryRelease
 from specdec_operator.handlers.services.scrapes import ScrapeScheduler
 from specdec_operator.handlers.services.supervisor import Supervisor
@@ -38,6 +39,7 @@ class OperatorContext:
     cache: WatchCache = field(default_factory=WatchCache)  # owned objects and runtime pods, from watches
     memory: MemoryRelease = field(default_factory=MemoryRelease)  # gives pages back after models go
     fleet: FleetSnapshot = field(default_factory=FleetSnapshot)  # nodes and pod GPU claims, shared briefly
+    fleet_audit: FleetAudit = field(init=False)  # checks the node and pod indices for ghosts of watch gaps
     supervisor: Supervisor = field(default_factory=Supervisor)  # runs the operator-wide background loops
     # Runtime pods failing now (uid -> cause), so a pod that starts or stops failing wakes its model at once.
     failing_pods: dict[str, str] = field(default_factory=dict)
@@ -51,6 +53,15 @@ class OperatorContext:
     # what is compared with stamps in status (timestamps.py), in seconds since the epoch.
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        self.fleet_audit = FleetAudit(self.settings.fleet_audit_interval_seconds)
+
+    def paused(self) -> None:
+        """Kopf paused this replica for a peer and closed its watches: once it resumes, every index may hold
+        objects deleted meanwhile (handlers/services/cache.py, handlers/services/fleet_audit.py)."""
+        self.cache.paused()
+        self.fleet_audit.paused()
 
     def stamp_now(self) -> str:
         """The wall clock's now as a status stamp (RFC 3339, UTC)."""

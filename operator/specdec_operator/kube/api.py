@@ -34,12 +34,13 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Service": ("api/v1", "services"),
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),
     "Pod": ("api/v1", "pods"),
+    "Node": ("api/v1", "nodes"),
     "HTTPRoute": ("apis/gateway.networking.k8s.io/v1", "httproutes"),
     "SpeculativeModel": ("apis/specdec.io/v1alpha1", "speculativemodels"),
     "KopfPeering": ("apis/kopf.dev/v1", "kopfpeerings"),
     "ClusterKopfPeering": ("apis/kopf.dev/v1", "clusterkopfpeerings"),
 }
-CLUSTER_SCOPED = frozenset({"ClusterKopfPeering"})
+CLUSTER_SCOPED = frozenset({"ClusterKopfPeering", "Node"})
 
 
 class KubeApiError(Exception):

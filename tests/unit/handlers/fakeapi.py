@@ -98,6 +98,7 @@ class FakeKubeApi(KubeApi):
         self, kind: str, namespace: str, label_selector: str
     ) -> tuple[list[dict[str, Any]], str]:
         self.calls.append(Call("list", kind, label_selector))
+        self._check("list", kind, None)
         return await self.list(kind, namespace, label_selector), str(self.version)
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -133,15 +133,25 @@ class FleetSnapshot:
         self._taken_at: float | None = None
         self._nodes: list[NodeGpus] = []
         self._claims = FleetClaims()
+        # uids of indexed nodes and pods a LIST proved deleted (handlers/services/fleet_audit.py): kopf keeps them.
+        self._buried: frozenset[str] = frozenset()
 
     def read(self, node_index: Mapping[Any, Iterable[NodeGpus]], pod_index: Mapping[Any, Iterable[PodGpus]],
              now: float) -> tuple[list[NodeGpus], FleetClaims]:
         """(nodes, pod claims) as of at most `max_age_s` ago (monotonic `now`)."""
         if self._taken_at is None or now - self._taken_at >= self.max_age_s or now < self._taken_at:
-            self._nodes = [facts for store in node_index.values() for facts in store]
-            self._claims = FleetClaims.of(claim for store in pod_index.values() for claim in store)
+            buried = self._buried
+            self._nodes = [facts for store in node_index.values() for facts in store if facts.uid not in buried]
+            self._claims = FleetClaims.of(claim for store in pod_index.values() for claim in store
+                                          if claim.uid not in buried)
             self._taken_at = now
         return self._nodes, self._claims
+
+    def bury(self, uids: Iterable[str]) -> None:
+        """Leave these indexed nodes and pods out from now on (the last audit's ghosts: each audit replaces them)."""
+        buried = frozenset(uids)
+        if buried != self._buried:
+            self._buried, self._taken_at = buried, None
 
     def clear(self) -> None:
         """Drop the snapshot (the last model went): nothing reads it, and it would pin the fleet's claims."""
