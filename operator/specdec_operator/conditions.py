@@ -30,7 +30,8 @@ POD_FAILURE_REASONS = (
     "OOMKilled", "CrashLoopBackOff", "StartupProbeFailed", "Unschedulable",
 )
 # A Gateway that refuses the model's HTTPRoute (reconcile/route_status.py): no request reaches the model through it.
-ROUTE_REASONS = ("HTTPRouteUnreadable", "HTTPRouteNotAccepted", "HTTPRouteRefsNotResolved", "HTTPRouteNotFound")
+ROUTE_REASONS = ("HTTPRouteNotPermitted", "HTTPRouteUnreadable", "HTTPRouteNotAccepted", "HTTPRouteRefsNotResolved",
+                 "HTTPRouteNotFound")
 # Degraded reasons, first wins. A broken spec or status hides everything else; a failing pod outranks the
 # nodes it waits for; capacity taken by other workloads comes last, as it heals without us.
 DEGRADED_PRIORITY = (

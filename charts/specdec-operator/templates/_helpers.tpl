@@ -104,6 +104,10 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
   verbs: ["get", "patch"]
+# A route in another namespace is used only when a ReferenceGrant there lets the model's namespace refer to it.
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["referencegrants"]
+  verbs: ["list"]
 {{- if and $root.Values.peering.enabled (not .clusterwide) }}
 {{ include "specdec-operator.peeringRules" (dict "root" $root "resource" "kopfpeerings") }}
 {{- end }}

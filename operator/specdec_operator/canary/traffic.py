@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 GATEWAY_API_VERSION = "gateway.networking.k8s.io/v1"
+GATEWAY_GROUP = "gateway.networking.k8s.io"
 # Weights on a rule that holds only our two backends are percents; see `_pair_total`.
 PERCENT = 100
 # Gateway API: a backendRef without a weight weighs 1.
@@ -213,3 +215,22 @@ def _accepted_at_current_generation(route: dict[str, Any]) -> bool:
                 return False
             accepted = accepted or condition.get("status") == "True"
     return accepted
+
+
+def route_reference_granted(
+    grants: Iterable[Mapping[str, Any]], model_namespace: str, route_name: str, model_group: str, model_kind: str
+) -> bool:
+    """Whether one of the route namespace's ReferenceGrants lets SpeculativeModels of `model_namespace` refer to
+    the HTTPRoute `route_name`, as the Gateway API's ReferenceGrant lets routes refer to Services elsewhere: a
+    `from` entry naming our kind and the model's namespace, and a `to` entry naming HTTPRoute (all of them, or
+    this one by name). A route in another namespace belongs to whoever owns that namespace; without their
+    grant the operator neither reads it nor re-weights it."""
+    for grant in grants:
+        spec = grant.get("spec") or {}
+        from_ok = any(entry.get("group") == model_group and entry.get("kind") == model_kind
+                      and entry.get("namespace") == model_namespace for entry in spec.get("from") or [])
+        to_ok = any(entry.get("group") == GATEWAY_GROUP and entry.get("kind") == "HTTPRoute"
+                    and entry.get("name") in (None, "", route_name) for entry in spec.get("to") or [])
+        if from_ok and to_ok:
+            return True
+    return False

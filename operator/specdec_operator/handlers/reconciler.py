@@ -65,7 +65,7 @@ async def gather(
     # Owned objects come from the watch cache, already filtered to our labels and indexed by owner uid.
     children = ctx.cache.children(namespace, uid)
     # The HTTPRoute is not ours (no owner reference, no watch): read it, status and all, once per pass.
-    route, route_read, route_error = await read_route(ctx, namespace, body.get("spec") or {}, logger)
+    route = await read_route(ctx, namespace, body.get("spec") or {}, logger)
     refusals = refusals_of(ctx, (namespace, name))
     # One reading of the wall clock for the pass: its status stamps and the canary windows' look agree, so a step
     # this pass starts is never mistaken for one started before this process watched.
@@ -82,9 +82,10 @@ async def gather(
         nodes=nodes,
         gpu_claims=gpu_claims or FleetClaims(),
         pods=ctx.cache.pods(namespace, label_value(name), uid),
-        route=route,
-        route_read=route_read,
-        route_error=route_error,
+        route=route.route,
+        route_read=route.read,
+        route_error=route.error,
+        route_not_permitted=route.not_permitted,
         children_known=known,
         refusals=tuple(refusals.summary()),
         not_owned=tuple(refusals.conflicts()),

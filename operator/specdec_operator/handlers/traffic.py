@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import kopf
 
+from specdec_operator import GROUP, KIND
 from specdec_operator.canary.progress import CANARY_ACTION_ANNOTATION
 from specdec_operator.canary.traffic import (
     RouteError,
     canary_percent,
+    route_reference_granted,
     route_weights,
     weighted_route,
 )
@@ -34,20 +36,37 @@ def route_ref(namespace: str, spec: Mapping[str, Any]) -> tuple[str, str] | None
     return str(ref.get("namespace") or namespace), str(ref["name"])
 
 
+class RouteReading(NamedTuple):
+    """The HTTPRoute as gathered: the object (with the status its Gateways wrote), whether it was read, and if it
+    was not, why (the API server's words, or the missing grant); `not_permitted` marks the missing grant."""
+
+    route: dict[str, Any] | None = None
+    read: bool = False
+    error: str | None = None
+    not_permitted: bool = False
+
+
 async def read_route(
     ctx: OperatorContext, namespace: str, spec: Mapping[str, Any], logger: Logger | None = None
-) -> tuple[dict[str, Any] | None, bool, str | None]:
-    """Gather: the HTTPRoute the model routes through, with the status its Gateways wrote, whether it was
-    read, and if it could not be, why (the API server's words). One GET per pass, shared with sync_route."""
+) -> RouteReading:
+    """Gather: the HTTPRoute the model routes through. One GET per pass, shared with sync_route; a route in another
+    namespace only with a ReferenceGrant there (issue 34, item 12: that namespace's owner consents, as the
+    Gateway API asks of a route that refers to a Service elsewhere), which costs one LIST more per pass."""
     ref = route_ref(namespace, spec)
     if ref is None:
-        return None, False, None
+        return RouteReading()
     try:
-        return await ctx.api.get("HTTPRoute", *ref), True, None
+        if ref[0] != namespace and not route_reference_granted(
+                await ctx.api.list("ReferenceGrant", ref[0], ""), namespace, ref[1], GROUP, KIND):
+            return RouteReading(error=(
+                f"HTTPRoute {ref[0]}/{ref[1]} is in another namespace and no ReferenceGrant there lets "
+                f"{KIND}s from {namespace} refer to it (spec.rollout.canary.traffic.httpRouteRef; docs/canary.md)"),
+                not_permitted=True)
+        return RouteReading(await ctx.api.get("HTTPRoute", *ref), True)
     except KubeApiError as error:
         if logger is not None:
             logger.warning("HTTPRoute %s/%s unreadable this pass: %s", *ref, error)
-        return None, False, f"HTTPRoute {ref[0]}/{ref[1]} cannot be read: {error}"
+        return RouteReading(error=f"HTTPRoute {ref[0]}/{ref[1]} cannot be read: {error}")
 
 
 def _warn_once(ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, reason: str, message: str) -> None:

@@ -36,6 +36,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Pod": ("api/v1", "pods"),
     "Node": ("api/v1", "nodes"),
     "HTTPRoute": ("apis/gateway.networking.k8s.io/v1", "httproutes"),
+    "ReferenceGrant": ("apis/gateway.networking.k8s.io/v1beta1", "referencegrants"),
     "SpeculativeModel": ("apis/specdec.io/v1alpha1", "speculativemodels"),
     "KopfPeering": ("apis/kopf.dev/v1", "kopfpeerings"),
     "ClusterKopfPeering": ("apis/kopf.dev/v1", "clusterkopfpeerings"),

@@ -56,6 +56,8 @@ class ObservedModel:
     route_read: bool = False
     # Why the HTTPRoute could not be read this pass (forbidden, the API server unreachable): owned objects wait.
     route_error: str | None = None
+    # The route is in another namespace and no ReferenceGrant there lets the model refer to it: not read.
+    route_not_permitted: bool = False
     # False: the watch cache may not hold the model's owned objects and pods yet (a replica that resumed after a
     # pause, handlers/resync.py); what `children` and `pods` lack is then unknown, not absent.
     children_known: bool = True

@@ -249,7 +249,7 @@ def evaluate(
         # Unread is not absent: which canary the route still sends requests to is unknown, so no owned object is
         # written or deleted this pass; the condition says why (the loop retries at its own pace).
         return ReconcilePlan(status=status, conditions=facts, pools=rolled.pools, tuning=tuning,
-                             events=[EventRecord("Warning", "HTTPRouteUnreadable", route.finding.message)]
+                             events=[EventRecord("Warning", route.finding.reason, route.finding.message)]
                              if route.finding is not None else [])
     return ReconcilePlan(
         apply=owned.to_apply, delete=stale_objects(inputs, placed, rolled, owned), status=status, conditions=facts,
@@ -408,8 +408,8 @@ def judge_route(inputs: PassInputs) -> RouteJudgement:
     if route is None:
         return RouteJudgement()
     if not observed.route_read and observed.route_error is not None:
-        return RouteJudgement(Finding("HTTPRouteUnreadable", f"{observed.route_error}; owned objects wait for it"),
-                              unreadable=True)
+        reason = "HTTPRouteNotPermitted" if observed.route_not_permitted else "HTTPRouteUnreadable"
+        return RouteJudgement(Finding(reason, f"{observed.route_error}; owned objects wait for it"), unreadable=True)
     if not observed.route_read:
         return RouteJudgement()
     verdict = route_verdict(route.namespace or observed.namespace, route.name, observed.route)

@@ -93,3 +93,56 @@ async def test_an_unreadable_route_holds_owned_writes_and_says_why(
     assert (degraded["status"], degraded["reason"]) == ("True", "HTTPRouteUnreadable")
     assert forbidden in degraded["message"] and f"{NAMESPACE}/llama8b" in degraded["message"]
     assert not api.writes("apply") and not api.writes("delete"), "owned objects wait for the route"
+
+
+def grant(from_namespace: str, route_name: str | None = None, kind: str = "SpeculativeModel") -> dict[str, Any]:
+    to: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute"}
+    if route_name is not None:
+        to["name"] = route_name
+    return {"apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+            "metadata": {"name": f"from-{from_namespace}", "namespace": "edge"},
+            "spec": {"from": [{"group": "specdec.io", "kind": kind, "namespace": from_namespace}], "to": [to]}}
+
+
+async def test_a_route_in_another_namespace_is_neither_read_nor_weighted_without_a_reference_grant_there(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    """Issue 34, item 12: `httpRouteRef.namespace` names a route another team owns. Without their ReferenceGrant
+    the operator does not read it (its Gateway messages stay out of this tenant's status) and writes nothing; a
+    grant for another kind, another namespace or another route does not count; the right grant lets it through."""
+    api = FakeKubeApi()
+    route = http_route("True")
+    route["metadata"]["namespace"] = "edge"
+    api.put(route)
+    spec = spec_wire(drafters=[drafter_wire("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")],
+                     rollout={"strategy": "Canary", "canary": {
+                         "traffic": {"httpRouteRef": {"name": "llama8b", "namespace": "edge"}}}})
+    stored = api.put({"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel",
+                      "metadata": {"namespace": NAMESPACE, "name": "llama8b"}, "spec": spec})
+    reads: list[tuple[str, str]] = []
+    real_get = api.get
+
+    async def counting_get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        reads.append((kind, namespace))
+        return await real_get(kind, namespace, name)
+
+    api.get = counting_get  # type: ignore[method-assign]
+    for wrong in (grant("someone-else"), grant(NAMESPACE, kind="Gateway"), grant(NAMESPACE, route_name="other")):
+        api.put(wrong)
+    await reconcile(context(api, http), kopf.Body(stored), FLEET, LOG)
+    status = api.objects[("SpeculativeModel", NAMESPACE, "llama8b")]["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "HTTPRouteNotPermitted"), degraded
+    assert "edge/llama8b" in degraded["message"] and "ReferenceGrant" in degraded["message"]
+    assert ("HTTPRoute", "edge") not in reads, "a route nobody granted is not read"
+    assert not api.writes("apply") and not api.writes("delete"), "owned objects wait, as for an unreadable route"
+    assert any(reason == "HTTPRouteNotPermitted" for _, reason, _ in events.drain()), events.posted
+
+    api.put(grant(NAMESPACE, route_name="llama8b"))
+    stored = api.objects[("SpeculativeModel", NAMESPACE, "llama8b")]
+    await reconcile(context(api, http), kopf.Body(stored), FLEET, LOG)
+    status = api.objects[("SpeculativeModel", NAMESPACE, "llama8b")]["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] != "HTTPRouteNotPermitted", degraded
+    assert ("HTTPRoute", "edge") in reads
+    assert api.writes("apply"), "with the grant the model's objects are written"

@@ -20,6 +20,7 @@ WORKLOAD_VERBS: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"list", "watch"},
     ("", "events"): {"create"},
     ("gateway.networking.k8s.io", "httproutes"): {"get", "patch"},
+    ("gateway.networking.k8s.io", "referencegrants"): {"list"},
 }
 CLUSTER_VERBS: dict[tuple[str, str], set[str]] = {
     ("", "nodes"): {"list", "watch"},
