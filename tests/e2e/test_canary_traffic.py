@@ -231,15 +231,30 @@ class ShareMeter:
                 counts[revision] = counts.get(revision, 0.0) + count
         return counts
 
+    def _monotone(self) -> list[tuple[Snapshot, dict[str, tuple[str, str, float]]]]:
+        """Each snapshot with every pod's arrivals so far as the most it ever showed: a pod's arrivals only grow,
+        but one stopping between the LIST and its scrape refuses the connection and reads 0, and a request that
+        ends without an answer leaves the running count unanswered; a drop would count as negative requests
+        (a full run once measured a canary taking 297 of 266 requests)."""
+        peak: dict[str, float] = {}
+        result = []
+        for snapshot in self.snapshots:
+            counted = {}
+            for uid, (pod_model, revision, count) in snapshot.taken.items():
+                peak[uid] = max(peak.get(uid, 0.0), count)
+                counted[uid] = (pod_model, revision, peak[uid])
+            result.append((snapshot, counted))
+        return result
+
     def shares(self, model: str) -> dict[int, tuple[float, float]]:
         """Per canary weight: (requests the canary revision's pods took, requests all the model's pods took)."""
         windows: dict[int, tuple[int, list[dict[str, tuple[str, str, float]]]]] = {}  # generation -> snapshots
-        for before, after in zip(self.snapshots, self.snapshots[1:], strict=False):
+        for (before, counted), after in zip(self._monotone(), self.snapshots[1:], strict=False):
             state, next_state = before.routes.get(model), after.routes.get(model)
             if (state is None or not state.acked or not before.complete_for(model) or next_state is None
                     or next_state.generation != state.generation):
                 continue
-            windows.setdefault(state.generation, (state.weight, []))[1].append(before.taken)
+            windows.setdefault(state.generation, (state.weight, []))[1].append(counted)
         canary_revision = self.pairs.get(model, ("", ""))[1]
         result: dict[int, tuple[float, float]] = {}
         for weight, taken in windows.values():
