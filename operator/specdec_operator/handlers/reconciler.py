@@ -35,7 +35,6 @@ from specdec_operator.metrics import (
 )
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan, evaluate
-from specdec_operator.reconcile.status_write import with_refusals
 from specdec_operator.reconcile.tuning_policy import recorded_decision_id
 from specdec_operator.render.names import label_value
 from specdec_operator.timestamps import format_stamp
@@ -112,26 +111,19 @@ async def write_model_status(
     observed: ObservedModel,
     plan: ReconcilePlan,
     logger: Logger,
-    *,
-    refused: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> dict[str, Any] | None:
-    """The one writer of a model's status: the plan's decisions and conditions in one merge patch, conditional
-    on the baseline's resourceVersion. Returns the stored object, or None when nothing changed.
+    """The plan's decisions and conditions in one merge patch, conditional on the baseline's resourceVersion.
+    Returns the stored object, or None when nothing changed.
 
-    `refused` (the refusals and foreign objects the pass's object writes met): the same status with its
-    conditions decided again from them. With an unreadable status only its conditions are written. A K
-    decision is written with its statistics; if the write's answer is lost, a fresh read says whether it is
-    stored (then it counts as written) or not (the error is raised: nothing may act on it).
+    With an unreadable status only its conditions are written. A K decision is written with its statistics; if
+    the write's answer is lost, a fresh read says whether it is stored (then it counts as written) or not (the
+    error is raised: nothing may act on it).
     """
     assert plan.status is not None
-    status = plan.status
-    if refused is not None and plan.conditions is not None:
-        status = with_refusals(status, plan.conditions, refused[0], refused[1], observed.generation,
-                               observed.now or ctx.stamp_now())
     if plan.status_unreadable:
-        computed = {**dict(observed.status), "conditions": status.to_wire().get("conditions", [])}
+        computed = {**dict(observed.status), "conditions": plan.status.to_wire().get("conditions", [])}
     else:
-        computed = status.to_wire()
+        computed = plan.status.to_wire()
     decision = plan.tuning.proposal
     try:
         return await write_status(ctx, baseline, computed, logger, force_stats=decision is not None)
@@ -157,55 +149,42 @@ async def write(
     plan: ReconcilePlan,
     logger: Logger,
 ) -> bool:
-    """Status first (the decision record), then traffic, then owned objects rendered from that status.
+    """The pass's writes, in order: status once (the decision record), then traffic, then owned objects rendered
+    from that status. Returns whether the status changed. With an unreadable status only its conditions are
+    written.
 
-    Returns whether the status changed. With an unreadable status only its conditions are written.
+    A pass that decides a K change (`plan.tuning.proposal`, recorded alone in `plan.status`) writes that record
+    and nothing else, and commits it in the tuner only once it is stored; the next pass (nudged at once) renders
+    the Deployments from the recorded K, like any other pass. Refusals the object writes meet are not written
+    in this pass: they change the refusal memory, and the next pass (nudged at once) gathers them into its
+    conditions, so status has one writer and a pass writes it at most once.
     """
     key = (observed.namespace, observed.name)
+    decision = plan.tuning.proposal
     changed = False
     if plan.status is not None:
         written = await write_model_status(ctx, baseline, observed, plan, logger)
         changed = written is not None
+        if decision is not None:
+            commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
+            for event in plan.events:
+                kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+            logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k,
+                        decision.to_k)
+            ctx.nudge(*key)
+            return changed
         if written is not None:
-            baseline = written
             _post_events(body, observed, plan)
     if plan.status_unreadable:
         return changed
     # Traffic moves before Deployments: a canary loses its weight before it is deleted.
     await sync_route(ctx, body, observed, plan, logger)
-    applied = await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys())
-    if applied and plan.status is not None:
-        refused, conflicts = refusals_of(ctx, key).summary(), refusals_of(ctx, key).conflicts()
-        if (refused or conflicts) and plan.conditions is not None:
-            # A refusal appeared or changed: the condition carries the server's words within this pass.
-            rewritten = await write_model_status(ctx, baseline, observed, plan, logger, refused=(refused, conflicts))
-            changed = rewritten is not None or changed
-        else:
-            ctx.nudge(*key)  # accepted now: the next pass computes Degraded from scratch
+    if await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys()):
+        # A refusal appeared, changed or cleared: the next pass decides Degraded from the refusals it gathers.
+        ctx.nudge(*key)
     for kind, name in plan.delete:
         await ctx.api.delete(kind, observed.namespace, name)
     return changed
-
-
-async def record_decision(
-    ctx: OperatorContext,
-    body: kopf.Body,
-    baseline: Mapping[str, Any],
-    observed: ObservedModel,
-    plan: ReconcilePlan,
-    logger: Logger,
-) -> None:
-    """Write a pass's K decision (`plan.tuning.proposal`, recorded alone in `plan.status`) and nothing else;
-    commit it in the tuner only once it is stored. The next pass (nudged at once) renders the Deployments from
-    the recorded K, like any other pass."""
-    decision = plan.tuning.proposal
-    assert decision is not None
-    await write_model_status(ctx, baseline, observed, plan, logger)
-    commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
-    for event in plan.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
-    logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k, decision.to_k)
-    ctx.nudge(observed.namespace, observed.name)
 
 
 async def _decision_stored(
@@ -253,7 +232,7 @@ async def reconcile(
         if plan.status is not None and ctx.settings.shard:
             plan.status.shard = ctx.settings.shard  # which install owns the model, for sharded fleets
         if plan.tuning.proposal is not None:
-            await record_decision(ctx, body, baseline, observed, plan, logger)
+            await write(ctx, body, baseline, observed, plan, logger)
             RECONCILES.labels(result="ok").inc()
             return plan
         if plan.held is not None:

@@ -13,12 +13,8 @@ fleet thus writes nothing whatever its load does: the exact, fresh figures are o
 from __future__ import annotations
 
 import copy
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
-
-from specdec_operator.api.status import SpeculativeModelStatus
-from specdec_operator.conditions import ConditionFacts, apply_updates, summarize
 
 # Paths (under status) of figures that change with traffic, not with a decision or a condition.
 LIVE_SPECULATION_KEYS = ("acceptanceRate", "meanAcceptedLength", "tokensPerSecond", "pools")
@@ -146,18 +142,3 @@ def status_to_write(
     if stats_due and live_stats_moved(stored, computed):
         return dict(computed), True
     return with_live_stats_of(computed, stored), False
-
-
-def with_refusals(
-    status: SpeculativeModelStatus,
-    facts: ConditionFacts,
-    refused: Sequence[str],
-    not_owned: Sequence[str],
-    generation: int,
-    now: str,
-) -> SpeculativeModelStatus:
-    """`status` with its conditions decided again from `facts` plus the refusals the pass's object writes just
-    met: the condition carries the server's words within the pass, by the same policy as every condition."""
-    updated = dataclasses.replace(facts, refusals=tuple(refused), not_owned=tuple(not_owned))
-    return status.model_copy(update={
-        "conditions": apply_updates(status.conditions, summarize(updated), generation, now)})

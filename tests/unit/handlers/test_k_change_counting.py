@@ -8,7 +8,7 @@ import kopf
 
 from specdec_operator.api.status import CanaryStatus, SpeculativeModelStatus
 from specdec_operator.handlers.model_memory import ModelTuner
-from specdec_operator.handlers.reconciler import _post_events, record_decision
+from specdec_operator.handlers.reconciler import _post_events, write
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan
@@ -45,7 +45,7 @@ async def test_a_decision_that_rolls_out_through_a_canary_is_not_counted_when_re
     proposed = proposal(3, 5)
     canary_mode = type(proposed)(**{**proposed.__dict__, "rolls_out_now": False,
                                     "events": (EventRecord("Normal", "KProposed", "K 3 -> 5 (decision d1)"),)})
-    await record_decision(ctx, body, dict(body), observed_of(body), decided(body, canary_mode), LOG)
+    await write(ctx, body, dict(body), observed_of(body), decided(body, canary_mode), LOG)
     assert tuner.state.last_change_at == 50.0  # recorded: the cooldown runs
     assert changes() == before
     assert events.drain() == [("Normal", "KProposed", "K 3 -> 5 (decision d1)")]

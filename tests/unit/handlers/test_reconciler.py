@@ -14,7 +14,7 @@ import pytest
 from specdec_operator.api.status import SpeculationStatus, TuningDecision
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.model_memory import ModelTuner
-from specdec_operator.handlers.reconciler import reconcile, record_decision
+from specdec_operator.handlers.reconciler import reconcile, write
 from specdec_operator.handlers.services.scrapes import ScrapeScheduler
 from specdec_operator.handlers.writes import remember_written
 from specdec_operator.kube.api import KubeApiError
@@ -132,7 +132,7 @@ async def test_a_decision_is_in_status_before_any_deployment_and_then_rendered_o
     assert deployment_k(api) == "3"
     tuner = ctx.model(NAMESPACE, NAME).tuner = ModelTuner(TunerState())
     outcome = proposal(3, 5)
-    await record_decision(ctx, body, dict(body), observed_of(body), decided(body, outcome), LOG)
+    await write(ctx, body, dict(body), observed_of(body), decided(body, outcome), LOG)
     assert [c.verb for c in api.calls] == ["patch-status"]  # the decision alone, nothing rendered yet
     stored = api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]
     assert stored["pools"][0]["effectiveK"] == 5 and stored["speculation"]["lastDecision"]["id"] == "d1"
@@ -165,7 +165,7 @@ async def test_a_refused_decision_write_changes_nothing_and_is_not_committed(
     changes_before = REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0
     api.refuse[("patch-status", "SpeculativeModel")] = lambda _: refusal
     with pytest.raises(KubeApiError):
-        await record_decision(ctx, body, dict(body), observed_of(body), decided(body, proposal(3, 5)), LOG)
+        await write(ctx, body, dict(body), observed_of(body), decided(body, proposal(3, 5)), LOG)
     assert tuner.state.last_change_at is None
     assert (REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0) == changes_before
     assert events.drain() == []
@@ -194,7 +194,7 @@ async def test_a_stored_decision_whose_answer_was_lost_is_committed_once(
         raise lost_answer
 
     api.patch_status = stored_then_lost  # type: ignore[method-assign]
-    await record_decision(ctx, body, dict(body), observed_of(body), decided(body, proposal(3, 5)), LOG)
+    await write(ctx, body, dict(body), observed_of(body), decided(body, proposal(3, 5)), LOG)
     api.patch_status = store  # type: ignore[method-assign]
     assert tuner.state.last_change_at == 50.0  # the cooldown runs from the recorded decision
     assert (REGISTRY.get_sample_value("specdec_k_changes_total", labels) or 0.0) == changes_before + 1
@@ -215,7 +215,7 @@ async def test_a_concurrent_status_write_is_reread_never_overwritten(
     other["metadata"]["resourceVersion"] = "999999"
     ctx.model(NAMESPACE, NAME).written = None
     with pytest.raises(KubeApiError) as raised:
-        await record_decision(ctx, body, dict(body), observed_of(body), decided(body, proposal(3, 5)), LOG)
+        await write(ctx, body, dict(body), observed_of(body), decided(body, proposal(3, 5)), LOG)
     assert raised.value.status == 409
     assert api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["pools"][0]["effectiveK"] == 6
     assert ctx.model(NAMESPACE, NAME).written["metadata"]["resourceVersion"] == "999999"  # re-read at once
@@ -294,7 +294,11 @@ async def test_a_refused_owned_object_is_reported_and_retried_with_backoff(
     message = ('Deployment.apps "llama8b-gfx942" is invalid: spec.template.spec.containers[0].resources.limits: '
                'Invalid value: "2Gibibytes": quantities must match the regular expression')
     api.refuse[("apply", "Deployment")] = lambda _: KubeApiError(422, "Invalid", message)
+    ctx.model(NAMESPACE, NAME).wakeup.clear()
     await reconcile(ctx, model_body(api), FLEET, LOG)
+    # The refusal nudges the model: the next pass, at once, gathers it into Degraded (one status write a pass).
+    assert ctx.model(NAMESPACE, NAME).wakeup.is_set()
+    await reconcile(ctx, await current(api), FLEET, LOG)
     status = api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "WriteRefused" and message in degraded["message"]
@@ -308,7 +312,7 @@ async def test_a_refused_owned_object_is_reported_and_retried_with_backoff(
         attempts.append(len(api.writes("apply", "Deployment")))
     # Refused at 0 (retry at 0.2), tried at 0.3 (retry at 0.7), tried at 0.75: not every pass, backed off.
     assert attempts == [1, 2, 2, 2, 3, 3], attempts
-    # The first pass wrote its status, then the condition within the same reconcile; retries rewrite nothing.
+    # The first pass wrote its status, the nudged pass the condition; retries rewrite nothing.
     assert len(api.writes("patch-status")) == 2
     del api.refuse[("apply", "Deployment")]
     clock.advance(1.0)
