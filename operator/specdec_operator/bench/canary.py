@@ -32,7 +32,7 @@ from typing import Any
 
 from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep
 from specdec_operator.canary.analysis import Verdict, WindowStats, calibration_statistics
-from specdec_operator.canary.plan import split_canary_replicas
+from specdec_operator.canary.plan import equal_load_percent, split_canary_replicas
 from specdec_operator.canary.replay import Record, Replayer, ReplaySpec, Role
 
 TARGET_FALSE_ROLLBACK = 0.01  # of each healthy class, at most
@@ -186,8 +186,8 @@ class _Trial:
         canary, _ = STEP_SETS[self.steps]
         if self.scenario.k_change:
             return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=CANARY_K,
-                              predicted_gain=PREDICTED_GAIN)
-        return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=STABLE_K)
+                              predicted_gain=PREDICTED_GAIN, replicas=self.pool)
+        return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=STABLE_K, replicas=self.pool)
 
 
 def _sizes(pool: int, weight: int) -> tuple[int, int]:
@@ -256,7 +256,7 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
                     pod.reset(at)
                 missing = scenario.resets and rng.random() < 0.03
                 records.append(Record(at=at, pod=name, role=role, metrics=None if missing else pod.metrics(),
-                                      restarts=pod.restarts, weight=_route_weight(n_canary, n_stable) if routed
+                                      restarts=pod.restarts, weight=equal_load_percent(trial.pool, sizing) if routed
                                       else None))
         replayer.round(records)
         if sink is not None:
@@ -279,10 +279,6 @@ def recording(records: Sequence[Record], header: dict[str, Any]) -> str:
                                 "metrics": record.metrics}
         lines.append(json.dumps(line, separators=(",", ":")))
     return "\n".join(lines) + "\n"
-
-
-def _route_weight(canary: int, stable: int) -> int:
-    return 100 if stable == 0 else round(100 * canary / (canary + stable))
 
 
 def _serve(pod: _Pod, rng: random.Random, rate: float, interval: float, step_s: float, alpha_mean: float,

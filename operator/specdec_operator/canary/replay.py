@@ -38,7 +38,7 @@ from specdec_operator.api.spec import Canary, Rollout
 from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict, WindowStats
 from specdec_operator.canary.evidence import CanaryWindows, PodRestarts
-from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget
+from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget, equal_load_percent
 from specdec_operator.canary.progress import StepObservation, advance
 from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.timestamps import parse_stamp
@@ -80,6 +80,9 @@ class ReplaySpec:
     stable_k: int | None = None
     canary_k: int | None = None
     predicted_gain: float | None = None
+    # The pool's replicas (spec.placement.replicasPerPool): the route a step needs is the replica split's percent
+    # (`equal_load_percent`), as in the operator. None: read from the round's pods (what the step runs).
+    replicas: int | None = None
 
     def rollout(self) -> Rollout:
         return Rollout(strategy="Canary", canary=self.canary)
@@ -211,7 +214,7 @@ def load_spec(header: Mapping[str, Any] | None) -> ReplaySpec:
     gpus = number("gpusPerPod", int)
     return ReplaySpec(canary=canary, pool=str(header.get("pool", "pool")), gpus_per_pod=gpus or 1,
                       stable_k=number("stableK", int), canary_k=number("canaryK", int),
-                      predicted_gain=number("predictedGain", float))
+                      predicted_gain=number("predictedGain", float), replicas=number("replicas", int))
 
 
 def rounds(records: Iterable[Record]) -> Iterator[list[Record]]:
@@ -313,7 +316,8 @@ class Replayer:
         if starting:
             return
         verdict = self._verdict(route_percent, stable_serving)
-        self._advance(verdict, at, now, canary_ready=canary_ready, route_percent=route_percent)
+        self._advance(verdict, at, now, canary_ready=canary_ready, route_percent=route_percent,
+                      route_target=self._route_target(records) if route_percent is not None else None)
 
     def _scrape(self, target: ScrapeTarget, at: float, metrics: str | None) -> ScrapeResult:
         if metrics is None:
@@ -348,11 +352,26 @@ class Replayer:
                 self.on_verdict(status.step, canary, stable, verdict)
         return verdict
 
+    def _route_target(self, records: list[Record]) -> int | None:
+        """The percent the route must carry before the step may pass, as the operator asks it: the step's replica
+        split (`equal_load_percent`), not its nominal weight (10% of 12 replicas is one pod: the route gives 8%)."""
+        status = self.status
+        if status is None or status.weight <= 0:
+            return None
+        if self.spec.replicas is not None:
+            return equal_load_percent(self.spec.replicas, status.weight)
+        canary = sum(record.role == "canary" for record in records)
+        stable = sum(record.role == "stable" for record in records)
+        if canary == 0 or stable == 0:
+            return None
+        return max(1, math.floor(100 * canary / (canary + stable) + 0.5))
+
     def _advance(self, verdict: Verdict | None, at: float, now: datetime, *, canary_ready: bool,
-                 route_percent: int | None) -> None:
+                 route_percent: int | None, route_target: int | None = None) -> None:
         before = self.status
         progress = advance(before, target=self.target, rollout=self.rollout, now=now, action=None,
-                           seen=StepObservation(verdict, canary_ready, route_percent=route_percent))
+                           seen=StepObservation(verdict, canary_ready, route_percent=route_percent,
+                                                route_target=route_target))
         after = progress.status
         self.status = after
         self.last_at = at

@@ -59,3 +59,16 @@ def test_the_example_steps_are_the_shipped_examples() -> None:
         (s["weight"], s.get("pauseSeconds", 60)) for s in shipped["steps"]]
     assert canary.analysis.timeout_seconds == shipped["analysis"]["timeoutSeconds"]
     assert canary.analysis.min_drafts == shipped["analysis"]["minDrafts"]
+
+
+@pytest.mark.parametrize("pool", [8, 12, 16])
+def test_a_routed_step_passes_on_the_route_its_replica_split_asks_for(pool: int) -> None:
+    """10% of 8, 12 or 16 replicas is one or two pods, and the route carries their share (13%, 8%, 13%), as the
+    operator writes it (`equal_load_percent`): the step passes on that, as in the operator, instead of waiting
+    for 10% and timing out (the replay used to compare the route with the nominal weight, and the bench rounded
+    12.5% to 12)."""
+    from specdec_operator.bench.canary import _Trial, run_trial
+
+    identical = next(scenario for scenario in SCENARIOS if scenario.name == "A/A identical")
+    outcome, reason, _, _ = run_trial(_Trial(identical, "example", pool, 4.0, seed=7, interval=10.0))
+    assert (outcome, reason) == ("Promoted", "CanaryPromoted")

@@ -93,3 +93,10 @@ def test_rfc3339_stamps_and_a_missing_scrape_are_read() -> None:
     result = replay(records, ReplaySpec())
     assert result.outcome == "Unfinished"
     assert "Unfinished" in format_result(result, ReplaySpec())
+
+
+def test_the_header_may_give_the_pools_replicas() -> None:
+    assert load_spec({"replicas": 12}).replicas == 12
+    assert load_spec({}).replicas is None
+    with pytest.raises(RecordingError, match="replicas must be a number"):
+        load_spec({"replicas": "twelve"})
