@@ -193,6 +193,10 @@ def pod_template(
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 6),
         "securityContext": podspec.container_security_context(),
+        # vLLM writes no /dev/termination-log: on a crash the kubelet takes the log's last lines (80, 2 KiB) as
+        # the container's termination message, so the pod's status says why (the server's default, File, says
+        # nothing but the exit code).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     spec_body: dict[str, Any] = {
         "affinity": with_extra_affinity(
@@ -209,6 +213,13 @@ def pod_template(
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,
+        # Zombie reaping by the platform rather than by an init of ours: in a shared process namespace the pause
+        # container is PID 1 and reaps the engine core and worker processes vLLM leaves orphaned. The launcher
+        # still execs vLLM, the container's main process, so the kubelet's SIGTERM reaches vLLM's own handler
+        # (graceful shutdown), and vLLM is no longer a PID 1 that ignores a SIGTERM arriving before that handler
+        # is installed (while it imports) until the grace period ends in SIGKILL. The pod renders no other
+        # container to see vLLM's processes (an injected sidecar would: docs/runtime-pods.md).
+        "shareProcessNamespace": True,
         "securityContext": podspec.pod_security_context(pod_settings),
         # vLLM never calls the Kubernetes API: a mounted token would only be a credential to steal.
         "automountServiceAccountToken": False,
