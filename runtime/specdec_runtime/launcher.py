@@ -90,7 +90,8 @@ def build_command(
 
 
 def launch(config_path: Path, profiles_dir: Path = PACKAGED_PROFILES_DIR, models_dir: Path | None = None) -> NoReturn:
-    """Replace this process with the engine, so it receives the kubelet's signals directly."""
+    """Replace this process with the engine, so it receives the kubelet's signals directly. The pod's pause
+    container, not the engine, is PID 1 and reaps orphaned processes (render/pool.py, shareProcessNamespace)."""
     command = build_command(load_runtime_config(config_path), profiles_dir=profiles_dir,
                             models_dir=models_dir or models_dir_from_env())
     logger.info("exec %s", shlex.join(command))

@@ -34,7 +34,7 @@ def base_deployment(namespace: str) -> dict[str, Any]:
     ctx = render.PoolIdentity(namespace, "probe", "uid", pool_name("probe", "gfx942"), "gfx942")
     image = DEFAULT_IMAGES["gfx942"]
     runtime = plan_runtime("gfx942", image, DEFAULT_IMAGE_TARGETS[image], {})
-    template = render.pod_template(ctx, spec, runtime, "probe-config", "stable", 3,
+    template = render.pod_template(ctx, spec, runtime, render.PoolTrack("stable", 3, "probe-config"),
                                    pod_settings=OperatorEnvSettings().pod_settings)
     deployment = render.deployment(ctx, template, 1, "stable")
     del deployment["metadata"]["ownerReferences"]

@@ -76,7 +76,7 @@ def baseline_deployment(namespace: str) -> list[dict[str, Any]]:
     config = render.with_attention_backend(render.runtime_config(spec, spec.drafters[0], 3),
                                            runtime.attention_backend, runtime.mla_attention_backend)
     config_map = render.config_map(ctx, config)
-    template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], "stable", 3,
+    template = render.pod_template(ctx, spec, runtime, render.PoolTrack("stable", 3, config_map["metadata"]["name"]),
                                    pod_settings=PodSettings(security="baseline", supplemental_groups=(44, 109)))
     deployment = render.deployment(ctx, template, 2, "stable")
     for rendered in (config_map, deployment):

@@ -173,6 +173,17 @@ def _poisson(rng: random.Random, mean: float) -> int:
     return k
 
 
+@dataclass(frozen=True)
+class _Side:
+    """How one side's pods serve (the canary's or the stable's): their K, engine step, acceptance, errors, stalls."""
+
+    k: int
+    step_s: float
+    alpha_mean: float
+    error_rate: float
+    stall_share: float = 0.0
+
+
 @dataclass
 class _Trial:
     scenario: Scenario
@@ -222,6 +233,8 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
     length_ratio = _accepted_length(MEAN_ACCEPTANCE, canary_k) / _accepted_length(MEAN_ACCEPTANCE, STABLE_K)
     canary_step = BASE_STEP_S * length_ratio / (1 + scenario.true_gain) * scenario.canary_step_factor
     alpha_canary = MEAN_ACCEPTANCE * scenario.canary_acceptance_factor
+    canary_side = _Side(canary_k, canary_step, alpha_canary, scenario.canary_error_rate, scenario.canary_stall_share)
+    stable_side = _Side(STABLE_K, BASE_STEP_S, MEAN_ACCEPTANCE, BASELINE_ERROR_RATE)
     canary_settings = spec.canary
     horizon = sum(step.pause_seconds for step in canary_settings.steps) + \
         canary_settings.analysis.timeout_seconds * len(canary_settings.steps) + 600
@@ -239,19 +252,18 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
             burst_until = at + rng.uniform(30, 90)
         burst = at <= burst_until
         records = []
-        roles: tuple[tuple[Role, int, int, float, float, float, float], ...] = (
-            ("canary", n_canary, canary_k, canary_step, alpha_canary, scenario.canary_error_rate,
-             scenario.canary_stall_share),
-            ("stable", n_stable, STABLE_K, BASE_STEP_S, MEAN_ACCEPTANCE, BASELINE_ERROR_RATE, 0.0),
+        roles: tuple[tuple[Role, int, _Side], ...] = (
+            ("canary", n_canary, canary_side),
+            ("stable", n_stable, stable_side),
         )
-        for role, count, k, step_s, alpha, errors, stall in roles:
+        for role, count, side in roles:
             for index in range(count):
                 name = f"{role}-{index}"
                 pod = pods.get(name)
                 if pod is None:
-                    pod = pods[name] = _Pod(name, k, math.exp(rng.gauss(0.0, POD_SPEED_SD)), created=at)
+                    pod = pods[name] = _Pod(name, side.k, math.exp(rng.gauss(0.0, POD_SPEED_SD)), created=at)
                 if weight > 0 or role == "stable":
-                    _serve(pod, rng, trial.rate * drift, trial.interval, step_s, alpha, errors, stall, burst)
+                    _serve(pod, rng, trial.rate * drift, trial.interval, side, burst)
                 if scenario.resets and role == "stable" and rng.random() < 0.01:
                     pod.reset(at)
                 missing = scenario.resets and rng.random() < 0.03
@@ -281,9 +293,9 @@ def recording(records: Sequence[Record], header: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _serve(pod: _Pod, rng: random.Random, rate: float, interval: float, step_s: float, alpha_mean: float,
-           error_rate: float, stall_share: float, burst: bool) -> None:
+def _serve(pod: _Pod, rng: random.Random, rate: float, interval: float, side: _Side, burst: bool) -> None:
     """One interval of open-loop traffic on one pod: requests finish with their tokens, drafts, TPOT, lengths."""
+    step_s, alpha_mean, error_rate, stall_share = side.step_s, side.alpha_mean, side.error_rate, side.stall_share
     arrivals = _poisson(rng, rate * interval)
     concentration = ACCEPTANCE_CONCENTRATION
     a, b = alpha_mean * concentration, (1 - alpha_mean) * concentration

@@ -225,21 +225,30 @@ def requested_gpus(pod_spec: Mapping[str, Any]) -> int:
     return max([containers, *inits])
 
 
+@dataclass(frozen=True)
+class RuntimePodLabels:
+    """The labels that mark a runtime pod of ours and name its model and pool (the runtime's pod contract)."""
+
+    managed_by: tuple[str, str]  # the key, and the value our pods carry under it
+    model: str
+    pool: str
+
+
 def pod_gpus(
     namespace: str,
     name: str,
     labels: Mapping[str, str],
     pod_spec: Mapping[str, Any],
     pod_status: Mapping[str, Any],
-    model_label: str,
-    managed_by: tuple[str, str],
-    pool_label: str,
+    runtime_labels: RuntimePodLabels,
 ) -> PodGpus | None:
     """What a pod holds or waits for, or None when it neither holds nor wants a GPU (finished pods hold none)."""
     gpus = requested_gpus(pod_spec)
     if gpus <= 0 or pod_status.get("phase") in TERMINAL_POD_PHASES:
         return None
-    ours = labels.get(managed_by[0]) == managed_by[1] and labels.get(model_label)
+    managed_by_key, managed_by_value = runtime_labels.managed_by
+    model_label = runtime_labels.model
+    ours = labels.get(managed_by_key) == managed_by_value and labels.get(model_label)
     unschedulable = since = None
     for condition in pod_status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
@@ -251,7 +260,7 @@ def pod_gpus(
         gpus=gpus,
         node=pod_spec.get("nodeName") or None,
         model_key=f"{namespace}/{labels[model_label]}" if ours else None,
-        pool=labels.get(pool_label) if ours else None,
+        pool=labels.get(runtime_labels.pool) if ours else None,
         unschedulable=unschedulable,
         pending_since=str(since) if since else None,
     )

@@ -17,7 +17,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from specdec_operator import GROUP, PLURAL, VERSION
-from specdec_operator.gpu.inventory import NodeGpus, PodGpus, node_gpus, pod_gpus
+from specdec_operator.gpu.inventory import NodeGpus, PodGpus, RuntimePodLabels, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
 from specdec_operator.handlers.schedule import LoopSchedule
@@ -36,6 +36,10 @@ from specdec_runtime import contract
 
 # Changes often arrive in bursts (a Deployment's status updates); batch them.
 DEBOUNCE_S = 0.5
+# How the GPU pod index tells our runtime pods (and their model and pool) from other workloads.
+RUNTIME_POD_LABELS = RuntimePodLabels(
+    (contract.LABEL_MANAGED_BY, contract.MANAGED_BY), contract.LABEL_MODEL, contract.LABEL_POOL
+)
 __all__ = ["owned_changed"]  # registered by importing handlers.watches
 
 
@@ -143,8 +147,7 @@ async def gpu_pods(
 
     A pod without a GPU, or finished, maps to nothing, which also drops an earlier entry of it.
     """
-    claim = pod_gpus(namespace or "", name, dict(labels), dict(spec), dict(status), contract.LABEL_MODEL,
-                     (contract.LABEL_MANAGED_BY, contract.MANAGED_BY), contract.LABEL_POOL)
+    claim = pod_gpus(namespace or "", name, dict(labels), dict(spec), dict(status), RUNTIME_POD_LABELS)
     return {} if claim is None else {f"{namespace}/{name}": dataclasses.replace(claim, uid=uid or "")}
 
 

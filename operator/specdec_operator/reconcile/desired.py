@@ -57,8 +57,9 @@ def pool_objects(
     )
     config_map = render.config_map(ctx, config)
     template = render.pod_template(
-        ctx, spec, runtime, config_map["metadata"]["name"], track, k, plan.excluded_nodes, settings.pod,
-        plan.gpu_resource, settings.devices,
+        ctx, spec, runtime, render.PoolTrack(track, k, config_map["metadata"]["name"]),
+        targeting=render.NodeTargeting(plan.excluded_nodes, plan.gpu_resource, settings.devices),
+        pod_settings=settings.pod,
     )
     return DesiredPool(
         plan=plan,

@@ -107,20 +107,39 @@ def _env_var(name: str, value: str) -> dict[str, str]:
     return {"name": name, "value": value} if value else {"name": name}
 
 
+@dataclass(frozen=True)
+class PoolTrack:
+    """One track of a pool (stable, or the canary beside it): what its pods run."""
+
+    name: str  # contract.LABEL_TRACK's value
+    k: int
+    config_map: str  # the name of the ConfigMap holding the track's runtime config
+
+
+@dataclass(frozen=True)
+class NodeTargeting:
+    """Which nodes and GPU resource the pool plan sends pods to.
+
+    `excluded_nodes`: the pool plan's nodes that the gfx affinity's labels cannot keep pods off.
+    `gpu_resource` and `devices`: the pool plan's resource and the device table placement used."""
+
+    excluded_nodes: Sequence[str] = ()
+    gpu_resource: str = GPU_RESOURCE
+    devices: DeviceTable = BUILTIN_DEVICES
+
+
+ANY_NODE = NodeTargeting()
+
+
 def pod_template(
     ctx: PoolIdentity,
     spec: SpeculativeModelSpec,
     runtime: RuntimePlan,
-    config_map_name: str,
-    track: str,
-    k: int,
-    excluded_nodes: Sequence[str] = (),
+    track: PoolTrack,
+    targeting: NodeTargeting = ANY_NODE,
     pod_settings: podspec.PodSettings = podspec.DEFAULT_POD_SETTINGS,
-    gpu_resource: str = GPU_RESOURCE,
-    devices: DeviceTable = BUILTIN_DEVICES,
 ) -> dict[str, Any]:
-    """`excluded_nodes`: the pool plan's nodes that the gfx affinity's labels cannot keep pods off.
-    `gpu_resource` and `devices`: the pool plan's resource and the device table placement used."""
+    """The pod template of one track of a pool; its revision label names its content."""
     cache_claim = podspec.weights_cache_claim(spec, pod_settings)
     owned_env = podspec.owned_env(spec, cache_claim)
     owned_names = {var["name"] for var in owned_env}
@@ -134,7 +153,7 @@ def pod_template(
         {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
     ]
     volumes: list[dict[str, Any]] = [
-        {"name": contract.CONFIG_VOLUME, "configMap": {"name": config_map_name}},
+        {"name": contract.CONFIG_VOLUME, "configMap": {"name": track.config_map}},
         # vLLM's tensor-parallel workers exchange tensors through shared memory; the default 64Mi is too small.
         # Memory-backed, so it counts against the container's memory: bounded, and part of the memory request.
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{podspec.shm_size_gib(spec)}Gi"}},
@@ -160,7 +179,7 @@ def pod_template(
     }
     if spec.runtime.simulator_profile:
         annotations[contract.ANNOTATION_SIMULATOR_PROFILE] = spec.runtime.simulator_profile
-    annotations[contract.ANNOTATION_K] = str(k)
+    annotations[contract.ANNOTATION_K] = str(track.k)
     container = {
         "name": contract.CONTAINER_NAME,
         "image": runtime.image,
@@ -168,35 +187,46 @@ def pod_template(
         "args": ["--config", f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"],
         "env": env,
         "ports": [{"name": contract.PORT_NAME, "containerPort": 8000, "protocol": "TCP"}],
-        "resources": podspec.container_resources(spec, gpu_resource),
+        "resources": podspec.container_resources(spec, targeting.gpu_resource),
         "volumeMounts": mounts,
         "startupProbe": _probe(10, STARTUP_PROBE_BUDGET_S // 10),
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 6),
         "securityContext": podspec.container_security_context(),
+        # vLLM writes no /dev/termination-log: on a crash the kubelet takes the log's last lines (80, 2 KiB) as
+        # the container's termination message, so the pod's status says why (the server's default, File, says
+        # nothing but the exit code).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     spec_body: dict[str, Any] = {
         "affinity": with_extra_affinity(
             gfx_node_affinity(
                 ctx.gfx,
                 # A partition resource (amd.com/cpx_nps4) pins the partition itself, labelled or not.
-                spec.placement.partition if gpu_resource == GPU_RESOURCE else None,
+                spec.placement.partition if targeting.gpu_resource == GPU_RESOURCE else None,
                 spec.placement.node_selector,
-                excluded_nodes,
-                devices,
+                targeting.excluded_nodes,
+                targeting.devices,
             ),
             overlay.affinity,
         ),
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,
+        # Zombie reaping by the platform rather than by an init of ours: in a shared process namespace the pause
+        # container is PID 1 and reaps the engine core and worker processes vLLM leaves orphaned. The launcher
+        # still execs vLLM, the container's main process, so the kubelet's SIGTERM reaches vLLM's own handler
+        # (graceful shutdown), and vLLM is no longer a PID 1 that ignores a SIGTERM arriving before that handler
+        # is installed (while it imports) until the grace period ends in SIGKILL. The pod renders no other
+        # container to see vLLM's processes (an injected sidecar would: docs/runtime-pods.md).
+        "shareProcessNamespace": True,
         "securityContext": podspec.pod_security_context(pod_settings),
         # vLLM never calls the Kubernetes API: a mounted token would only be a credential to steal.
         "automountServiceAccountToken": False,
         **podspec.pod_spec_knobs(overlay),
         "tolerations": [toleration.to_wire() for toleration in honoured_tolerations(spec.placement.tolerations)],
     }
-    labels = {**overlay.labels, **pool_labels(ctx.model, ctx.pool, ctx.gfx), contract.LABEL_TRACK: track}
+    labels = {**overlay.labels, **pool_labels(ctx.model, ctx.pool, ctx.gfx), contract.LABEL_TRACK: track.name}
     template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec_body}
     # The revision names the template's content, so reverting a change returns to the same revision. The
     # user's labels are part of it (only when set, so templates without them keep their revision).

@@ -11,7 +11,7 @@ from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.decisions.placement import PlacementPlan, effective_k, plan_placement, tolerates
 from specdec_operator.decisions.runtime_env import RuntimePlan
 from specdec_operator.gpu.inventory import NodeGpus, Taint
-from specdec_operator.render.pool import PoolIdentity, pod_template
+from specdec_operator.render.pool import NodeTargeting, PoolIdentity, PoolTrack, pod_template
 from tests.unit.api.specfactories import drafter_wire, spec
 from tests.unit.gpu.gpufactories import (
     DCM,
@@ -316,7 +316,7 @@ def test_gpu_nodes_tainted_with_the_gpu_resource_get_pools_without_a_user_tolera
 
 def render_tolerations(model: SpeculativeModelSpec) -> list[dict[str, Any]]:
     ctx = PoolIdentity("ns", "m", "uid", "m-gfx942", "gfx942")
-    template = pod_template(ctx, model, RuntimePlan("img", {}, "ROCM_AITER_FA"), "cm", "stable", 3)
+    template = pod_template(ctx, model, RuntimePlan("img", {}, "ROCM_AITER_FA"), PoolTrack("stable", 3, "cm"))
     return list(template["spec"].get("tolerations", []))
 
 
@@ -375,8 +375,8 @@ def test_a_mixed_node_with_an_unlisted_device_is_excluded_by_name_from_the_pool_
     assert excluded == {"gfx942": ("odd",), "gfx90a": ()}
     assert "odd" not in plan.pools[0].nodes
     ctx = PoolIdentity("ns", "m", "uid", "m-gfx942", "gfx942")
-    template = pod_template(ctx, spec(), RuntimePlan("img", {}, "ROCM_AITER_FA"), "cm", "stable", 3,
-                            excluded_nodes=plan.pools[0].excluded_nodes)
+    template = pod_template(ctx, spec(), RuntimePlan("img", {}, "ROCM_AITER_FA"), PoolTrack("stable", 3, "cm"),
+                            targeting=NodeTargeting(excluded_nodes=plan.pools[0].excluded_nodes))
     terms = template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]
     assert all(term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["odd"]}]

@@ -14,7 +14,7 @@ from specdec_operator.decisions.placement import plan_placement
 from specdec_operator.decisions.runtime_env import RuntimePlan
 from specdec_operator.gpu.devices import BUILTIN_DEVICES, GpuDevice
 from specdec_operator.gpu.inventory import node_gpus
-from specdec_operator.render.pool import PoolIdentity, pod_template
+from specdec_operator.render.pool import NodeTargeting, PoolIdentity, PoolTrack, pod_template
 from tests.unit.api.specfactories import spec, spec_wire
 from tests.unit.gpu.gpufactories import MI250X, MI300X, W7900, Card, base_labels, homogeneous_labels, homogeneous_node
 from tests.unit.render.test_affinity import affinity_matches
@@ -76,9 +76,10 @@ def _template(plan_index: int, model: SpeculativeModelSpec, nodes: list, **kwarg
     plan = plan_placement(model, nodes, 0.2, **kwargs)  # type: ignore[arg-type]
     pool = plan.pools[plan_index]
     runtime = RuntimePlan(image="img", env={}, attention_backend="TRITON_ATTN")
-    return pod_template(PoolIdentity("ns", "m", "uid", "m-gfx942", pool.gfx), model, runtime, "cm", "stable", 3,
-                        pool.excluded_nodes, gpu_resource=pool.gpu_resource,
-                        devices=kwargs.get("devices", BUILTIN_DEVICES))  # type: ignore[arg-type]
+    targeting = NodeTargeting(pool.excluded_nodes, pool.gpu_resource,
+                              kwargs.get("devices", BUILTIN_DEVICES))  # type: ignore[arg-type]
+    return pod_template(PoolIdentity("ns", "m", "uid", "m-gfx942", pool.gfx), model, runtime,
+                        PoolTrack("stable", 3, "cm"), targeting=targeting)
 
 
 def test_a_partitioned_node_of_the_mixed_strategy_gets_pods_requesting_its_partition_resource() -> None:

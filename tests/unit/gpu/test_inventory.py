@@ -6,7 +6,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from specdec_operator.gpu.inventory import GpuGroup, NodeGpus, PodGpus, Taint, node_gpus, pod_gpus, requested_gpus
+from specdec_operator.gpu.inventory import (
+    GpuGroup,
+    NodeGpus,
+    PodGpus,
+    RuntimePodLabels,
+    Taint,
+    node_gpus,
+    pod_gpus,
+    requested_gpus,
+)
 from tests.unit.gpu.gpufactories import (
     DOCS_PARTITION_LABEL,
     MI100,
@@ -230,9 +239,12 @@ OURS = {"app.kubernetes.io/managed-by": "specdec-operator", "specdec.io/model": 
         "specdec.io/pool": "llama8b-gfx942"}
 
 
+RUNTIME_LABELS = RuntimePodLabels(("app.kubernetes.io/managed-by", "specdec-operator"), "specdec.io/model",
+                                  "specdec.io/pool")
+
+
 def _claim(labels: dict[str, str], spec: dict[str, object], status: dict[str, object]) -> PodGpus | None:
-    return pod_gpus("inference", "p", labels, spec, status, "specdec.io/model",
-                    ("app.kubernetes.io/managed-by", "specdec-operator"), "specdec.io/pool")
+    return pod_gpus("inference", "p", labels, spec, status, RUNTIME_LABELS)
 
 
 def test_pod_claim_reads_requests_or_limits_and_init_containers() -> None:

@@ -190,8 +190,8 @@ def runtime_deployments() -> list[Manifest]:
                                      gfx)
             config = render.runtime_config(spec, drafter, spec.speculation.initial_k)
             config_map = render.config_map(ctx, config)
-            template = render.pod_template(ctx, spec, runtime, config_map["metadata"]["name"], "stable",
-                                           spec.speculation.initial_k, pod_settings=chart_pod_settings())
+            track = render.PoolTrack("stable", spec.speculation.initial_k, config_map["metadata"]["name"])
+            template = render.pod_template(ctx, spec, runtime, track, pod_settings=chart_pod_settings())
             deployments.append(render.deployment(ctx, template, 2, "stable"))
     return deployments
 

@@ -61,6 +61,7 @@ def live(obj: Child, created: str = T0, ready: bool = True) -> dict[str, Any]:
         spec.setdefault("progressDeadlineSeconds", 600)
         for container in spec["template"]["spec"]["containers"]:
             container.update({"imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log"})
+            container.setdefault("terminationMessagePolicy", "File")  # defaulted only where the object has none
         replicas = spec["replicas"]
         body["status"] = {
             "observedGeneration": 1,

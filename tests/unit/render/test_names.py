@@ -76,7 +76,7 @@ def test_a_dotted_or_digit_first_name_gets_a_service_name_without_losing_its_ide
 
 def test_selectors_of_a_long_named_model_match_its_pods() -> None:
     ctx = context(model=LONGEST)
-    template = render.pod_template(ctx, spec(), runtime_plan(), "cm", "stable", 3)
+    template = render.pod_template(ctx, spec(), runtime_plan(), render.PoolTrack("stable", 3, "cm"))
     deployment = render.deployment(ctx, template, 1, "stable")
     pdb = render.pod_disruption_budget(ctx)
     labels = template["metadata"]["labels"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 from specdec_operator.api.kubeformats import quantity_value
 from specdec_operator.api.spec import Drafter
 from specdec_operator.api.vocabulary import GFX_TARGETS, REFUSED_METHODS, SPECULATIVE_METHODS
+from specdec_operator.render.drift import covers
 from specdec_operator.render.podspec import derived_requests
 from specdec_operator.render.pool import IMAGE_PULL_ALLOWANCE_S, STARTUP_PROBE_BUDGET_S, revision_of
 from specdec_runtime import contract
@@ -278,6 +280,40 @@ def test_prometheus_scrape_annotations_point_at_the_metrics_port() -> None:
         "prometheus.io/path": "/metrics",
         contract.ANNOTATION_K: "3",
     }
+
+
+def test_a_crashing_engine_leaves_its_last_log_lines_as_the_termination_message() -> None:
+    """vLLM writes no /dev/termination-log: without the fallback a crash shows only its exit code in the pod's
+    status (kubectl describe); with it, the kubelet puts the log's tail there (80 lines, 2 KiB)."""
+    containers = rendered_pool(spec()).pod["containers"]
+    assert [c["terminationMessagePolicy"] for c in containers] == ["FallbackToLogsOnError"]
+
+
+def test_the_pause_container_is_pid_1_and_reaps_what_the_engine_orphans() -> None:
+    """vLLM's engine core and workers are processes of their own; the launcher execs vLLM, which reaps only its own
+    children. With the pod's process namespace shared, the pause container is PID 1 and reaps orphans, and vLLM is
+    not PID 1, so a SIGTERM before its handlers are installed (while Python imports torch) stops it instead of
+    being ignored until the grace period's SIGKILL."""
+    pool = rendered_pool(spec())
+    assert pool.pod["shareProcessNamespace"] is True
+    assert pool.container["command"] == ["specdec-runtime", "launch"]  # exec'd: vLLM gets the kubelet's SIGTERM
+
+
+def test_the_termination_policy_and_shared_namespace_survive_the_servers_defaults() -> None:
+    """What the API server stores covers what we render (no endless drift); a Deployment rendered before both
+    fields, holding the server's default policy (File), does not: it rolls once."""
+    desired = rendered_pool(spec()).deployment
+    stored = copy.deepcopy(desired)
+    pod = stored["spec"]["template"]["spec"]
+    pod.update({"restartPolicy": "Always", "dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler"})
+    for container in pod["containers"]:
+        container.setdefault("terminationMessagePolicy", "File")  # the server's default, only where unset
+        container.update({"terminationMessagePath": "/dev/termination-log", "imagePullPolicy": "IfNotPresent"})
+    assert covers(stored, desired)
+    before = copy.deepcopy(stored)
+    del before["spec"]["template"]["spec"]["shareProcessNamespace"]
+    before["spec"]["template"]["spec"]["containers"][0]["terminationMessagePolicy"] = "File"
+    assert not covers(before, desired)
 
 
 def test_launcher_reads_the_mounted_config() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from specdec_runtime import contract
 from specdec_runtime.fleet_kube import KubePodSource
 from specdec_runtime.podstates import Terminated
+from tests.unit.api.specfactories import spec
+from tests.unit.render.renderfactories import rendered_pool
 
 CONFIG = '{"model": "org/target", "served_model_name": "target", "port": 8000}'
 
@@ -133,3 +136,26 @@ async def test_a_healthy_pod_is_served_without_a_status_write(source: Any) -> No
     assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     assert status["lastState"]["terminated"]["reason"] == "OOMKilled" and status["restartCount"] == 1
     assert patch["phase"] == "Running"
+
+
+class _Response:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body)
+
+
+async def test_a_pod_the_operator_renders_is_served_with_every_field_it_sets(source: Any) -> None:
+    """The stand-in reads pods through the client's models: the rendered pod's fields, the shared process namespace
+    and the termination message policy among them, survive the round trip, and the pod is served as it is."""
+    template = rendered_pool(spec()).template
+    pod_spec = {**template["spec"], "nodeName": "n1"}
+    pod_spec["volumes"] = [{**v, "configMap": {"name": "cfg"}} if v["name"] == contract.CONFIG_VOLUME else v
+                           for v in pod_spec["volumes"]]
+    body = {"apiVersion": "v1", "kind": "Pod", "spec": pod_spec, "status": {"phase": "Running", "podIP": "127.0.0.9"},
+            "metadata": {**template["metadata"], "name": "p", "namespace": "ns", "uid": "u1"}}
+    source._pods = {"u1": source._api.deserialize(_Response(body), "V1Pod")}
+    [served] = await source.runtime_pods()
+    assert served.command == (*pod_spec["containers"][0]["command"], *pod_spec["containers"][0]["args"])
+    assert source._core.patches == []
+    plain = source._plain(source._pods["u1"])
+    assert plain["spec"]["shareProcessNamespace"] is True
+    assert plain["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
