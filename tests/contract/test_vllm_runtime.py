@@ -65,9 +65,13 @@ def test_every_method_gfx_target_and_k_bound_renders_what_vllm_starts(
     assert_vllm_starts_as_rendered(case, vllm_serve[case.argv(models)])
 
 
-def test_a_users_mla_backend_in_extra_args_wins_over_the_rendered_one(
+def test_a_users_mla_backend_in_extra_args_would_win_so_admission_refuses_it(
     models: dict[str, str], vllm_serve: Verdicts
 ) -> None:
+    """vLLM takes the later per-kind backend over the one the operator renders per gfx target, so one value
+    in extraArgs would override it on every pool: admission refuses it (vocabulary.OWNED_CONFIG_KEYS)."""
+    with pytest.raises(ValueError, match="nor backend_per_kind"):
+        Runtime.model_validate({"extraArgs": rendered.MLA_OVERRIDE})
     argv = rendered.mla_override_argv(models)
     assert "--attention-config.backend_per_kind.mla_attention=ROCM_AITER_MLA" in argv  # rendered for gfx942
     verdict = vllm_serve[argv]

@@ -231,9 +231,9 @@ class Speculation(ApiModel):
 
 
 _ATTENTION_CONFIG_CLASH = (
-    "spec.runtime.extraArgs may not set --attention-config as a whole nor its backend key (in any spelling: "
-    "-ac, underscores, --attention-config.backend=X, an abbreviation): the operator renders --attention-backend "
-    "and vLLM refuses both together; set other keys as --attention-config.KEY=VALUE"
+    "spec.runtime.extraArgs may not set --attention-config as a whole nor its backend key, nor backend_per_kind "
+    "(in any spelling: -ac, underscores, --attention-config.backend=X, an abbreviation): the operator renders "
+    "--attention-backend and the MLA backend per gfx target; set other keys as --attention-config.KEY=VALUE"
 )
 
 

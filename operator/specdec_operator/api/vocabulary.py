@@ -137,10 +137,12 @@ def refused_flag_reached(arg: str) -> str | None:
 
 
 # JSON config flags with a key that sets what a rendered flag sets. vLLM 0.33 refuses the pair at start-up
-# ("attention_backend and attention_config.backend are mutually exclusive", vllm/engine/arg_utils.py).
-# A whole JSON value may carry the key, so only the dotted form `--attention-config.KEY=VALUE` of other keys
-# passes; its first key is compared as vLLM's parser passes it on: verbatim, without a list `+`.
-OWNED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"--attention-config": ("backend",), "-ac": ("backend",)}
+# ("attention_backend and attention_config.backend are mutually exclusive", vllm/engine/arg_utils.py), and
+# takes a user's `backend_per_kind.mla_attention` over the MLA backend the operator renders in that map,
+# silently. A whole JSON value may carry the keys, so only the dotted form `--attention-config.KEY=VALUE` of
+# other keys passes; its first key is compared as vLLM's parser passes it on: verbatim, without a list `+`.
+_ATTENTION_KEYS = ("backend", "backend_per_kind")
+OWNED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"--attention-config": _ATTENTION_KEYS, "-ac": _ATTENTION_KEYS}
 
 
 def owned_config_key_reached(arg: str) -> tuple[str, str | None] | None:

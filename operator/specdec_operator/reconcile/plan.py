@@ -42,8 +42,8 @@ from specdec_operator.reconcile.route_status import route_verdict
 from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
 from specdec_operator.reconcile.tuning_policy import TuningOutcome, decide_tuning, decision_status
 from specdec_operator.render.drift import covers
-from specdec_operator.render.names import service_name
-from specdec_operator.render.service import TRACKS, service
+from specdec_operator.render.names import TRACKS, service_name
+from specdec_operator.render.service import service
 from specdec_operator.timestamps import parse_stamp
 from specdec_runtime import contract
 

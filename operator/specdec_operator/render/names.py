@@ -3,6 +3,14 @@
 A SpeculativeModel's name may be a 253-character DNS subdomain, but label values and Service names
 stop at 63 characters and Service names admit no dots. Names that do not fit are shortened to a
 readable prefix plus a hash of the whole name: deterministic, and distinct for distinct models.
+
+Distinct models never share a name, because a name left as it is can never take the shape of a
+shortened one or of another model's name plus a suffix:
+- a shortened name ends in `-<10 hex digits>`, so a model whose own name ends that way is always
+  shortened too (else `m-<hash>` could be a long model's label, pool, Deployment or Service);
+- track Services are `<model>-stable` and `<model>-canary`, so the main Service of a model whose
+  name ends in `-stable` or `-canary` is shortened (else model `a-canary` would own model `a`'s
+  canary Service name).
 """
 
 from __future__ import annotations
@@ -18,6 +26,13 @@ from specdec_runtime import contract
 MAX_LABEL_LENGTH = 63  # label values, and DNS-1035 labels such as Service names
 _HASH_LENGTH = 10
 _DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_HASH_SUFFIX = re.compile(rf"-[0-9a-f]{{{_HASH_LENGTH}}}\Z")  # what `_shortened` ends with
+TRACKS = ("stable", "canary")  # a track's Service is `<model>-<track>`
+
+
+def _kept(model: str, room: int) -> bool:
+    """Whether the model's name may be used as it is: it fits and cannot be mistaken for a shortened name."""
+    return len(model) <= room and _HASH_SUFFIX.search(model) is None
 
 
 def _shortened(prefix: str, whole: str, room: int) -> str:
@@ -27,25 +42,24 @@ def _shortened(prefix: str, whole: str, room: int) -> str:
 
 def label_value(model: str) -> str:
     """The model's name as a label value (selectors must use this, not the name)."""
-    return model if len(model) <= MAX_LABEL_LENGTH else _shortened(model, model, MAX_LABEL_LENGTH)
+    return model if _kept(model, MAX_LABEL_LENGTH) else _shortened(model, model, MAX_LABEL_LENGTH)
 
 
 def pool_name(model: str, gfx: str) -> str:
     """`<model>-<gfx>`; also a label value, so at most 63 characters, keeping the gfx suffix readable."""
-    name = f"{model}-{gfx}"
-    if len(name) <= MAX_LABEL_LENGTH:
-        return name
+    if _kept(model, MAX_LABEL_LENGTH - len(gfx) - 1):
+        return f"{model}-{gfx}"
     return f"{_shortened(model, model, MAX_LABEL_LENGTH - len(gfx) - 1)}-{gfx}"
 
 
 def service_name(model: str, track: str | None = None) -> str:
     """The model's Service (`<model>`) or a track's (`<model>-<track>`) as a valid DNS-1035 label."""
-    name = model if track is None else f"{model}-{track}"
-    if len(name) <= MAX_LABEL_LENGTH and _DNS_1035_LABEL.fullmatch(name):
-        return name
+    suffix = "" if track is None else f"-{track}"
+    looks_like_a_track = track is None and model.endswith(tuple(f"-{name}" for name in TRACKS))
+    if _kept(model, MAX_LABEL_LENGTH - len(suffix)) and _DNS_1035_LABEL.fullmatch(model) and not looks_like_a_track:
+        return f"{model}{suffix}"
     # Subdomain characters are lowercase alphanumerics, '-' and '.'; a label also starts with a letter.
     readable = re.sub(r"[^a-z0-9-]", "-", model).lstrip("-0123456789") or "sm"
-    suffix = "" if track is None else f"-{track}"
     return f"{_shortened(readable, model, MAX_LABEL_LENGTH - len(suffix))}{suffix}"
 
 

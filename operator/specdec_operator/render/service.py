@@ -7,9 +7,6 @@ from typing import Any
 from specdec_operator.render.names import label_value, model_labels, owner_reference, service_name
 from specdec_runtime import contract
 
-TRACKS = ("stable", "canary")
-
-
 SERVICE_PORT = 8000
 
 

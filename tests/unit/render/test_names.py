@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec_operator.api.vocabulary import GFX_TARGETS
 from specdec_operator.render import pool as render
-from specdec_operator.render.names import label_value, model_labels, pool_name, service_name
+from specdec_operator.render.names import TRACKS, deployment_name, label_value, model_labels, pool_name, service_name
 from specdec_runtime import contract
 from tests.unit.api.specfactories import spec
 from tests.unit.render.renderfactories import context, runtime_plan
@@ -84,3 +86,53 @@ def test_selectors_of_a_long_named_model_match_its_pods() -> None:
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert labels[contract.LABEL_MODEL] == label_value(LONGEST)
     assert all(valid_label_value(value) for value in labels.values())
+
+
+def every_name(model: str) -> set[tuple[str, str]]:
+    """Each name and label value the operator computes for `model`, with the kind of object or label it names."""
+    names = {("label", label_value(model))}
+    for gfx in GFX_TARGETS:
+        names |= {("pool", pool_name(model, gfx))}
+        names |= {("Deployment", deployment_name(pool_name(model, gfx), track)) for track in TRACKS}
+    names |= {("Service", service_name(model, track)) for track in (None, *TRACKS)}
+    return names
+
+
+def crafted_from(model: str) -> list[str]:
+    """Short names a tenant could pick to land on `model`'s names: each computed name, and it minus a suffix."""
+    names = [name for _, name in every_name(model)]
+    suffixes = [f"-{gfx}" for gfx in GFX_TARGETS] + [f"-{track}" for track in TRACKS] + ["-canary-gfx942"]
+    return names + [name.removesuffix(suffix) for name in names for suffix in suffixes if name.endswith(suffix)]
+
+
+@pytest.mark.parametrize("model", [*MODEL_NAMES, "llama-stable", "llama-canary", "llama-0123456789",
+                                   "llama-gfx942", "a.b-canary"])
+def test_a_name_crafted_from_another_models_names_shares_none_of_them(model: str) -> None:
+    """A shortened name ends in a hash and a track Service in its track: a short model named like either is
+    itself shortened, so no model can take another's label, pool, Deployment or Service in the namespace."""
+    for crafted in crafted_from(model):
+        if crafted != model and DNS_1123_SUBDOMAIN.fullmatch(crafted):
+            assert not every_name(model) & every_name(crafted), (model, crafted)
+
+
+def test_the_examples_that_used_to_collide_are_now_apart() -> None:
+    long = "m" * 70
+    assert label_value(label_value(long)) != label_value(long)  # a model named after a long one's label
+    assert pool_name(pool_name(long, "gfx942").removesuffix("-gfx942"), "gfx942") != pool_name(long, "gfx942")
+    assert service_name("llama-canary") != service_name("llama", "canary") == "llama-canary"
+    assert service_name("llama-stable").startswith("llama-stable-")
+    assert service_name("llama") == "llama" and service_name("llama-canary-x") == "llama-canary-x"
+
+
+subdomain_label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
+model_names = st.lists(subdomain_label, min_size=1, max_size=12).map(".".join).filter(lambda n: len(n) <= 253) | \
+    st.lists(st.sampled_from(["m", "llama", "0123456789", "abcdef0123", "stable", "canary", "gfx942", "x" * 30]),
+             min_size=1, max_size=9).map("-".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(model_names, st.data())
+def test_distinct_models_never_share_a_name(model: str, data: st.DataObject) -> None:
+    other = data.draw(model_names | st.sampled_from(crafted_from(model)).filter(DNS_1123_SUBDOMAIN.fullmatch))
+    if other != model:
+        assert not every_name(model) & every_name(other), (model, other)

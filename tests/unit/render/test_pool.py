@@ -480,12 +480,11 @@ def test_the_mla_backend_survives_the_config_map_round_trip() -> None:
     assert mla_options(serve_args(config)) == [f"{MLA_FLAG}=ROCM_AITER_MLA"]
 
 
-def test_user_extra_args_come_after_the_rendered_mla_backend() -> None:
-    """A user's own per-kind backend is passed on after ours, and vLLM takes the later value
-    (tests/contract: test_a_users_mla_backend_in_extra_args_wins_over_the_rendered_one)."""
-    model = spec(
-        model={"attention": "MLA"},
-        runtime={"extraArgs": [f"{MLA_FLAG}=TRITON_MLA"]},
-    )
-    args = serve_args(rendered_pool(model, gfx="gfx942").config)
-    assert mla_options(args) == [f"{MLA_FLAG}=ROCM_AITER_MLA", f"{MLA_FLAG}=TRITON_MLA"]
+def test_a_users_mla_backend_in_extra_args_is_refused_at_admission() -> None:
+    """vLLM takes a later per-kind backend over the one rendered for each gfx target
+    (tests/contract: test_a_users_mla_backend_in_extra_args_would_win_so_admission_refuses_it), and one
+    value for every pool can name a backend a pool's gfx target lacks: extraArgs may not set it."""
+    with pytest.raises(ValidationError, match="nor backend_per_kind"):
+        spec(model={"attention": "MLA"}, runtime={"extraArgs": [f"{MLA_FLAG}=TRITON_MLA"]})
+    args = serve_args(rendered_pool(spec(model={"attention": "MLA"}), gfx="gfx942").config)
+    assert mla_options(args) == [f"{MLA_FLAG}=ROCM_AITER_MLA"]
