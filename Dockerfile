@@ -7,10 +7,14 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
+# Dependencies first, each at the version the tests ran on and checked against the lock's hashes
+# (requirements/operator.lock, written by hack/lock); then the project alone.
+COPY requirements/operator.lock ./requirements/
+RUN pip wheel --wheel-dir /wheels --require-hashes -r requirements/operator.lock
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY runtime ./runtime
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --wheel-dir /wheels --no-deps .
 
 FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="specdec-operator" \
@@ -26,9 +30,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # and two arenas keep kopf's thread pool from multiplying heaps. hack/scale runs the operator alike.
 ENV PYTHONMALLOC=malloc \
     MALLOC_ARENA_MAX=2
-# Offline install from the build stage's wheels only: the image holds exactly what was built and tested.
+# Offline install from the build stage's wheels only: the image holds exactly what was built and tested,
+# the dependencies hash-checked again against the lock.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels /wheels/specdec_operator-*.whl
+    --mount=type=bind,from=build,source=/src/requirements,target=/requirements \
+    pip install --no-index --find-links=/wheels --require-hashes -r /requirements/operator.lock \
+    && pip install --no-index --no-deps /wheels/specdec_operator-*.whl
 # A named user with a fixed numeric id: Kubernetes can verify runAsNonRoot only against a numeric USER,
 # and kopf names its peering identity after the user when no POD_ID is set.
 RUN useradd --system --no-log-init --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin specdec

@@ -2,7 +2,7 @@
 
 The helm-docs idea without the Go tool: every key of values.yaml becomes a table row with its type, its
 default and the comment lines right above it (a parent's comment describes its whole block). Run
-`hack/chart-readme` after changing values.yaml; tests/unit/packaging/test_chart_readme.py fails on drift.
+`hack/chart-readme` after changing values.yaml; tests/unit/shipping/test_chart_readme.py fails on drift.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_a_device_id_added_through_the_setting_gets_pods_that_schedule(
 ) -> None:
     nodes = own_nodes("vf", custom_device)
     assert kube.get("node", nodes[0])["metadata"]["labels"]["amd.com/gpu.device-id"] == CUSTOM_DEVICE_ID
-    # What the chart renders from `gpuDevices` (tests/unit/packaging/test_chart_render.py checks the rendering).
+    # What the chart renders from `gpuDevices` (tests/unit/shipping/test_chart_render.py checks the rendering).
     entry = {"deviceId": CUSTOM_DEVICE_ID, "product": "MI300X VF (site)", "gfx": "gfx942", "vramGib": 192}
     scoped_operator(SPECDEC_GPU_DEVICES=json.dumps([entry]))
     kube.apply(pinned_model("custom-vf", str(kube.namespace)))

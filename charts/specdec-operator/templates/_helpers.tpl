@@ -54,7 +54,7 @@ Takes a dict with "root" (the chart context) and "clusterwide" (bool).
 */}}
 {{- define "specdec-operator.namespacedRules" -}}
 {{- $root := .root -}}
-# Every verb below is one the operator's code sends; tests/unit/packaging/test_chart_rbac.py holds this
+# Every verb below is one the operator's code sends; tests/unit/shipping/test_chart_rbac.py holds this
 # list to the code and tests/e2e/test_rbac.py proves it is enough. No `get` on workloads: the reconcile
 # reads its children from watch caches (kopf indices) and never fetches one by name.
 # SpeculativeModels: kopf lists and watches them to drive reconciles; get re-reads one after a status write

@@ -11,7 +11,7 @@ import pytest
 
 from specdec_operator.api.vocabulary import GFX_TARGETS
 from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorEnvSettings
-from tests.unit.packaging.chart import CHART_DIR, load_values
+from tests.unit.shipping.chart import CHART_DIR, load_values
 
 
 @pytest.fixture(scope="module")

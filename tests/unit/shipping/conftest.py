@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.packaging.chart import Manifest, find_helm, render
+from tests.unit.shipping.chart import Manifest, find_helm, render
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from kopf._cogs.structs import references as kopf_references
 
 from specdec_operator.crdfiles import CRD_FILE_NAME
 from specdec_operator.settings import OperatorEnvSettings
-from tests.unit.packaging.chart import (
+from tests.unit.shipping.chart import (
     CHART_DIR,
     RELEASE,
     RELEASE_NAMESPACE,
@@ -119,7 +119,7 @@ def test_settings_env_parses_to_the_operator_defaults(
     default_manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The chart's defaults are the operator's defaults: installing the chart changes no behaviour.
-    # default_manifests are the cluster-wide install (tests/unit/packaging/chart.py): the chart's other defaults
+    # default_manifests are the cluster-wide install (tests/unit/shipping/chart.py): the chart's other defaults
     # are the operator's, but for metrics.auth.enabled (on in the chart, off for a bare operator).
     expected = OperatorEnvSettings(cluster_wide=True, metrics_auth=True)
     assert _settings_from_env(_settings_env(default_manifests), monkeypatch) == expected

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import chartdocs
-from tests.unit.packaging.chart import CHART_DIR, load_values
+from tests.unit.shipping.chart import CHART_DIR, load_values
 
 
 def _leaf_paths(node: Any, prefix: str = "") -> set[str]:

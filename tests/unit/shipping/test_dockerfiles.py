@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.packaging.chart import REPO_ROOT, load_values
+from tests.unit.shipping.chart import REPO_ROOT, load_values
 
 # dockerfile-parse resolves ARG defaults in FROM lines, the part a hand-written parser gets wrong.
 DockerfileParser = pytest.importorskip("dockerfile_parse", reason="pip install dockerfile-parse").DockerfileParser

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.unit.packaging.chart import RELEASE_NAMESPACE, Manifest, of_kind, one, render
+from tests.unit.shipping.chart import RELEASE_NAMESPACE, Manifest, of_kind, one, render
 
 # What the operator does against the API, per (group, resource); the chart comments say why. Kept in step
 # with the code by hand and proven sufficient by tests/e2e/test_rbac.py; nothing here is granted "in case".

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 
 from specdec_operator.metrics import REGISTRY
-from tests.unit.packaging.chart import CHART_DIR
+from tests.unit.shipping.chart import CHART_DIR
 
 DASHBOARD_FILE = CHART_DIR / "dashboards" / "specdec-operator.json"
 GRID_WIDTH = 24

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.packaging.chart import CHART_DIR, Manifest, find_promtool, one, render
+from tests.unit.shipping.chart import CHART_DIR, Manifest, find_promtool, one, render
 
 NS, MODEL, POOL = "team-a", "llama", "llama-gfx942"
 

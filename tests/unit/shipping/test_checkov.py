@@ -1,7 +1,7 @@
 """checkov 3.3 (kubernetes framework) on the chart's manifests and on the runtime Deployments the operator renders.
 
 Every finding is either fixed or skipped in place with a one-line reason: `checkov.io/skip<N>` annotations in the
-chart's templates, and tests/unit/packaging/checkov-runtime-skips.yaml for the runtime Deployments (the operator
+chart's templates, and tests/unit/shipping/checkov-runtime-skips.yaml for the runtime Deployments (the operator
 keeps scanner annotations off the objects it owns). A new finding without a reason fails the test, and so does a
 skip that nothing needs any more.
 
@@ -30,8 +30,8 @@ from specdec_operator.render import pool as render
 from specdec_operator.render.names import pool_name
 from specdec_operator.render.podspec import PodSettings
 from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES
-from tests.unit.packaging.chart import REPO_ROOT, Manifest, load_values
-from tests.unit.packaging.chart import render as render_chart
+from tests.unit.shipping.chart import REPO_ROOT, Manifest, load_values
+from tests.unit.shipping.chart import render as render_chart
 
 RUNTIME_SKIPS = Path(__file__).with_name("checkov-runtime-skips.yaml")
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
