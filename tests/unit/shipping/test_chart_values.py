@@ -82,3 +82,14 @@ def test_runtime_images_default_to_the_operator_defaults() -> None:
     assert runtime["simulatorImage"] == OperatorEnvSettings().simulator_image
 
 
+
+
+def test_the_chart_claims_the_kubernetes_versions_the_e2e_suite_runs_on() -> None:
+    """kubeVersion's lower bound is the local control plane's minor version: nothing older is tested."""
+    import yaml
+
+    from tests.unit.shipping.chart import KUBERNETES_VERSION
+
+    claimed = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["kubeVersion"]
+    major, minor, _ = KUBERNETES_VERSION.lstrip("v").split(".")
+    assert claimed == f">={major}.{minor}.0-0", (claimed, KUBERNETES_VERSION)
