@@ -23,7 +23,7 @@ from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.resync import cache_known
 from specdec_operator.handlers.traffic import clear_manual_action, read_route, sync_route
 from specdec_operator.handlers.tuning import commit_tuning, observe_tuning, pace_tuning
-from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, remember_written, write_status
+from specdec_operator.handlers.writes import apply_owned, newest_body, remember_written, write_status
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import (
     K_CHANGES,
@@ -63,9 +63,10 @@ async def gather(
     known = await cache_known(ctx, namespace, name, uid, logger or LOG)
     # Owned objects come from the watch cache, already filtered to our labels and indexed by owner uid.
     children = ctx.cache.children(namespace, uid)
+    # What the object writes of earlier passes met (handlers/writes.py apply_owned keeps it).
+    refused = ctx.model(namespace, name).refusals
     # The HTTPRoute is not ours (no owner reference, no watch): read it, status and all, once per pass.
     route = await read_route(ctx, namespace, body.get("spec") or {}, logger)
-    refusals = refusals_of(ctx, (namespace, name))
     # One reading of the wall clock for the pass: its status stamps and the canary windows' look agree, so a step
     # this pass starts is never mistaken for one started before this process watched.
     wall_now = ctx.wall_clock()
@@ -86,8 +87,8 @@ async def gather(
         route_error=route.error,
         route_not_permitted=route.not_permitted,
         children_known=known,
-        refusals=tuple(refusals.summary()),
-        not_owned=tuple(refusals.conflicts()),
+        refusals=tuple(refused.summary()) if refused is not None else (),
+        not_owned=tuple(refused.conflicts()) if refused is not None else (),
         now=format_stamp(wall_now),
     )
     # The scrape round feeds the tuner's and the canary's windows; the pass reads them through observed.tuning.
@@ -166,12 +167,13 @@ async def write(
         written = await write_model_status(ctx, baseline, observed, plan, logger)
         changed = written is not None
         if decision is not None:
-            commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
             for event in plan.events:
                 kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
             logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k,
                         decision.to_k)
             ctx.nudge(*key)
+            # Status holds the decision: only now may the tuner remember it.
+            commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
             return changed
         if written is not None:
             _post_events(body, observed, plan)

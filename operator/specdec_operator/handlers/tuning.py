@@ -33,7 +33,6 @@ from specdec_operator.handlers.model_memory import ModelTuner
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.reconcile.observed import ObservedModel, TuningInputs
 from specdec_operator.reconcile.plan import read_status
-from specdec_operator.reconcile.route_status import route_rejection
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, rolling_pools, scrape_targets
 from specdec_operator.reconcile.tuning_policy import TuningOutcome
 from specdec_operator.render.names import label_value
@@ -112,17 +111,6 @@ def next_wake(ctx: OperatorContext, namespace: str, name: str) -> tuple[float, f
 
 
 
-def _route_rejection(ctx: OperatorContext, observed: ObservedModel) -> tuple[str, str] | None:
-    """Whether a Gateway refuses the model's HTTPRoute as gathered this pass. A route that could not be read
-    keeps what its last read said (unread is not accepted); a model without a route has nothing refused."""
-    memory = ctx.model(observed.namespace, observed.name)
-    if observed.route_read:
-        memory.route_rejection = route_rejection(dict(observed.route)) if observed.route is not None else None
-    elif observed.route_error is None:
-        memory.route_rejection = None
-    return memory.route_rejection
-
-
 def _tuned_status(observed: ObservedModel) -> tuple[SpeculativeModelSpec, SpeculativeModelStatus] | None:
     """Tuning needs known pods, a valid spec and a readable status; anything else is the plan's to report."""
     if not observed.children_known:
@@ -181,7 +169,7 @@ async def observe_tuning(
             return observed
     inputs = TuningInputs(
         state=tuner.state, windows=tuner.canary, now=now, next_evaluation_at=tuner.next_evaluation_at,
-        rolling=frozenset(rolling), route_rejection=_route_rejection(ctx, observed),
+        rolling=frozenset(rolling), route_rejection=memory.route_rejection,
         decision_id=uuid.uuid4().hex[:12],
     )
     excluded = tuple(sorted(tuner.state.excluded_pods().items()))
@@ -193,6 +181,8 @@ def pace_tuning(ctx: OperatorContext, observed: ObservedModel, outcome: TuningOu
     and the figures its report exports on /metrics."""
     known = ctx.known(observed.namespace, observed.name)
     tuner = known.tuner if known is not None else None
+    if known is not None and observed.tuning is not None:
+        known.route_rejection = outcome.route_rejection  # as gathered this pass, kept for a pass that cannot read
     if tuner is not None and outcome.next_evaluation_at is not None:
         tuner.next_evaluation_at = outcome.next_evaluation_at
     if outcome.report is not None:

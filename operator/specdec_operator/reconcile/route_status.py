@@ -66,6 +66,17 @@ def route_verdict(namespace: str, name: str, route: Mapping[str, Any] | None) ->
     return RouteVerdict(REASONS[refusals[0][0]], f"{where}: " + "; ".join(messages))
 
 
+def gathered_rejection(
+    last: tuple[str, str] | None, route: Mapping[str, Any] | None, read: bool, error: str | None
+) -> tuple[str, str] | None:
+    """Whether a Gateway refuses the model's HTTPRoute as gathered this pass. A route that could not be read
+    keeps what its last read said (`last`: unread is not accepted); a model without a route has nothing
+    refused."""
+    if read:
+        return route_rejection(dict(route)) if route is not None else None
+    return None if error is None else last
+
+
 def route_rejection(route: Mapping[str, Any]) -> tuple[str, str] | None:
     """(reason, message) of the route's worst refusal, from the same judgement as `route_verdict`: what holds a
     canary step (handlers/traffic.py keeps it, handlers/tuning.py route_hold turns a Pass into Inconclusive)."""
