@@ -8,11 +8,9 @@ from typing import Any, NamedTuple
 import kopf
 
 from specdec_operator import GROUP, KIND
-from specdec_operator.canary.progress import CANARY_ACTION_ANNOTATION
 from specdec_operator.canary.traffic import route_reference_granted
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.kube.api import KubeApiError
-from specdec_operator.metrics import CANARY_WEIGHT, pool_series
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan
 from specdec_operator.reconcile.route_status import route_step
@@ -64,12 +62,12 @@ async def read_route(
 
 async def sync_route(
     ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan, logger: Logger
-) -> None:
+) -> bool:
     """Give our canary Service `plan.route_weight` percent in every rule that routes to our stable Service
-    (reconcile/route_status.py route_step decides the change). The loop runs every few seconds: an unchanged
-    problem is posted once, not once per loop."""
+    (reconcile/route_status.py route_step decides the change); returns whether the route was written. The loop
+    runs every few seconds: an unchanged problem is posted once, not once per loop."""
     if plan.route is None or plan.route_weight is None:
-        return
+        return False
     memory = ctx.model(observed.namespace, observed.name)
     namespace = plan.route.namespace or observed.namespace
     route = (dict(observed.route) if observed.route is not None else None) if observed.route_read else (
@@ -81,27 +79,15 @@ async def sync_route(
         if memory.route_warning != step.problem:
             memory.route_warning = step.problem
             kopf.warn(body, reason=step.problem[0], message=step.problem[1])
-        return
+        return False
     if step.apply is None:
-        return
+        return False
     try:
         await ctx.api.apply(step.apply)
     except KubeApiError as error:
         if error.status == 409:  # edited since we read it; the next loop reads it again
             logger.info("HTTPRoute %s/%s changed under us; retrying next round", namespace, plan.route.name)
-            return
+            return False
         raise
-    for pool in plan.pools:
-        pool_series(CANARY_WEIGHT, observed.namespace, observed.name, pool.name).set(
-            plan.route_weight if plan.status and plan.status.canary and plan.status.canary.pool == pool.name else 0
-        )
     logger.info("HTTPRoute %s/%s: canary weight %d%%", namespace, plan.route.name, plan.route_weight)
-
-
-async def clear_manual_action(ctx: OperatorContext, observed: ObservedModel, plan: ReconcilePlan) -> None:
-    """A used (or invalid) one-shot action is removed so it cannot fire again; spec stays untouched."""
-    if plan.clear_action and CANARY_ACTION_ANNOTATION in observed.annotations:
-        await ctx.api.patch_merge(
-            "SpeculativeModel", observed.namespace, observed.name,
-            {"metadata": {"annotations": {CANARY_ACTION_ANNOTATION: None}}},
-        )
+    return True

@@ -37,7 +37,7 @@ from specdec_operator.reconcile.tuning_inputs import pool_contexts, rolling_pool
 from specdec_operator.reconcile.tuning_policy import TuningOutcome
 from specdec_operator.render.names import label_value
 from specdec_operator.tuner.engine import PoolContext, TunerState
-from specdec_operator.tuner.exporter import count_k_change, publish, publish_exclusions
+from specdec_operator.tuner.exporter import count_k_change, publish_exclusions
 from specdec_operator.tuner.window import QUARANTINE_S
 
 logger = logging.getLogger(__name__)
@@ -177,16 +177,14 @@ async def observe_tuning(
 
 
 def pace_tuning(ctx: OperatorContext, observed: ObservedModel, outcome: TuningOutcome) -> None:
-    """What the pass's evaluation did to the tuner that holds whatever is written: its next evaluation time,
-    and the figures its report exports on /metrics."""
+    """What the pass's evaluation did to the tuner that holds whatever is written: its next evaluation time, and
+    the route's rejection as gathered (the pass's writes publish its report on /metrics)."""
     known = ctx.known(observed.namespace, observed.name)
     tuner = known.tuner if known is not None else None
     if known is not None and observed.tuning is not None:
         known.route_rejection = outcome.route_rejection  # as gathered this pass, kept for a pass that cannot read
     if tuner is not None and outcome.next_evaluation_at is not None:
         tuner.next_evaluation_at = outcome.next_evaluation_at
-    if outcome.report is not None:
-        publish(observed.namespace, observed.name, outcome.report)
 
 
 def commit_tuning(ctx: OperatorContext, namespace: str, name: str, outcome: TuningOutcome) -> None:
