@@ -146,7 +146,13 @@ def count_rollouts(namespace: str, model: str, pool: str, reasons: Iterable[str]
         if result is not None:
             pool_series(ROLLOUTS, namespace, model, pool, result).inc()
         if reason in K_ROLLED_OUT:
-            pool_series(K_CHANGES, namespace, model, pool).inc()
+            count_k_change(namespace, model, pool)
+
+
+def count_k_change(namespace: str, model: str, pool: str) -> None:
+    """A pool's K changed: counted once the decision is in status (with strategy Canary, once its canary
+    promotes it: `count_rollouts`), not when it is proposed."""
+    pool_series(K_CHANGES, namespace, model, pool).inc()
 
 
 def set_canary_weight(namespace: str, model: str, pools: Iterable[str], canary_pool: str | None, weight: int) -> None:

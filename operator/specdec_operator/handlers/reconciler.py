@@ -29,6 +29,7 @@ from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import (
     RECONCILE_SECONDS,
     RECONCILES,
+    count_k_change,
     count_rollouts,
     set_canary_weight,
     set_model_conditions,
@@ -141,44 +142,48 @@ async def write(
     key = (observed.namespace, observed.name)
     decision = plan.tuning.proposal
     written: dict[str, Any] | None = None
-    weighted = False
+    weighted = committed = False
     try:
         if plan.held is not None and decision is None:
             return False
         if plan.status is not None:
             written = await write_model_status(ctx, baseline, observed, plan, logger)
-        if decision is not None:
-            for event in plan.events:
-                kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
-            logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k,
-                        decision.to_k)
-            ctx.nudge(*key)
-            # Status holds the decision: only now may the tuner remember it.
-            commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
+        if decision is None:
+            if written is not None:
+                for event in plan.events:
+                    kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+            if not plan.status_unreadable:
+                # Traffic moves before Deployments: a canary loses its weight before it is deleted.
+                weighted = await sync_route(ctx, body, observed, plan, logger)
+                if await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys()):
+                    # A refusal appeared, changed or cleared: the next pass decides Degraded from the refusals
+                    # it gathers.
+                    ctx.nudge(*key)
+                for kind, name in plan.delete:
+                    await ctx.api.delete(kind, observed.namespace, name)
+                if plan.clear_action and CANARY_ACTION_ANNOTATION in observed.annotations:
+                    # A used (or invalid) one-shot action is removed so it cannot fire again; spec stays
+                    # untouched.
+                    await ctx.api.patch_merge(KIND, observed.namespace, observed.name,
+                                              {"metadata": {"annotations": {CANARY_ACTION_ANNOTATION: None}}})
+            if plan.status is not None:
+                set_model_conditions(observed.namespace, observed.name,
+                                     [(c.type, c.status, c.reason) for c in plan.status.conditions])
             return written is not None
-        if written is not None:
-            for event in plan.events:
-                kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
-        if not plan.status_unreadable:
-            # Traffic moves before Deployments: a canary loses its weight before it is deleted.
-            weighted = await sync_route(ctx, body, observed, plan, logger)
-            if await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys()):
-                # A refusal appeared, changed or cleared: the next pass decides Degraded from the refusals it
-                # gathers.
-                ctx.nudge(*key)
-            for kind, name in plan.delete:
-                await ctx.api.delete(kind, observed.namespace, name)
-            if plan.clear_action and CANARY_ACTION_ANNOTATION in observed.annotations:
-                # A used (or invalid) one-shot action is removed so it cannot fire again; spec stays untouched.
-                await ctx.api.patch_merge(KIND, observed.namespace, observed.name,
-                                          {"metadata": {"annotations": {CANARY_ACTION_ANNOTATION: None}}})
-        if plan.status is not None:
-            set_model_conditions(observed.namespace, observed.name,
-                                 [(c.type, c.status, c.reason) for c in plan.status.conditions])
+        # A K decision: its record is all this pass writes.
+        for event in plan.events:
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+        logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k,
+                    decision.to_k)
+        ctx.nudge(*key)
+        # Status holds the decision: only now may the tuner remember it.
+        commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
+        committed = True
         return written is not None
     finally:
         # What the pass did, on /metrics, whether or not its writes all went through: the tuner's report, the
-        # canary's weight once the route carries it, the rollouts and K changes the written events end.
+        # canary's weight once the route carries it, the rollouts and K changes the written events end, and a
+        # K change committed without a canary.
         if plan.tuning.report is not None:
             publish(observed.namespace, observed.name, plan.tuning.report)
         canary = plan.status.canary if plan.status is not None else None
@@ -187,6 +192,8 @@ async def write(
                               canary.pool if canary is not None else None, plan.route_weight or 0)
         if written is not None and decision is None and canary is not None:
             count_rollouts(observed.namespace, observed.name, canary.pool, [event.reason for event in plan.events])
+        if committed and decision is not None and plan.tuning.rolls_out_now and decision.to_k != decision.from_k:
+            count_k_change(observed.namespace, observed.name, decision.pool)  # a rolling K change counts now
 
 
 async def _decision_stored(

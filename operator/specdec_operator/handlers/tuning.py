@@ -28,7 +28,6 @@ from specdec_operator.api.status import SpeculativeModelStatus
 from specdec_operator.canary.evidence import pod_restarts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.handlers.context import Logger, OperatorContext
-from specdec_operator.handlers.health import probe_health
 from specdec_operator.handlers.model_memory import ModelTuner
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.reconcile.observed import ObservedModel, TuningInputs
@@ -37,7 +36,8 @@ from specdec_operator.reconcile.tuning_inputs import pool_contexts, rolling_pool
 from specdec_operator.reconcile.tuning_policy import TuningOutcome
 from specdec_operator.render.names import label_value
 from specdec_operator.tuner.engine import PoolContext, TunerState
-from specdec_operator.tuner.exporter import count_k_change, publish_exclusions
+from specdec_operator.tuner.exporter import publish_exclusions
+from specdec_operator.tuner.scraper import probe_health
 from specdec_operator.tuner.window import QUARANTINE_S
 
 logger = logging.getLogger(__name__)
@@ -188,12 +188,10 @@ def pace_tuning(ctx: OperatorContext, observed: ObservedModel, outcome: TuningOu
 
 
 def commit_tuning(ctx: OperatorContext, namespace: str, name: str, outcome: TuningOutcome) -> None:
-    """The proposal is in status: the tuner may now remember it; a rolling K change counts now."""
+    """The proposal is in status: the tuner may now remember it (its cooldown runs from it)."""
     if outcome.proposal is None:
         return
     known = ctx.known(namespace, name)
     tuner = known.tuner if known is not None else None
     if tuner is not None:
         tuner.state.commit(outcome.proposal, outcome.proposed_at)
-    if outcome.rolls_out_now:
-        count_k_change(namespace, name, outcome.proposal)
