@@ -1,10 +1,12 @@
 """One pass over one SpeculativeModel: gather what it needs (I/O), evaluate it with pure functions, then write.
 
-Gather: the model, its owned objects and pods from the watch cache, its HTTPRoute, the scrape round into the
-tuner's and canary's windows (handlers/tuning.py), the refusals known so far and the clocks' now, all in one
-`ObservedModel`. Decide: `evaluate` (reconcile/plan.py) makes the tuner's K decision, the canary's verdict,
-the plan and the conditions from it. Write: status through `write_model_status`, the one status writer, then
-traffic and owned objects; memory (the tuner's commit) only after status holds the decision.
+Gather: the model, its owned objects and pods from the watch cache, the refusals known so far, its HTTPRoute,
+the scrape round and /health probes into the tuner's and canary's windows (handlers/tuning.py) and the clocks'
+now, all in one `ObservedModel`. Decide: `evaluate` (reconcile/plan.py) makes the tuner's K decision, the
+canary's verdict (with the route's rejection as gathered), the plan and the conditions from it. Write
+(`write`): status through `write_model_status`, the one status writer, then traffic (reconcile/route_status.py
+decides the route's change), owned objects, deletions and the one-shot annotation; or, for a K decision, its
+record and then the tuner's commit. What the pass did goes on /metrics last.
 """
 
 from __future__ import annotations
