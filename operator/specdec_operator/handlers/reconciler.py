@@ -144,7 +144,7 @@ async def write(
     key = (observed.namespace, observed.name)
     decision = plan.tuning.proposal
     written: dict[str, Any] | None = None
-    weighted = committed = False
+    weighted = committed = conditions_written = False
     try:
         if plan.held is not None and decision is None:
             return False
@@ -163,14 +163,12 @@ async def write(
                     ctx.nudge(*key)
                 for kind, name in plan.delete:
                     await ctx.api.delete(kind, observed.namespace, name)
-                if plan.clear_action and CANARY_ACTION_ANNOTATION in observed.annotations:
-                    # A used (or invalid) one-shot action is removed so it cannot fire again; spec stays
-                    # untouched.
-                    await ctx.api.patch_merge(KIND, observed.namespace, observed.name,
-                                              {"metadata": {"annotations": {CANARY_ACTION_ANNOTATION: None}}})
-            if plan.status is not None:
-                set_model_conditions(observed.namespace, observed.name,
-                                     [(c.type, c.status, c.reason) for c in plan.status.conditions])
+            # The objects are written: the conditions' series follow (set with the pass's other figures below).
+            conditions_written = plan.status is not None
+            if not plan.status_unreadable and plan.clear_action and CANARY_ACTION_ANNOTATION in observed.annotations:
+                # A used (or invalid) one-shot action is removed so it cannot fire again; spec stays untouched.
+                await ctx.api.patch_merge(KIND, observed.namespace, observed.name,
+                                          {"metadata": {"annotations": {CANARY_ACTION_ANNOTATION: None}}})
             return written is not None
         # A K decision: its record is all this pass writes.
         for event in plan.events:
@@ -183,11 +181,14 @@ async def write(
         committed = True
         return written is not None
     finally:
-        # What the pass did, on /metrics, whether or not its writes all went through: the tuner's report, the
-        # canary's weight once the route carries it, the rollouts and K changes the written events end, and a
-        # K change committed without a canary.
+        # What the pass did, on /metrics, whether or not its later writes went through: the tuner's report, the
+        # conditions once the objects are written, the canary's weight once the route carries it, the rollouts
+        # and K changes the written events end, and a K change committed without a canary.
         if plan.tuning.report is not None:
             publish(observed.namespace, observed.name, plan.tuning.report)
+        if conditions_written and plan.status is not None:
+            set_model_conditions(observed.namespace, observed.name,
+                                 [(c.type, c.status, c.reason) for c in plan.status.conditions])
         canary = plan.status.canary if plan.status is not None else None
         if weighted:
             set_canary_weight(observed.namespace, observed.name, [pool.name for pool in plan.pools],
