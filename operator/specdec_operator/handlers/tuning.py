@@ -109,8 +109,6 @@ def next_wake(ctx: OperatorContext, namespace: str, name: str) -> tuple[float, f
     return None if tuner is None else (tuner.next_scrape_at, tuner.next_evaluation_at)
 
 
-
-
 def _tuned_status(observed: ObservedModel) -> tuple[SpeculativeModelSpec, SpeculativeModelStatus] | None:
     """Tuning needs known pods, a valid spec and a readable status; anything else is the plan's to report."""
     if not observed.children_known:

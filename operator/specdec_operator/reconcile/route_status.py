@@ -83,7 +83,8 @@ def gathered_rejection(
 
 def route_rejection(route: Mapping[str, Any]) -> tuple[str, str] | None:
     """(reason, message) of the route's worst refusal, from the same judgement as `route_verdict`: what holds a
-    canary step (handlers/traffic.py keeps it, handlers/tuning.py route_hold turns a Pass into Inconclusive)."""
+    canary step (`gathered_rejection`, which the pass remembers for a pass that cannot read the route;
+    canary/verdict.py route_hold turns a Pass into Inconclusive) and holds a higher weight (`route_step`)."""
     refusals = _refusals(route)
     if not refusals:
         return None
