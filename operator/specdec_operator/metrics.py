@@ -126,6 +126,41 @@ def set_model_conditions(namespace: str, model: str, conditions: Iterable[tuple[
     _CONDITION_SERIES[(namespace, model)] = current
 
 
+# Canary events that end a rollout, and the result label they count under.
+ROLLOUT_RESULTS = {
+    "CanaryPromoted": "promoted",
+    "CanaryFailed": "rolledback",
+    "CanaryTimedOut": "rolledback",
+    "CanaryAborted": "aborted",
+    "CanaryCancelled": "cancelled",
+}
+# Events a canary's plan posts when it promotes a tuner K change (reconcile/rollout.py).
+K_ROLLED_OUT = ("KChanged", "KExplore")
+
+
+def count_rollouts(namespace: str, model: str, pool: str, reasons: Iterable[str]) -> None:
+    """The rollouts of the canary pool that written events end, and the tuner K changes its canary promoted (a
+    K change is counted when its canary promotes it, as its event says)."""
+    for reason in reasons:
+        result = ROLLOUT_RESULTS.get(reason)
+        if result is not None:
+            pool_series(ROLLOUTS, namespace, model, pool, result).inc()
+        if reason in K_ROLLED_OUT:
+            count_k_change(namespace, model, pool)
+
+
+def count_k_change(namespace: str, model: str, pool: str) -> None:
+    """A pool's K changed: counted once the decision is in status (with strategy Canary, once its canary
+    promotes it: `count_rollouts`), not when it is proposed."""
+    pool_series(K_CHANGES, namespace, model, pool).inc()
+
+
+def set_canary_weight(namespace: str, model: str, pools: Iterable[str], canary_pool: str | None, weight: int) -> None:
+    """The canary's percent of traffic, on its pool; 0 on the model's other pools."""
+    for pool in pools:
+        pool_series(CANARY_WEIGHT, namespace, model, pool).set(weight if pool == canary_pool else 0)
+
+
 # The excluded pods each model has series for (pool, pod), so pods that behave again or are gone leave /metrics.
 _EXCLUDED_SERIES: dict[tuple[str, str], set[tuple[str, str]]] = {}
 # How many positions each pool's specdec_position_acceptance has, so positions past a lowered K leave /metrics.

@@ -1,10 +1,12 @@
 """One pass over one SpeculativeModel: gather what it needs (I/O), evaluate it with pure functions, then write.
 
-Gather: the model, its owned objects and pods from the watch cache, its HTTPRoute, the scrape round into the
-tuner's and canary's windows (handlers/tuning.py), the refusals known so far and the clocks' now, all in one
-`ObservedModel`. Decide: `evaluate` (reconcile/plan.py) makes the tuner's K decision, the canary's verdict,
-the plan and the conditions from it. Write: status through `write_model_status`, the one status writer, then
-traffic and owned objects; memory (the tuner's commit) only after status holds the decision.
+Gather: the model, its owned objects and pods from the watch cache, the refusals known so far, its HTTPRoute,
+the scrape round and /health probes into the tuner's and canary's windows (handlers/tuning.py) and the clocks'
+now, all in one `ObservedModel`. Decide: `evaluate` (reconcile/plan.py) makes the tuner's K decision, the
+canary's verdict (with the route's rejection as gathered), the plan and the conditions from it. Write
+(`write`): status through `write_model_status`, the one status writer, then traffic (reconcile/route_status.py
+decides the route's change), owned objects, deletions and the one-shot annotation; or, for a K decision, its
+record and then the tuner's commit. What the pass did goes on /metrics last.
 """
 
 from __future__ import annotations
@@ -16,21 +18,22 @@ from typing import Any
 import kopf
 
 from specdec_operator import KIND
+from specdec_operator.canary.progress import CANARY_ACTION_ANNOTATION
 from specdec_operator.decisions import label_selector
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.resync import cache_known
-from specdec_operator.handlers.traffic import clear_manual_action, read_route, sync_route
+from specdec_operator.handlers.traffic import read_route, sync_route
 from specdec_operator.handlers.tuning import commit_tuning, observe_tuning, pace_tuning
-from specdec_operator.handlers.writes import apply_owned, newest_body, refusals_of, remember_written, write_status
+from specdec_operator.handlers.writes import apply_owned, newest_body, remember_written, write_status
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import (
-    K_CHANGES,
     RECONCILE_SECONDS,
     RECONCILES,
-    ROLLOUTS,
-    pool_series,
+    count_k_change,
+    count_rollouts,
+    set_canary_weight,
     set_model_conditions,
 )
 from specdec_operator.reconcile.observed import ObservedModel
@@ -38,21 +41,10 @@ from specdec_operator.reconcile.plan import ReconcilePlan, evaluate
 from specdec_operator.reconcile.tuning_policy import recorded_decision_id
 from specdec_operator.render.names import label_value
 from specdec_operator.timestamps import format_stamp
+from specdec_operator.tuner.exporter import publish
 
 OWNED_KINDS = ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget")
 LOG = logging.getLogger(__name__)
-# Canary events that end a rollout, and the result label they count under.
-ROLLOUT_RESULTS = {
-    "CanaryPromoted": "promoted",
-    "CanaryFailed": "rolledback",
-    "CanaryTimedOut": "rolledback",
-    "CanaryAborted": "aborted",
-    "CanaryCancelled": "cancelled",
-}
-# Events a canary's plan posts when it promotes a tuner K change (reconcile/rollout.py).
-K_ROLLED_OUT = ("KChanged", "KExplore")
-
-
 async def gather(
     ctx: OperatorContext, body: Mapping[str, Any], nodes: Sequence[NodeGpus], gpu_claims: FleetClaims | None = None,
     logger: Logger | None = None,
@@ -63,9 +55,10 @@ async def gather(
     known = await cache_known(ctx, namespace, name, uid, logger or LOG)
     # Owned objects come from the watch cache, already filtered to our labels and indexed by owner uid.
     children = ctx.cache.children(namespace, uid)
+    # What the object writes of earlier passes met (handlers/writes.py apply_owned keeps it).
+    refused = ctx.model(namespace, name).refusals
     # The HTTPRoute is not ours (no owner reference, no watch): read it, status and all, once per pass.
     route = await read_route(ctx, namespace, body.get("spec") or {}, logger)
-    refusals = refusals_of(ctx, (namespace, name))
     # One reading of the wall clock for the pass: its status stamps and the canary windows' look agree, so a step
     # this pass starts is never mistaken for one started before this process watched.
     wall_now = ctx.wall_clock()
@@ -86,23 +79,12 @@ async def gather(
         route_error=route.error,
         route_not_permitted=route.not_permitted,
         children_known=known,
-        refusals=tuple(refusals.summary()),
-        not_owned=tuple(refusals.conflicts()),
+        refusals=tuple(refused.summary()) if refused is not None else (),
+        not_owned=tuple(refused.conflicts()) if refused is not None else (),
         now=format_stamp(wall_now),
     )
     # The scrape round feeds the tuner's and the canary's windows; the pass reads them through observed.tuning.
     return await observe_tuning(ctx, observed, wall_now, logger or LOG)
-
-
-def _post_events(body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan) -> None:
-    for event in plan.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
-        result = ROLLOUT_RESULTS.get(event.reason)
-        if result is not None and plan.status is not None and plan.status.canary is not None:
-            pool_series(ROLLOUTS, observed.namespace, observed.name, plan.status.canary.pool, result).inc()
-        if event.reason in K_ROLLED_OUT and plan.status is not None and plan.status.canary is not None:
-            # A tuner K change is counted when its canary promotes it, as its event says.
-            pool_series(K_CHANGES, observed.namespace, observed.name, plan.status.canary.pool).inc()
 
 
 async def write_model_status(
@@ -150,8 +132,8 @@ async def write(
     logger: Logger,
 ) -> bool:
     """The pass's writes, in order: status once (the decision record), then traffic, then owned objects rendered
-    from that status. Returns whether the status changed. With an unreadable status only its conditions are
-    written.
+    from that status, then the one-shot annotation; the pass's figures on /metrics last. Returns whether the
+    status changed. A held plan writes nothing; with an unreadable status only its conditions are written.
 
     A pass that decides a K change (`plan.tuning.proposal`, recorded alone in `plan.status`) writes that record
     and nothing else, and commits it in the tuner only once it is stored; the next pass (nudged at once) renders
@@ -161,30 +143,60 @@ async def write(
     """
     key = (observed.namespace, observed.name)
     decision = plan.tuning.proposal
-    changed = False
-    if plan.status is not None:
-        written = await write_model_status(ctx, baseline, observed, plan, logger)
-        changed = written is not None
-        if decision is not None:
-            commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
-            for event in plan.events:
-                kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
-            logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k,
-                        decision.to_k)
-            ctx.nudge(*key)
-            return changed
-        if written is not None:
-            _post_events(body, observed, plan)
-    if plan.status_unreadable:
-        return changed
-    # Traffic moves before Deployments: a canary loses its weight before it is deleted.
-    await sync_route(ctx, body, observed, plan, logger)
-    if await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys()):
-        # A refusal appeared, changed or cleared: the next pass decides Degraded from the refusals it gathers.
+    written: dict[str, Any] | None = None
+    weighted = committed = conditions_written = False
+    try:
+        if plan.held is not None and decision is None:
+            return False
+        if plan.status is not None:
+            written = await write_model_status(ctx, baseline, observed, plan, logger)
+        if decision is None:
+            if written is not None:
+                for event in plan.events:
+                    kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+            if not plan.status_unreadable:
+                # Traffic moves before Deployments: a canary loses its weight before it is deleted.
+                weighted = await sync_route(ctx, body, observed, plan, logger)
+                if await apply_owned(ctx, body, key, plan.apply, logger, owned=observed.children.keys()):
+                    # A refusal appeared, changed or cleared: the next pass decides Degraded from the refusals
+                    # it gathers.
+                    ctx.nudge(*key)
+                for kind, name in plan.delete:
+                    await ctx.api.delete(kind, observed.namespace, name)
+            # The objects are written: the conditions' series follow (set with the pass's other figures below).
+            conditions_written = plan.status is not None
+            if not plan.status_unreadable and plan.clear_action and CANARY_ACTION_ANNOTATION in observed.annotations:
+                # A used (or invalid) one-shot action is removed so it cannot fire again; spec stays untouched.
+                await ctx.api.patch_merge(KIND, observed.namespace, observed.name,
+                                          {"metadata": {"annotations": {CANARY_ACTION_ANNOTATION: None}}})
+            return written is not None
+        # A K decision: its record is all this pass writes.
+        for event in plan.events:
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+        logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k,
+                    decision.to_k)
         ctx.nudge(*key)
-    for kind, name in plan.delete:
-        await ctx.api.delete(kind, observed.namespace, name)
-    return changed
+        # Status holds the decision: only now may the tuner remember it.
+        commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
+        committed = True
+        return written is not None
+    finally:
+        # What the pass did, on /metrics, whether or not its later writes went through: the tuner's report, the
+        # conditions once the objects are written, the canary's weight once the route carries it, the rollouts
+        # and K changes the written events end, and a K change committed without a canary.
+        if plan.tuning.report is not None:
+            publish(observed.namespace, observed.name, plan.tuning.report)
+        if conditions_written and plan.status is not None:
+            set_model_conditions(observed.namespace, observed.name,
+                                 [(c.type, c.status, c.reason) for c in plan.status.conditions])
+        canary = plan.status.canary if plan.status is not None else None
+        if weighted:
+            set_canary_weight(observed.namespace, observed.name, [pool.name for pool in plan.pools],
+                              canary.pool if canary is not None else None, plan.route_weight or 0)
+        if written is not None and decision is None and canary is not None:
+            count_rollouts(observed.namespace, observed.name, canary.pool, [event.reason for event in plan.events])
+        if committed and decision is not None and plan.tuning.rolls_out_now and decision.to_k != decision.from_k:
+            count_k_change(observed.namespace, observed.name, decision.pool)  # a rolling K change counts now
 
 
 async def _decision_stored(
@@ -231,25 +243,19 @@ async def reconcile(
         pace_tuning(ctx, observed, plan.tuning)
         if plan.status is not None and ctx.settings.shard:
             plan.status.shard = ctx.settings.shard  # which install owns the model, for sharded fleets
-        if plan.tuning.proposal is not None:
-            await write(ctx, body, baseline, observed, plan, logger)
-            RECONCILES.labels(result="ok").inc()
-            return plan
-        if plan.held is not None:
-            logger.debug("reconcile held: %s", plan.held)
-            RECONCILES.labels(result="ok").inc()
-            return plan
         changed = await write(ctx, body, baseline, observed, plan, logger)
-        if plan.status is not None:
-            set_model_conditions(observed.namespace, observed.name,
-                                 [(c.type, c.status, c.reason) for c in plan.status.conditions])
-        if not plan.status_unreadable:
-            await clear_manual_action(ctx, observed, plan)
     except Exception:
         RECONCILES.labels(result="error").inc()
         raise
     finally:
         RECONCILE_SECONDS.observe(ctx.clock() - started)
+    if plan.tuning.proposal is not None:
+        RECONCILES.labels(result="ok").inc()
+        return plan
+    if plan.held is not None:
+        logger.debug("reconcile held: %s", plan.held)
+        RECONCILES.labels(result="ok").inc()
+        return plan
     RECONCILES.labels(result="invalid" if plan.invalid_spec else "ok").inc()
     if plan.status_unreadable:
         logger.warning("status unreadable, holding: %s", "; ".join(plan.status_unreadable))

@@ -8,21 +8,12 @@ from typing import Any, NamedTuple
 import kopf
 
 from specdec_operator import GROUP, KIND
-from specdec_operator.canary.progress import CANARY_ACTION_ANNOTATION
-from specdec_operator.canary.traffic import (
-    RouteError,
-    canary_percent,
-    route_reference_granted,
-    route_weights,
-    weighted_route,
-)
+from specdec_operator.canary.traffic import route_reference_granted
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.kube.api import KubeApiError
-from specdec_operator.metrics import CANARY_WEIGHT, pool_series
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan
-from specdec_operator.reconcile.route_status import route_rejection
-from specdec_operator.render.names import service_name
+from specdec_operator.reconcile.route_status import route_step
 
 
 def route_ref(namespace: str, spec: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -69,62 +60,34 @@ async def read_route(
         return RouteReading(error=f"HTTPRoute {ref[0]}/{ref[1]} cannot be read: {error}")
 
 
-def _warn_once(ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, reason: str, message: str) -> None:
-    """The loop runs every few seconds; an unchanged problem is posted once, not once per loop."""
-    memory = ctx.model(observed.namespace, observed.name)
-    if memory.route_warning != (reason, message):
-        memory.route_warning = (reason, message)
-        kopf.warn(body, reason=reason, message=message)
-
-
 async def sync_route(
     ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan, logger: Logger
-) -> None:
-    """Give our canary Service `plan.route_weight` percent in every rule that routes to our stable Service."""
+) -> bool:
+    """Give our canary Service `plan.route_weight` percent in every rule that routes to our stable Service
+    (reconcile/route_status.py route_step decides the change); returns whether the route was written. The loop
+    runs every few seconds: an unchanged problem is posted once, not once per loop."""
     if plan.route is None or plan.route_weight is None:
-        return
+        return False
+    memory = ctx.model(observed.namespace, observed.name)
     namespace = plan.route.namespace or observed.namespace
-    stable, canary = service_name(observed.name, "stable"), service_name(observed.name, "canary")
     route = (dict(observed.route) if observed.route is not None else None) if observed.route_read else (
         await ctx.api.get("HTTPRoute", namespace, plan.route.name))
-    if route is None:
-        _warn_once(ctx, body, observed, "HTTPRouteNotFound", f"HTTPRoute {namespace}/{plan.route.name} not found")
-        return
-    current = canary_percent(route_weights(route, observed.namespace, stable, canary))
-    rejection = route_rejection(route)
-    if rejection is not None:
-        if current is None or plan.route_weight > current:
-            # More traffic must not go where a Gateway says it cannot: hold this weight; the canary's
-            # analysis reads the same rejection from the route it gathered and holds the step
-            # (canary/verdict.py route_hold). Less traffic (a rollback) always goes through.
-            _warn_once(ctx, body, observed, rejection[0],
-                       f"canary weight held at {current}% instead of {plan.route_weight}%: {rejection[1]}")
-            return
-    else:
-        ctx.model(observed.namespace, observed.name).route_warning = None
-    if current == plan.route_weight:
-        return
+    step = route_step(route, observed.name, observed.namespace, f"{namespace}/{plan.route.name}", plan.route_weight)
+    if step.accepted:
+        memory.route_warning = None
+    if step.problem is not None:
+        if memory.route_warning != step.problem:
+            memory.route_warning = step.problem
+            kopf.warn(body, reason=step.problem[0], message=step.problem[1])
+        return False
+    if step.apply is None:
+        return False
     try:
-        await ctx.api.apply(weighted_route(route, observed.namespace, stable, canary, plan.route_weight))
-    except RouteError as error:
-        _warn_once(ctx, body, observed, "HTTPRouteUnusable", str(error))
-        return
+        await ctx.api.apply(step.apply)
     except KubeApiError as error:
         if error.status == 409:  # edited since we read it; the next loop reads it again
             logger.info("HTTPRoute %s/%s changed under us; retrying next round", namespace, plan.route.name)
-            return
+            return False
         raise
-    for pool in plan.pools:
-        pool_series(CANARY_WEIGHT, observed.namespace, observed.name, pool.name).set(
-            plan.route_weight if plan.status and plan.status.canary and plan.status.canary.pool == pool.name else 0
-        )
     logger.info("HTTPRoute %s/%s: canary weight %d%%", namespace, plan.route.name, plan.route_weight)
-
-
-async def clear_manual_action(ctx: OperatorContext, observed: ObservedModel, plan: ReconcilePlan) -> None:
-    """A used (or invalid) one-shot action is removed so it cannot fire again; spec stays untouched."""
-    if plan.clear_action and CANARY_ACTION_ANNOTATION in observed.annotations:
-        await ctx.api.patch_merge(
-            "SpeculativeModel", observed.namespace, observed.name,
-            {"metadata": {"annotations": {CANARY_ACTION_ANNOTATION: None}}},
-        )
+    return True

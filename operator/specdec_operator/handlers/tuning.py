@@ -28,17 +28,16 @@ from specdec_operator.api.status import SpeculativeModelStatus
 from specdec_operator.canary.evidence import pod_restarts
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.handlers.context import Logger, OperatorContext
-from specdec_operator.handlers.health import probe_health
 from specdec_operator.handlers.model_memory import ModelTuner
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.reconcile.observed import ObservedModel, TuningInputs
 from specdec_operator.reconcile.plan import read_status
-from specdec_operator.reconcile.route_status import route_rejection
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, rolling_pools, scrape_targets
 from specdec_operator.reconcile.tuning_policy import TuningOutcome
 from specdec_operator.render.names import label_value
 from specdec_operator.tuner.engine import PoolContext, TunerState
-from specdec_operator.tuner.exporter import count_k_change, publish, publish_exclusions
+from specdec_operator.tuner.exporter import publish_exclusions
+from specdec_operator.tuner.scraper import probe_health
 from specdec_operator.tuner.window import QUARANTINE_S
 
 logger = logging.getLogger(__name__)
@@ -110,19 +109,6 @@ def next_wake(ctx: OperatorContext, namespace: str, name: str) -> tuple[float, f
     return None if tuner is None else (tuner.next_scrape_at, tuner.next_evaluation_at)
 
 
-
-
-def _route_rejection(ctx: OperatorContext, observed: ObservedModel) -> tuple[str, str] | None:
-    """Whether a Gateway refuses the model's HTTPRoute as gathered this pass. A route that could not be read
-    keeps what its last read said (unread is not accepted); a model without a route has nothing refused."""
-    memory = ctx.model(observed.namespace, observed.name)
-    if observed.route_read:
-        memory.route_rejection = route_rejection(dict(observed.route)) if observed.route is not None else None
-    elif observed.route_error is None:
-        memory.route_rejection = None
-    return memory.route_rejection
-
-
 def _tuned_status(observed: ObservedModel) -> tuple[SpeculativeModelSpec, SpeculativeModelStatus] | None:
     """Tuning needs known pods, a valid spec and a readable status; anything else is the plan's to report."""
     if not observed.children_known:
@@ -181,7 +167,7 @@ async def observe_tuning(
             return observed
     inputs = TuningInputs(
         state=tuner.state, windows=tuner.canary, now=now, next_evaluation_at=tuner.next_evaluation_at,
-        rolling=frozenset(rolling), route_rejection=_route_rejection(ctx, observed),
+        rolling=frozenset(rolling), route_rejection=memory.route_rejection,
         decision_id=uuid.uuid4().hex[:12],
     )
     excluded = tuple(sorted(tuner.state.excluded_pods().items()))
@@ -189,23 +175,21 @@ async def observe_tuning(
 
 
 def pace_tuning(ctx: OperatorContext, observed: ObservedModel, outcome: TuningOutcome) -> None:
-    """What the pass's evaluation did to the tuner that holds whatever is written: its next evaluation time,
-    and the figures its report exports on /metrics."""
+    """What the pass's evaluation did to the tuner that holds whatever is written: its next evaluation time, and
+    the route's rejection as gathered (the pass's writes publish its report on /metrics)."""
     known = ctx.known(observed.namespace, observed.name)
     tuner = known.tuner if known is not None else None
+    if known is not None and observed.tuning is not None:
+        known.route_rejection = outcome.route_rejection  # as gathered this pass, kept for a pass that cannot read
     if tuner is not None and outcome.next_evaluation_at is not None:
         tuner.next_evaluation_at = outcome.next_evaluation_at
-    if outcome.report is not None:
-        publish(observed.namespace, observed.name, outcome.report)
 
 
 def commit_tuning(ctx: OperatorContext, namespace: str, name: str, outcome: TuningOutcome) -> None:
-    """The proposal is in status: the tuner may now remember it; a rolling K change counts now."""
+    """The proposal is in status: the tuner may now remember it (its cooldown runs from it)."""
     if outcome.proposal is None:
         return
     known = ctx.known(namespace, name)
     tuner = known.tuner if known is not None else None
     if tuner is not None:
         tuner.state.commit(outcome.proposal, outcome.proposed_at)
-    if outcome.rolls_out_now:
-        count_k_change(namespace, name, outcome.proposal)

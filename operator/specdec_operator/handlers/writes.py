@@ -96,22 +96,26 @@ async def write_status(
     key = (meta["namespace"], meta["name"])
     stored = dict(baseline.get("status") or {})
     now = ctx.clock()
-    wanted, fresh_stats = status_to_write(stored, computed, force_stats or stats_due(ctx, key, now))
+    due = force_stats or stats_due(ctx, key, now)
+    wanted, fresh_stats = status_to_write(stored, computed, due)
     patch = merge_patch(stored, wanted)
     if not patch:
         return None
     logger.info("status changed: %s", sorted(_leaf_paths(patch, "status")))
+    conflict: KubeApiError | None = None
+    result: dict[str, Any] | None
     try:
         result = await ctx.api.patch_status(KIND, key[0], key[1], patch, str(meta.get("resourceVersion") or ""))
     except KubeApiError as error:
-        if error.status == 409:
-            # Someone wrote in between. Re-read now; the next pass re-evaluates from what is really stored.
-            fresh = await ctx.api.get(KIND, key[0], key[1])
-            if fresh is not None:
-                remember_written(ctx, key, fresh, baseline)
-            ctx.nudge(*key)
-        raise
-    remember_written(ctx, key, result, baseline)
+        if error.status != 409:
+            raise
+        # Someone wrote in between. Re-read now; the next pass re-evaluates from what is really stored.
+        conflict, result = error, await ctx.api.get(KIND, key[0], key[1])
+    if result is not None:
+        remember_written(ctx, key, result, baseline)
+    if conflict is not None:
+        ctx.nudge(*key)
+        raise conflict
     cause = write_cause(stored, wanted)
     STATUS_WRITES.labels(cause=cause).inc()
     if fresh_stats:

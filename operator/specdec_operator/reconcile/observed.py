@@ -29,7 +29,8 @@ class TuningInputs:
     next_evaluation_at: float  # monotonic; math.inf while autotune is off
     # Pools whose Deployments are rolling, or every pool while a canary is in flight: no K decision for them.
     rolling: frozenset[str] = frozenset()
-    # (reason, message) of a Gateway that refuses the model's HTTPRoute as read this pass: the step holds.
+    # (reason, message) of a Gateway that refused the model's HTTPRoute when it was last read (before this pass):
+    # what the pass keeps if it cannot read the route (reconcile/route_status.py gathered_rejection).
     route_rejection: tuple[str, str] | None = None
     decision_id: str = ""  # the audit id a decision proposed this pass carries
 

@@ -10,7 +10,11 @@ Gateway's own words.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+from specdec_operator.canary.traffic import RouteError, canary_percent, route_weights, weighted_route
+from specdec_operator.render.names import service_name
 
 ROUTE_CONDITIONS = ("Accepted", "ResolvedRefs")
 REASONS = {"Accepted": "HTTPRouteNotAccepted", "ResolvedRefs": "HTTPRouteRefsNotResolved"}
@@ -66,12 +70,61 @@ def route_verdict(namespace: str, name: str, route: Mapping[str, Any] | None) ->
     return RouteVerdict(REASONS[refusals[0][0]], f"{where}: " + "; ".join(messages))
 
 
+def gathered_rejection(
+    last: tuple[str, str] | None, route: Mapping[str, Any] | None, read: bool, error: str | None
+) -> tuple[str, str] | None:
+    """Whether a Gateway refuses the model's HTTPRoute as gathered this pass. A route that could not be read
+    keeps what its last read said (`last`: unread is not accepted); a model without a route has nothing
+    refused."""
+    if read:
+        return route_rejection(dict(route)) if route is not None else None
+    return None if error is None else last
+
+
 def route_rejection(route: Mapping[str, Any]) -> tuple[str, str] | None:
     """(reason, message) of the route's worst refusal, from the same judgement as `route_verdict`: what holds a
-    canary step (handlers/traffic.py keeps it, handlers/tuning.py route_hold turns a Pass into Inconclusive)."""
+    canary step (`gathered_rejection`, which the pass remembers for a pass that cannot read the route;
+    canary/verdict.py route_hold turns a Pass into Inconclusive) and holds a higher weight (`route_step`)."""
     refusals = _refusals(route)
     if not refusals:
         return None
     kind, parent, condition = refusals[0]
     detail = condition.get("message") or condition.get("reason") or "no detail"
     return REASONS[kind], f"{_parent(parent)} reports {kind}=False ({condition.get('reason', 'unknown')}): {detail}"
+
+
+@dataclass(frozen=True)
+class RouteStep:
+    """What the pass does to the HTTPRoute it owns weights in: the route to apply (None: nothing to change), and
+    the problem to post (reason, message) instead. `accepted`: no Gateway refuses the route (a problem posted
+    before is over)."""
+
+    apply: dict[str, Any] | None = None
+    problem: tuple[str, str] | None = None
+    accepted: bool = False
+    current: int | None = None  # the canary's percent in the route as read
+
+
+def route_step(route: Mapping[str, Any] | None, model: str, namespace: str, where: str, weight: int) -> RouteStep:
+    """Give the model's canary Service `weight` percent in every rule of `route` (at `where`, "namespace/name")
+    that routes to its stable Service, in `namespace` (the model's). More traffic must not go where a Gateway
+    says it cannot: that weight is held; less traffic (a rollback) always goes through."""
+    if route is None:
+        return RouteStep(problem=("HTTPRouteNotFound", f"HTTPRoute {where} not found"))
+    stable, canary = service_name(model, "stable"), service_name(model, "canary")
+    wire = dict(route)
+    current = canary_percent(route_weights(wire, namespace, stable, canary))
+    rejection = route_rejection(wire)
+    if rejection is not None and (current is None or weight > current):
+        # The canary's analysis reads the same rejection from the route it gathered and holds the step
+        # (canary/verdict.py route_hold).
+        return RouteStep(problem=(rejection[0], f"canary weight held at {current}% instead of {weight}%: "
+                                                f"{rejection[1]}"), current=current)
+    accepted = rejection is None
+    if current == weight:
+        return RouteStep(accepted=accepted, current=current)
+    try:
+        return RouteStep(apply=weighted_route(wire, namespace, stable, canary, weight), accepted=accepted,
+                         current=current)
+    except RouteError as error:
+        return RouteStep(problem=("HTTPRouteUnusable", str(error)), accepted=accepted, current=current)

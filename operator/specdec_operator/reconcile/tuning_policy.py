@@ -20,6 +20,7 @@ from specdec_operator.canary.plan import IN_FLIGHT_PHASES, canary_summary
 from specdec_operator.canary.traffic import expected_canary_share
 from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, TuningInputs
+from specdec_operator.reconcile.route_status import gathered_rejection
 from specdec_operator.reconcile.status_build import printer_columns
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, speculation_status
 from specdec_operator.render.names import deployment_name, service_name
@@ -41,6 +42,9 @@ class TuningOutcome:
     report: TunerReport | None = None
     # When the tuner evaluates next (monotonic; math.inf while autotune is off); None: unchanged.
     next_evaluation_at: float | None = None
+    # (reason, message) of a Gateway that refuses the model's HTTPRoute as gathered this pass (what the step's
+    # verdict held on): the handler remembers it for a pass that cannot read the route.
+    route_rejection: tuple[str, str] | None = None
 
 
 def stable_serving(observed: ObservedModel, canary: CanaryStatus | None) -> bool:
@@ -55,16 +59,18 @@ def stable_serving(observed: ObservedModel, canary: CanaryStatus | None) -> bool
 
 
 def canary_step_verdicts(
-    observed: ObservedModel, inputs: TuningInputs, spec: SpeculativeModelSpec, previous: SpeculativeModelStatus
+    observed: ObservedModel, inputs: TuningInputs, spec: SpeculativeModelSpec, previous: SpeculativeModelStatus,
+    rejection: tuple[str, str] | None = None,
 ) -> dict[str, Verdict | None]:
-    """The verdict on the canary step in flight, from the windows this pass's scrape round fed."""
+    """The verdict on the canary step in flight, from the windows this pass's scrape round fed; `rejection`: a
+    Gateway's refusal of the route as gathered this pass (the step holds)."""
     in_flight = previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None
     routed = spec.rollout.canary is not None and spec.rollout.canary.traffic.http_route_ref is not None
     return step_verdicts(VerdictInputs(
         inputs.windows, previous.canary, spec.rollout.canary.analysis if spec.rollout.canary else None,
         spec.model.tensor_parallel_size, spec.speculation.initial_k,
         last_decision=previous.speculation.last_decision, stable_serving=stable_serving(observed, in_flight),
-        expected_share=_expected_share(observed) if routed else None, route_rejection=inputs.route_rejection,
+        expected_share=_expected_share(observed) if routed else None, route_rejection=rejection,
     ))
 
 
@@ -90,13 +96,14 @@ def decide_tuning(
     inputs = observed.tuning
     if inputs is None:
         return TuningOutcome()
-    verdicts = canary_step_verdicts(observed, inputs, spec, previous)
+    rejection = gathered_rejection(inputs.route_rejection, observed.route, observed.route_read, observed.route_error)
+    verdicts = canary_step_verdicts(observed, inputs, spec, previous, rejection)
     autotune = spec.speculation.autotune
-    if not autotune.enabled:
-        return TuningOutcome(verdicts=verdicts, next_evaluation_at=math.inf)  # the loop must not wake for it
+    if not autotune.enabled:  # the loop must not wake for it
+        return TuningOutcome(verdicts=verdicts, next_evaluation_at=math.inf, route_rejection=rejection)
     due_at = _due_at(inputs, autotune.interval_seconds)
     if inputs.now < due_at:
-        return TuningOutcome(verdicts=verdicts, next_evaluation_at=due_at)
+        return TuningOutcome(verdicts=verdicts, next_evaluation_at=due_at, route_rejection=rejection)
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, set(inputs.rolling),
                              previous.speculation.rejected_ks)
     report = inputs.state.evaluate(inputs.now, contexts, spec.speculation)
@@ -105,7 +112,7 @@ def decide_tuning(
     return TuningOutcome(
         speculation=speculation_status(previous.speculation, report.stats, decision), events=events,
         verdicts=verdicts, proposal=decision, proposed_at=inputs.now, rolls_out_now=not canary_mode,
-        report=report, next_evaluation_at=inputs.now + autotune.interval_seconds,
+        report=report, next_evaluation_at=inputs.now + autotune.interval_seconds, route_rejection=rejection,
     )
 
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from specdec_operator.api.status import TuningDecision
 from specdec_operator.metrics import (
     ACCEPTANCE_RATE,
     EFFECTIVE_K,
-    K_CHANGES,
     MEAN_ACCEPTED_LENGTH,
     RECOMMENDED_K,
     TOKENS_PER_SECOND,
@@ -69,9 +67,3 @@ def publish(namespace: str, model: str, report: TunerReport) -> None:
 def publish_exclusions(namespace: str, model: str, excluded: Mapping[str, Exclusion]) -> None:
     """specdec_pod_metrics_excluded for the pods the model's windows leave out now (by UID); the rest go."""
     set_excluded_pods(namespace, model, {(exclusion.pool, exclusion.pod) for exclusion in excluded.values()})
-
-
-def count_k_change(namespace: str, model: str, decision: TuningDecision) -> None:
-    """Counted once the decision is in status, not when it is proposed."""
-    if decision.to_k != decision.from_k:
-        pool_series(K_CHANGES, namespace, model, decision.pool).inc()

@@ -1,4 +1,5 @@
-"""Scrape runtime pods' `/metrics` over HTTP: bounded concurrency, a timeout per pod, never an exception.
+"""Scrape runtime pods' `/metrics` over HTTP: bounded concurrency, a timeout per pod, never an exception. And
+GET their `/health` during a canary (`probe_health`): a pod vLLM reports dead fails the canary at once.
 
 The per-pod timeout covers the pod's own time: connecting, sending, and reading the whole body. Time spent
 waiting for a pooled connection is not the pod's fault: counting it made a busy operator report healthy pods
@@ -197,3 +198,23 @@ def _finish(result: ScrapeResult) -> ScrapeResult:
     if result.outcome != "refused":
         SCRAPE_SECONDS.observe(result.duration_s)
     return result
+
+
+async def _healthy(target: ScrapeTarget, session: aiohttp.ClientSession, timeout_s: float, allow: bool) -> bool:
+    try:
+        url = scrape_url(target, allow_non_loopback=allow).removesuffix("/metrics") + "/health"
+    except ValueError:
+        return True  # refused to dial: nothing measured, so nothing to hold against the pod
+    try:
+        async with timed_get(session, url, timeout_s) as response:
+            return response.status == 200
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return False
+
+
+async def probe_health(
+    targets: Sequence[ScrapeTarget], session: aiohttp.ClientSession, timeout_s: float, allow_non_loopback: bool
+) -> list[tuple[ScrapeTarget, bool]]:
+    """Each pod with whether its /health answered 200."""
+    answers = await asyncio.gather(*(_healthy(t, session, timeout_s, allow_non_loopback) for t in targets))
+    return list(zip(targets, answers, strict=True))

@@ -4,13 +4,12 @@ proposed (KProposed, not counted); the canary's promotion posts KChanged and cou
 from __future__ import annotations
 
 import aiohttp
-import kopf
 
 from specdec_operator.api.status import CanaryStatus, SpeculativeModelStatus
 from specdec_operator.handlers.model_memory import ModelTuner
-from specdec_operator.handlers.reconciler import _post_events, write
-from specdec_operator.metrics import REGISTRY
-from specdec_operator.reconcile.observed import EventRecord, ObservedModel
+from specdec_operator.handlers.reconciler import write
+from specdec_operator.metrics import REGISTRY, count_rollouts
+from specdec_operator.reconcile.observed import EventRecord
 from specdec_operator.reconcile.plan import ReconcilePlan
 from specdec_operator.tuner.engine import TunerState
 from tests.unit.handlers.fakeapi import FakeKubeApi, PostedEvents
@@ -59,9 +58,5 @@ def test_the_promotion_event_counts_the_k_change_once(events: PostedEvents) -> N
         EventRecord("Normal", "KChanged", "llama8b-gfx942: K 3 -> 5 rolled out (canary promoted)"),
     ])
     before = changes()
-    body = {"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel",
-            "metadata": {"namespace": NAMESPACE, "name": NAME, "uid": "u"}}
-
-    observed = ObservedModel(namespace=NAMESPACE, name=NAME, uid="u", generation=1, spec={}, status={})
-    _post_events(kopf.Body(body), observed, plan)
+    count_rollouts(NAMESPACE, NAME, canary.pool, [event.reason for event in plan.events])
     assert changes() == before + 1

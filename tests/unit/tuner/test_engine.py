@@ -126,8 +126,8 @@ def test_bad_scrapes_never_raise_and_never_move_k(plan: list[tuple[str, int, int
 
 
 def test_a_report_is_published_in_the_operator_metrics() -> None:
-    from specdec_operator.metrics import REGISTRY
-    from specdec_operator.tuner.exporter import count_k_change, publish
+    from specdec_operator.metrics import REGISTRY, count_k_change
+    from specdec_operator.tuner.exporter import publish
 
     state, replica = TunerState(), _replica(3)
     for t in range(5, 125, 5):
@@ -140,7 +140,7 @@ def test_a_report_is_published_in_the_operator_metrics() -> None:
     # A proposal is not a K change until it is in status.
     assert REGISTRY.get_sample_value("specdec_k_changes_total", labels) is None
     assert report.decision is not None
-    count_k_change("ns", "llama", report.decision)
+    count_k_change("ns", "llama", report.decision.pool)
     assert REGISTRY.get_sample_value("specdec_k_changes_total", labels) == 1
     assert REGISTRY.get_sample_value("specdec_position_acceptance", {**labels, "position": "0"}) == pytest.approx(
         0.8, abs=0.03
