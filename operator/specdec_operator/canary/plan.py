@@ -92,6 +92,11 @@ def equal_load_percent(total: int, weight: int) -> int:
     is that split to the whole percent (a per-pod load within half a percent of traffic of equal).
     """
     stable, canary = split_canary_replicas(total, weight)
+    return replica_share_percent(stable, canary)
+
+
+def replica_share_percent(stable: int, canary: int) -> int:
+    """The canary's share of the serving replicas, to the whole percent: at least 1 while it has a replica."""
     if canary == 0:
         return 0
     return max(1, math.floor(FULL_WEIGHT * canary / (stable + canary) + 0.5))

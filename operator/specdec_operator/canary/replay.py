@@ -38,7 +38,7 @@ from specdec_operator.api.spec import Canary, Rollout
 from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict, WindowStats
 from specdec_operator.canary.evidence import CanaryWindows, PodRestarts
-from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget, equal_load_percent
+from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget, equal_load_percent, replica_share_percent
 from specdec_operator.canary.progress import StepObservation, advance
 from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.timestamps import parse_stamp
@@ -364,7 +364,7 @@ class Replayer:
         stable = sum(record.role == "stable" for record in records)
         if canary == 0 or stable == 0:
             return None
-        return max(1, math.floor(100 * canary / (canary + stable) + 0.5))
+        return replica_share_percent(stable, canary)
 
     def _advance(self, verdict: Verdict | None, at: float, now: datetime, *, canary_ready: bool,
                  route_percent: int | None, route_target: int | None = None) -> None:
