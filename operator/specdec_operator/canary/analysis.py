@@ -467,6 +467,34 @@ def sequential_p(shortfall: float, variance: float, scale: float) -> float:
     return 1.0 if log_ratio <= 0 else math.exp(-log_ratio)
 
 
+# One-sided Student t quantiles at SIGNIFICANCE (0.001) for 1-10 degrees of freedom; past 10 the
+# Cornish-Fisher expansion of the t quantile is within 1%.
+_T_AT_SIGNIFICANCE = (318.31, 22.327, 10.215, 7.173, 5.893, 5.208, 4.785, 4.501, 4.297, 4.144)
+_Z_AT_SIGNIFICANCE = 3.090232306167813
+
+
+def _t_at_significance(freedom: int) -> float:
+    if freedom <= len(_T_AT_SIGNIFICANCE):
+        return _T_AT_SIGNIFICANCE[max(freedom, 1) - 1]
+    z = _Z_AT_SIGNIFICANCE
+    return z + (z**3 + z) / (4 * freedom) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * freedom**2)
+
+
+def few_units_penalty(canary: WindowStats, stable: WindowStats) -> float:
+    """What a significance test multiplies its variance by when the variance was estimated from few units.
+
+    Standard errors come from the spread between cells (pods x intervals); one canary pod over four scrape
+    intervals is four cells, and a variance estimated from four values is itself so uncertain that a normal
+    test on it fails healthy canaries far more often than its level (a K change failed on acceptance after
+    40 s, p=0.0007 from 4 cells). As a t test would, the variance is scaled by (t / z)^2 at SIGNIFICANCE with
+    the smaller side's cells less one as degrees of freedom: x10.9 from 4 cells, x1.8 from 11, x1.2 from 31.
+    Only the tests for failing take it; the benefit of the doubt (`Comparison.beyond_z`) does not need it."""
+    units = min(sum(1 for cell in side.cells if cell.requests > 0 or cell.drafts > 0) for side in (canary, stable))
+    if units <= 1:
+        return 1.0  # no spread measured: the per-request or per-draft floors alone size the variance
+    return (_t_at_significance(units - 1) / _Z_AT_SIGNIFICANCE) ** 2
+
+
 def _points(buckets: Buckets) -> list[tuple[float, float]]:
     """Sorted (bound, cumulative) made monotone: scrape races can dip a count between buckets."""
     ordered = buckets if all(buckets[i][0] < buckets[i + 1][0] for i in range(len(buckets) - 1)) \
@@ -804,7 +832,8 @@ def _goodput(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysi
     if log_limit is not None:
         pods = _pod_goodput_variance(canary, stable)
         variance = _goodput_log_variance(canary, pods) + _goodput_log_variance(stable, pods)
-        p_value = sequential_p(log_limit - math.log(c / s), variance, LOG_RATIO_SCALE)
+        p_value = sequential_p(log_limit - math.log(c / s), variance * few_units_penalty(canary, stable),
+                               LOG_RATIO_SCALE)
         beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
         return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value, beyond_z=beyond)
     return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value)
@@ -819,7 +848,7 @@ def _tpot(canary: WindowStats, stable: WindowStats, quantile: float, limit: floa
     if s is None or s <= 0:
         return f"no {label} measured on the stable revision"
     tail = tail_shortfall(canary, stable, quantile, limit)
-    p_value = sequential_p(tail[0], tail[1], scale) if tail is not None else None
+    p_value = sequential_p(tail[0], tail[1] * few_units_penalty(canary, stable), scale) if tail is not None else None
     beyond = tail[0] / math.sqrt(tail[1]) if tail is not None and tail[1] > 0 else None
     bound = None
     if quantile >= 0.99:
@@ -848,7 +877,8 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
         p_value = None
         if log_limit is not None:
             variance = sum(_accepted_length_log_variance(side) for side in (canary, stable))
-            p_value = sequential_p(log_limit - math.log(c / s), variance, LOG_RATIO_SCALE)
+            p_value = sequential_p(log_limit - math.log(c / s), variance * few_units_penalty(canary, stable),
+                                   LOG_RATIO_SCALE)
             beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
             return [Comparison("accepted length", c, s, limit, True, p_value=p_value, beyond_z=beyond)]
         return [Comparison("accepted length", c, s, limit, True, p_value=p_value)]
@@ -870,7 +900,9 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
                                if len(cell.accepted_per_position) > position], share, side.drafts)
                     for side, share in ((canary, c), (stable, s)))
                 # Bonferroni across positions: the positions together keep the gate's level.
-                p_value = min(1.0, shared * sequential_p(log_limit - math.log(c / s), variance, LOG_RATIO_SCALE))
+                p_value = min(1.0, shared * sequential_p(log_limit - math.log(c / s),
+                                                         variance * few_units_penalty(canary, stable),
+                                                         LOG_RATIO_SCALE))
                 beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
         found.append(Comparison(f"acceptance at position {position + 1}", c, s, limit, True, p_value=p_value,
                                 beyond_z=beyond))

@@ -223,3 +223,33 @@ def test_a_vllm_without_per_position_counters_is_judged_on_accepted_length() -> 
     assert "accepted length 2.70 vs stable 2.70" in healthy.message
     dropped = run(0.15)
     assert (dropped.outcome, dropped.reason) == ("Fail", "AcceptanceDropped"), dropped.message
+
+
+# Cause 2: a standard error estimated from few cells is itself uncertain.
+@pytest.mark.parametrize(("intervals", "outcome"), [(4, "Inconclusive"), (8, "Fail")])
+def test_a_gap_measured_on_four_cells_is_not_yet_proof_and_on_eight_it_is(intervals: int, outcome: str) -> None:
+    """One pod a side, scraped 4 times: the spread between 4 cells sizes the standard error, and a normal
+    test on a variance from 4 values failed this at p=6e-8 (a healthy K change failed so on acceptance at
+    its first look in the bench). With the t penalty it waits; 8 cells prove the same gap."""
+    steady = [({"tokens": 2000.0, "tpots": spread(0.040, 40), "acceptance": (0.40, 0.44)[i % 2]},
+               {"tokens": 2000.0, "tpots": spread(0.040, 40), "acceptance": (0.56, 0.60)[i % 2]})
+              for i in range(intervals)]
+    canary, stable = simulate(Pod("new", "new-0"), Pod("old", "old-0"), steady)
+    verdict = analyse(canary, stable, thresholds())
+    assert verdict.outcome == outcome, verdict.message
+    acceptance = next(item for item in verdict.comparisons if item.metric == "acceptance at position 1")
+    assert acceptance.ratio == pytest.approx(0.72, abs=0.01)
+
+
+def test_the_few_units_penalty_is_a_t_tests_at_the_gates_level() -> None:
+    """(t / z)^2 at p = 0.001 one-sided: large from few cells, near 1 from many, never below 1."""
+    def windows(cells: int) -> WindowStats:
+        base = window()
+        return replace(base, cells=tuple(replace(base.cells[0], pod=f"p{i}") for i in range(cells)))
+
+    penalties = [analysis.few_units_penalty(windows(n), windows(100)) for n in (2, 4, 11, 31, 100)]
+    assert penalties[0] == pytest.approx((318.31 / 3.0902) ** 2, rel=1e-3)
+    assert penalties[1] == pytest.approx((10.215 / 3.0902) ** 2, rel=1e-3)
+    assert penalties[2] == pytest.approx((4.144 / 3.0902) ** 2, rel=1e-3)
+    assert penalties[3] == pytest.approx((3.385 / 3.0902) ** 2, rel=2e-3)
+    assert penalties == sorted(penalties, reverse=True) and penalties[-1] > 1.0
