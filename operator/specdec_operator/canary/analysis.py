@@ -1029,6 +1029,20 @@ def analyse(
     `expected_share`: the canary's expected share of both sides' requests (its weight), for the
     sample-ratio check; None where the split is not known.
     """
+    early = _unjudgeable(canary, stable, thresholds, expected_share)
+    if early is not None:
+        return early
+    errors_uncertain = _error_pass(canary, stable, thresholds)
+    if stable is None:
+        return _judged_without_baseline(canary, thresholds, errors_uncertain)
+    return _judged_against_stable(canary, stable, thresholds, change, errors_uncertain)
+
+
+def _unjudgeable(
+    canary: WindowStats, stable: WindowStats | None, thresholds: CanaryAnalysis, expected_share: float | None
+) -> Verdict | None:
+    """The verdict reached before any comparison: an immediate failure (health, restarts, errors with none
+    tolerated), too few finished requests, or the two sides served different traffic. None: judge on."""
     failures = _immediate_failures(canary, thresholds)
     if failures:
         return _verdict("Fail", failures[0][0], "; ".join([*(text for _, text in failures), _samples(canary, stable)]),
@@ -1046,18 +1060,25 @@ def analyse(
             # Nothing measured on different traffic is evidence about the revision: hold, never fail.
             return _verdict("Inconclusive", "TrafficMismatch", "; ".join([*mismatches, _samples(canary, stable)]),
                             canary, stable)
+    return None
 
-    errors_uncertain = _error_pass(canary, stable, thresholds)
-    if stable is None:
-        if errors_uncertain is not None:
-            return _verdict("Inconclusive", "ErrorRateUncertain", f"{errors_uncertain}; {_samples(canary, None)}",
-                            canary, None)
-        return _verdict("Pass", "NoBaselineHealthy",
-                        f"no stable replica serves in this step: judged on health, restarts and errors; error rate "
-                        f"{canary.error_rate or 0.0:.2%}, {ERROR_PASS_CONFIDENCE:.0%} upper bound "
-                        f"{error_rate_bound(canary)[1]:.2%} < {thresholds.max_error_rate:.2%}; "
-                        f"{_samples(canary, None)}", canary, None)
 
+def _judged_without_baseline(canary: WindowStats, thresholds: CanaryAnalysis, errors_uncertain: str | None) -> Verdict:
+    """No stable replica serves in this step: health, restarts and the error rate decide."""
+    if errors_uncertain is not None:
+        return _verdict("Inconclusive", "ErrorRateUncertain", f"{errors_uncertain}; {_samples(canary, None)}",
+                        canary, None)
+    return _verdict("Pass", "NoBaselineHealthy",
+                    f"no stable replica serves in this step: judged on health, restarts and errors; error rate "
+                    f"{canary.error_rate or 0.0:.2%}, {ERROR_PASS_CONFIDENCE:.0%} upper bound "
+                    f"{error_rate_bound(canary)[1]:.2%} < {thresholds.max_error_rate:.2%}; "
+                    f"{_samples(canary, None)}", canary, None)
+
+
+def _comparisons(
+    canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis, change: KChange | None
+) -> tuple[tuple[Comparison, ...], list[str]]:
+    """Each gate's comparison of the canary with the stable revision, and the gates that could not be measured."""
     candidates: list[Comparison | str] = [*_acceptance(canary, stable, thresholds),
                                           _goodput(canary, stable, thresholds, change)]
     if canary.tpot_buckets or stable.tpot_buckets:
@@ -1066,6 +1087,18 @@ def analyse(
         candidates.append(_tpot(canary_tpot, stable_tpot, 0.99, thresholds.max_tpot_p99_ratio, P99_SHARE_SCALE))
     comparisons = tuple(item for item in candidates if isinstance(item, Comparison))
     missing = [item for item in candidates if isinstance(item, str)]
+    return comparisons, missing
+
+
+def _judged_against_stable(
+    canary: WindowStats,
+    stable: WindowStats,
+    thresholds: CanaryAnalysis,
+    change: KChange | None,
+    errors_uncertain: str | None,
+) -> Verdict:
+    """The gates' comparisons decide: any failed fails; any missing or uncertain (or the error rate) holds."""
+    comparisons, missing = _comparisons(canary, stable, thresholds, change)
     # Failed checks lead the message so the reason reads first in `kubectl describe` and Events.
     ordered = sorted(comparisons, key=lambda item: (not item.failed, not item.uncertain))
     notes = [*(item.describe() for item in ordered), *missing]

@@ -167,6 +167,10 @@ def _with_verdict(status: CanaryStatus, verdict: Verdict | None, **update: objec
     return status.model_copy(update=update) if update else status
 
 
+# Actions the annotation asks for once: the annotation is cleared once the step took them.
+_ONE_SHOT_ACTIONS = ("abort", "promote", "resume")
+
+
 def _step(
     status: CanaryStatus,
     settings: Canary,
@@ -175,15 +179,26 @@ def _step(
     action: ManualAction | None,
     seen: StepObservation,
 ) -> CanaryProgress:
-    verdict, canary_ready, route_percent = seen.verdict, seen.canary_ready, seen.route_percent
+    """One pass of a running canary: ended (an action or a failed verdict), paused or resumed, or advanced."""
     steps = settings.steps
     if status.step >= len(steps):
         # The step list shrank under a running canary: hold it at the new last step.
         status = status.model_copy(update={"step": len(steps) - 1})
-    step = steps[status.step]
     label = _step_label(status, steps)
-    one_shot = action in ("abort", "promote", "resume")
+    ended = _ended(status, action, seen.verdict, label)
+    if ended is not None:
+        return ended
+    paused = _paused_or_resumed(status, steps[status.step], spec_paused, action, seen.verdict, label, now)
+    if paused is not None:
+        return paused
+    return _advanced(status, settings, label, now, seen, action in _ONE_SHOT_ACTIONS)
 
+
+def _ended(
+    status: CanaryStatus, action: ManualAction | None, verdict: Verdict | None, label: str
+) -> CanaryProgress | None:
+    """Aborted or promoted by the annotation, or rolled back on a failing verdict; None: the canary goes on."""
+    one_shot = action in _ONE_SHOT_ACTIONS
     if action == "abort":
         event = CanaryEvent("Warning", "CanaryAborted", f"aborted by {CANARY_ACTION_ANNOTATION} at {label}")
         return _finish(status, "Aborted", event, clear_action=True)
@@ -199,7 +214,20 @@ def _step(
         # A failing canary rolls back even while paused: pausing holds progress, not damage.
         event = CanaryEvent("Warning", "CanaryFailed", f"{label} failed ({verdict.reason}): {verdict.message}")
         return _finish(status, "RolledBack", event, verdict=verdict, clear_action=one_shot)
+    return None
 
+
+def _paused_or_resumed(
+    status: CanaryStatus,
+    step: CanaryStep,
+    spec_paused: bool,
+    action: ManualAction | None,
+    verdict: Verdict | None,
+    label: str,
+    now: datetime,
+) -> CanaryProgress | None:
+    """Paused (by the spec or the annotation), or resumed from a pause with a fresh window; None: neither."""
+    one_shot = action in _ONE_SHOT_ACTIONS
     holding = _holding_plan(status, step)
     if spec_paused or action == "pause":
         if status.phase == "Paused":
@@ -216,7 +244,16 @@ def _step(
         return CanaryProgress(
             resumed, RolloutPlan(status.weight, step.weight, keep_canary=True, clear_action=one_shot), event
         )
+    return None
 
+
+def _advanced(
+    status: CanaryStatus, settings: Canary, label: str, now: datetime, seen: StepObservation, one_shot: bool
+) -> CanaryProgress:
+    """A progressing canary: waiting for ready pods, its window opened, passed, still analysed, or timed out."""
+    verdict, canary_ready, route_percent = seen.verdict, seen.canary_ready, seen.route_percent
+    steps = settings.steps
+    step = steps[status.step]
     timeout = settings.analysis.timeout_seconds
     plan = RolloutPlan(status.weight, step.weight, keep_canary=True, clear_action=one_shot)
     if status.weight == 0:

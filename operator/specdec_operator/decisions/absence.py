@@ -20,7 +20,13 @@ from datetime import datetime, timedelta
 
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.api.status import NodesMissing, PoolStatus
-from specdec_operator.decisions.placement import PlacementPlan, label_mismatch, scheduling_block
+from specdec_operator.decisions.placement import (
+    PlacementPlan,
+    PoolPlan,
+    SkippedTarget,
+    label_mismatch,
+    scheduling_block,
+)
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.timestamps import format_stamp, parse_stamp
 
@@ -70,6 +76,22 @@ def _no_longer_matches(name: str, gfx: str, nodes: Mapping[str, NodeGpus], spec:
     return label_mismatch(node, gfx, spec) is not None or scheduling_block(node, spec) is not None
 
 
+def _nodes_lost(
+    before: PoolStatus, plan: PoolPlan | None, skip: SkippedTarget | None, missing_names: Sequence[str]
+) -> bool:
+    """Whether the pool lost nodes it was on (rather than being shrunk or dropped for another reason)."""
+    known = bool(before.node_names)
+    if plan is None:
+        if skip is None or skip.reason not in NODE_SKIP_REASONS:
+            return False
+        # Nodes the pool was on are gone; a status from before nodeNames can only go by the skip's reason.
+        return bool(missing_names) if known else skip.reason == "NoCompatibleNodes"
+    # Fewer replicas count only when nodes the pool was on went, not when the spec or other workloads'
+    # GPUs shrank it (InsufficientGpus is capacity taken, reported as such, not nodes missing).
+    # A status from before nodeNames goes by the slots the nodes offer.
+    return plan.replicas < before.replicas and (bool(missing_names) if known else plan.slots < before.replicas)
+
+
 def hold_missing_pools(
     previous: Sequence[PoolStatus],
     placement: PlacementPlan,
@@ -91,23 +113,11 @@ def hold_missing_pools(
         if gfx not in spec.placement.targets:
             continue  # the spec dropped the target: a decision in Git, not a missing node
         plan = placed.get(gfx)
-        known = set(before.node_names)
         # Gone or no longer matching (deleted, labels, allocatable, cordon, taint); a node whose GPUs other
         # workloads took is still there, and that shortfall is InsufficientGpus, at once.
-        missing_names = sorted(name for name in known if _no_longer_matches(name, gfx, inventory, spec))
-        if plan is None:
-            skip = skipped.get(gfx)
-            if skip is None or skip.reason not in NODE_SKIP_REASONS:
-                continue
-            # Nodes the pool was on are gone; a status from before nodeNames can only go by the skip's reason.
-            lost = bool(missing_names) if known else skip.reason == "NoCompatibleNodes"
-        else:
-            # Fewer replicas count only when nodes the pool was on went, not when the spec or other workloads'
-            # GPUs shrank it (InsufficientGpus is capacity taken, reported as such, not nodes missing).
-            # A status from before nodeNames goes by the slots the nodes offer.
-            lost = plan.replicas < before.replicas and (
-                bool(missing_names) if known else plan.slots < before.replicas)
-        if not lost:
+        missing_names = sorted(name for name in set(before.node_names)
+                               if _no_longer_matches(name, gfx, inventory, spec))
+        if not _nodes_lost(before, plan, skipped.get(gfx), missing_names):
             continue
         if before.missing is not None:
             since = parse_stamp(before.missing.since)

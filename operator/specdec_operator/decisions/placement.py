@@ -193,21 +193,7 @@ def plan_placement(
             outcomes.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes (the device table "
                                           f"has no AMD device id for {gfx} yet, so no node is recognised as one)"))
             continue
-        matching: list[NodeGpus] = []
-        notes: list[str] = []
-        for node in nodes:
-            mismatch = label_mismatch(node, gfx, spec)
-            if mismatch:
-                notes.append(mismatch)
-            elif node.gfx == gfx:
-                matching.append(node)
-                block = scheduling_block(node, spec)
-                if block:
-                    notes.append(block)
-        matching = _one_resource(matching, notes)
-        hosts = [node for node in matching if scheduling_block(node, spec) is None]
-        if not hosts and matching and gfx in existing_pools:
-            hosts = matching
+        matching, hosts, notes = _hosts(spec, gfx, nodes, existing_pools)
         if not hosts:
             detail = "; ".join(notes) or "no node has this gfx target"
             outcomes.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes ({detail})"))
@@ -220,34 +206,83 @@ def plan_placement(
         allocatable_slots = replica_slots(hosts, {n.name: n.allocatable_gpus for n in hosts}, tp)
         slots = replica_slots(hosts, {n.name: usage.available_to_model(n) for n in hosts}, tp)
         outcomes.append(_Candidate(gfx, tuple(hosts), tuple(notes), vram, decision, allocatable_slots, slots))
+    pools, skipped = _sized_pools(spec, outcomes, usage, nodes)
+    return PlacementPlan(tuple(pools), tuple(skipped), weights)
+
+
+def _sized_pools(
+    spec: SpeculativeModelSpec,
+    outcomes: Sequence[_Candidate | SkippedTarget],
+    usage: GpuUsage,
+    nodes: Sequence[NodeGpus],
+) -> tuple[list[PoolPlan], list[SkippedTarget]]:
+    """The replicas split over every candidate at once, then each target's pool or why it has none, in the
+    spec's order."""
     candidates = [c for c in outcomes if isinstance(c, _Candidate)]
     fits, wanted = _wanted_replicas(spec, [c.slots for c in candidates], [c.allocatable_slots for c in candidates])
     split = {c.gfx: (replicas, asked) for c, replicas, asked in zip(candidates, fits, wanted, strict=True)}
     pools: list[PoolPlan] = []
     skipped: list[SkippedTarget] = []
     for outcome in outcomes:
-        if isinstance(outcome, SkippedTarget):
-            skipped.append(outcome)
-            continue
-        candidate_gfx, candidate_hosts, slots = outcome.gfx, outcome.hosts, outcome.slots
-        replicas, asked = split[candidate_gfx]
-        shortfall = _shortfall(candidate_gfx, candidate_hosts, usage, tp, asked, replicas, outcome.allocatable_slots)
-        if replicas == 0:
-            if shortfall:
-                skipped.append(SkippedTarget(candidate_gfx, "InsufficientGpus", shortfall))
-            else:
-                skipped.append(SkippedTarget(candidate_gfx, "NoReplicas", _none_wanted(candidate_gfx, spec)))
-            continue
-        notes = list(outcome.notes)
-        if replicas < (spec.placement.replicas_per_pool or 0) and not shortfall:
-            notes.append(f"replicasPerPool {spec.placement.replicas_per_pool} capped to {replicas}: "
-                         f"{len(candidate_hosts)} nodes hold {slots} replicas at TP {tp}")
-        names = tuple(sorted(n.name for n in candidate_hosts))
-        products = tuple(sorted({group.product for n in candidate_hosts for group in n.groups}))
-        pools.append(PoolPlan(candidate_gfx, names, slots, replicas, outcome.vram, outcome.decision, tuple(notes),
-                              unvetted_nodes(nodes, candidate_gfx), shortfall, candidate_hosts[0].gpu_resource,
-                              products, _requested_as(spec, candidate_gfx)))
-    return PlacementPlan(tuple(pools), tuple(skipped), weights)
+        placed = _pool_plan(spec, outcome, split[outcome.gfx], usage, nodes) if isinstance(
+            outcome, _Candidate) else outcome
+        if isinstance(placed, SkippedTarget):
+            skipped.append(placed)
+        else:
+            pools.append(placed)
+    return pools, skipped
+
+
+def _hosts(
+    spec: SpeculativeModelSpec, gfx: str, nodes: Sequence[NodeGpus], existing_pools: Collection[str]
+) -> tuple[list[NodeGpus], list[NodeGpus], list[str]]:
+    """(matching, hosts, notes) for one gfx target: the nodes whose labels match (of one resource), those of
+    them a pod can schedule on now (all matching ones for an existing pool that has none), and why others
+    do not count."""
+    matching: list[NodeGpus] = []
+    notes: list[str] = []
+    for node in nodes:
+        mismatch = label_mismatch(node, gfx, spec)
+        if mismatch:
+            notes.append(mismatch)
+        elif node.gfx == gfx:
+            matching.append(node)
+            block = scheduling_block(node, spec)
+            if block:
+                notes.append(block)
+    matching = _one_resource(matching, notes)
+    hosts = [node for node in matching if scheduling_block(node, spec) is None]
+    if not hosts and matching and gfx in existing_pools:
+        hosts = matching
+    return matching, hosts, notes
+
+
+def _pool_plan(
+    spec: SpeculativeModelSpec,
+    candidate: _Candidate,
+    split: tuple[int, int],
+    usage: GpuUsage,
+    nodes: Sequence[NodeGpus],
+) -> PoolPlan | SkippedTarget:
+    """A candidate target's pool at the replicas the split gives it (`split`: replicas, asked), or why it has
+    none (InsufficientGpus, NoReplicas)."""
+    tp = spec.model.tensor_parallel_size
+    candidate_gfx, candidate_hosts, slots = candidate.gfx, candidate.hosts, candidate.slots
+    replicas, asked = split
+    shortfall = _shortfall(candidate_gfx, candidate_hosts, usage, tp, asked, replicas, candidate.allocatable_slots)
+    if replicas == 0:
+        if shortfall:
+            return SkippedTarget(candidate_gfx, "InsufficientGpus", shortfall)
+        return SkippedTarget(candidate_gfx, "NoReplicas", _none_wanted(candidate_gfx, spec))
+    notes = list(candidate.notes)
+    if replicas < (spec.placement.replicas_per_pool or 0) and not shortfall:
+        notes.append(f"replicasPerPool {spec.placement.replicas_per_pool} capped to {replicas}: "
+                     f"{len(candidate_hosts)} nodes hold {slots} replicas at TP {tp}")
+    names = tuple(sorted(n.name for n in candidate_hosts))
+    products = tuple(sorted({group.product for n in candidate_hosts for group in n.groups}))
+    return PoolPlan(candidate_gfx, names, slots, replicas, candidate.vram, candidate.decision, tuple(notes),
+                    unvetted_nodes(nodes, candidate_gfx), shortfall, candidate_hosts[0].gpu_resource,
+                    products, _requested_as(spec, candidate_gfx))
 
 
 def _requested_as(spec: SpeculativeModelSpec, gfx: str) -> tuple[str, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from specdec_operator.api.status import PoolStatus, SpeculativeModelStatus
 from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.reconcile.observed import EventRecord
@@ -12,11 +14,11 @@ def _drafter_key(pool: PoolStatus) -> tuple[str, str | None]:
 
 
 def pool_events(
-    previous: SpeculativeModelStatus, current: SpeculativeModelStatus, placement: PlacementPlan
+    previous: SpeculativeModelStatus, current: Sequence[PoolStatus], placement: PlacementPlan
 ) -> list[EventRecord]:
     events: list[EventRecord] = []
     before = {p.name: p for p in previous.pools}
-    after = {p.name: p for p in current.pools}
+    after = {p.name: p for p in current}
     for name, pool in after.items():
         old = before.get(name)
         drafter = f"{pool.drafter.method}{f' {pool.drafter.model}' if pool.drafter.model else ''}"

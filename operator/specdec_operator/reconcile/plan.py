@@ -21,7 +21,7 @@ from specdec_operator.api.status import (
 from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.progress import ManualAction, manual_action
 from specdec_operator.canary.traffic import RouteError, canary_percent, reaches_canary, route_weights
-from specdec_operator.conditions import ConditionFacts, Finding, apply_updates, pod_metrics_finding, summarize
+from specdec_operator.conditions import ConditionFacts, Finding, pod_metrics_finding
 from specdec_operator.decisions.absence import AbsenceDecision, HeldPool, held_message, hold_missing_pools
 from specdec_operator.decisions.capacity import GpuUsage
 from specdec_operator.decisions.placement import PlacementPlan, plan_placement
@@ -39,8 +39,14 @@ from specdec_operator.reconcile.events import pool_events
 from specdec_operator.reconcile.observed import EvaluationSettings, EventRecord, ObservedModel
 from specdec_operator.reconcile.rollout import RolloutInputs, RolloutResult, plan_rollout
 from specdec_operator.reconcile.route_status import route_verdict
-from specdec_operator.reconcile.status_build import build_status, canary_facts, placement_facts, pool_status
-from specdec_operator.reconcile.tuning_policy import TuningOutcome, decide_tuning, decision_status
+from specdec_operator.reconcile.status_build import (
+    StatusDecision,
+    canary_facts,
+    decided_status,
+    placement_facts,
+    pool_status,
+)
+from specdec_operator.reconcile.tuning_policy import TuningOutcome, decide_tuning
 from specdec_operator.render.drift import covers
 from specdec_operator.render.names import TRACKS, service_name
 from specdec_operator.render.service import service
@@ -71,6 +77,9 @@ class ReconcilePlan:
     # The tuner's and the canary's decision this pass (reconcile/tuning_policy.py): what the handler commits
     # to memory once status holds it. With a proposal the plan records that decision alone.
     tuning: TuningOutcome = field(default_factory=TuningOutcome)
+    # What `status` is to say, as the policies decided it: `evaluate` builds `status` from it once, at its end
+    # (None: nothing is written this pass).
+    decided: StatusDecision | None = None
 
 
 def validation_message(error: ValidationError) -> str:
@@ -115,25 +124,23 @@ def parse_previous_status(raw: Mapping[str, Any]) -> SpeculativeModelStatus:
     return read_status(raw).status
 
 
-def _unreadable(observed: ObservedModel, read: StatusRead, now: str) -> ReconcilePlan:
+def _unreadable(read: StatusRead) -> ReconcilePlan:
     """Hold everything: no K changes, no owned object rewritten, until a human repairs (or removes) the field.
 
     Only the conditions are written: Degraded names the field, and Ready says the model is held.
     """
     message = "status cannot be read, holding every pool and Deployment until it is repaired: " + "; ".join(
         read.problems)
-    updates = summarize(ConditionFacts(status_unreadable=message))
-    conditions = apply_updates(read.status.conditions, updates, observed.generation, now)
-    held = read.status.model_copy(update={"conditions": conditions})
+    decided = StatusDecision(read.status, ConditionFacts(status_unreadable=message), conditions_only=True)
     return ReconcilePlan(
-        status=held, events=[EventRecord("Warning", "StatusUnreadable", message)], status_unreadable=read.problems,
+        decided=decided, events=[EventRecord("Warning", "StatusUnreadable", message)], status_unreadable=read.problems,
     )
 
 
-def _invalid(observed: ObservedModel, previous: SpeculativeModelStatus, message: str, now: str) -> ReconcilePlan:
-    updates = summarize(ConditionFacts(invalid_spec=message))
-    status = build_status(observed, previous, previous.pools, updates, now)
-    return ReconcilePlan(status=status, events=[EventRecord("Warning", "InvalidSpec", message)], invalid_spec=message)
+def _invalid(previous: SpeculativeModelStatus, message: str) -> ReconcilePlan:
+    """An invalid spec renders nothing: the pools the status records stay, and the conditions say why."""
+    return ReconcilePlan(decided=StatusDecision(previous, ConditionFacts(invalid_spec=message)),
+                         events=[EventRecord("Warning", "InvalidSpec", message)], invalid_spec=message)
 
 
 def _pool_of(body: Mapping[str, Any]) -> str:
@@ -220,11 +227,24 @@ def evaluate(
     names objects under our names that someone else holds (left alone, handlers/writes.py). `verdicts` stand in
     for the canary analysis when the model carries no tuning inputs (a test's model).
 
-    A chain of policies, each a function of its inputs and of what the ones before it decided. The tuner's K
-    decision and the canary's verdict come first: a proposed K is recorded alone, before anything renders it."""
+    The policies decide (`decide`); the status is then built once, here, from what they decided, whatever kind
+    of plan they made (`settle`)."""
     parsed = model if isinstance(model, ParsedModel) else parse_model(model)
+    plan = decide(parsed, settings, now, verdicts)
+    return settle(parsed.observed, plan, now)
+
+
+def decide(
+    parsed: ParsedModel,
+    settings: EvaluationSettings,
+    now: str,
+    verdicts: Mapping[str, Verdict | None] | None = None,
+) -> ReconcilePlan:
+    """A chain of policies, each a function of its inputs and of what the ones before it decided. The tuner's K
+    decision and the canary's verdict come first: a proposed K is recorded alone, before anything renders it.
+    Every exit returns what status is to say (`ReconcilePlan.decided`), never a built status."""
     observed = parsed.observed
-    gate = gate_inputs(parsed, now)
+    gate = gate_inputs(parsed)
     if isinstance(gate, ReconcilePlan):
         return gate
     spec, previous = gate
@@ -239,34 +259,41 @@ def evaluate(
     try:
         rolled = roll_out(inputs, placed)
     except RuntimeEnvError as error:
-        return replace(_invalid(observed, previous, str(error), now), tuning=tuning)
+        return replace(_invalid(previous, str(error)), tuning=tuning)
     owned = desired_objects(inputs, placed, rolled)
     route = judge_route(inputs)
     pools = pool_statuses(inputs, placed, rolled)
     facts = condition_facts(inputs, placed, rolled, owned, route, pools)
-    status = build_status(observed, previous, pools, summarize(facts), now, rolled.speculation, rolled.rollout.canary)
+    decided = StatusDecision(previous, facts, pools, rolled.speculation, rolled.rollout.canary)
     if route.unreadable:
         # Unread is not absent: which canary the route still sends requests to is unknown, so no owned object is
         # written or deleted this pass; the condition says why (the loop retries at its own pace).
-        return ReconcilePlan(status=status, conditions=facts, pools=rolled.pools, tuning=tuning,
+        return ReconcilePlan(decided=decided, conditions=facts, pools=rolled.pools, tuning=tuning,
                              events=[EventRecord("Warning", route.finding.reason, route.finding.message)]
                              if route.finding is not None else [])
     return ReconcilePlan(
-        apply=owned.to_apply, delete=stale_objects(inputs, placed, rolled, owned), status=status, conditions=facts,
-        events=plan_events(inputs, placed, rolled, status, facts), pools=rolled.pools, route=inputs.route,
+        apply=owned.to_apply, delete=stale_objects(inputs, placed, rolled, owned), decided=decided, conditions=facts,
+        events=plan_events(inputs, placed, rolled, pools, facts), pools=rolled.pools, route=inputs.route,
         route_weight=rolled.rollout.route_weight if inputs.route is not None else None,
         clear_action=rolled.rollout.clear_action or bool(rolled.action_events), tuning=tuning,
     )
 
 
+def settle(observed: ObservedModel, plan: ReconcilePlan, now: str) -> ReconcilePlan:
+    """The plan with the status its policies decided: the one place a pass's status (and its conditions) is
+    built, for every kind of plan. A plan that decided nothing (inputs not known yet) writes no status."""
+    if plan.decided is None:
+        return plan
+    return replace(plan, status=decided_status(observed, plan.decided, now))
+
+
 def decision_plan(previous: SpeculativeModelStatus, tuning: TuningOutcome) -> ReconcilePlan:
     """A pass that proposes a K change records it, and nothing else: the next pass renders from it."""
-    return ReconcilePlan(status=decision_status(previous, tuning), events=list(tuning.events), tuning=tuning)
+    decided = StatusDecision(previous, speculation=tuning.speculation, proposal=tuning.proposal)
+    return ReconcilePlan(decided=decided, events=list(tuning.events), tuning=tuning)
 
 
-def gate_inputs(
-    parsed: ParsedModel, now: str
-) -> ReconcilePlan | tuple[SpeculativeModelSpec, SpeculativeModelStatus]:
+def gate_inputs(parsed: ParsedModel) -> ReconcilePlan | tuple[SpeculativeModelSpec, SpeculativeModelStatus]:
     """The parsed spec and status, or the plan that holds (inputs unknown) or reports why they cannot be used."""
     observed, read = parsed.observed, parsed
     if not observed.children_known:
@@ -274,9 +301,9 @@ def gate_inputs(
         # (a stable Deployment at the canary's revision) and delete what it has not seen change.
         return ReconcilePlan(held="owned objects and pods not in the watch cache yet")
     if read.status.problems:
-        return _unreadable(observed, read.status, now)
+        return _unreadable(read.status)
     if read.spec is None:
-        return _invalid(observed, read.status.status, read.spec_error or "spec: invalid", now)
+        return _invalid(read.status.status, read.spec_error or "spec: invalid")
     return read.spec, read.status.status
 
 
@@ -287,9 +314,7 @@ def hold_without_nodes(inputs: PassInputs) -> ReconcilePlan | None:
         return None
     message = "node inventory is empty; keeping existing pools until nodes are observed again"
     previous = inputs.previous
-    held_all = build_status(inputs.observed, previous, previous.pools,
-                            summarize(ConditionFacts(inventory_empty=message)), inputs.now)
-    return ReconcilePlan(status=held_all)
+    return ReconcilePlan(decided=StatusDecision(previous, ConditionFacts(inventory_empty=message), previous.pools))
 
 
 @dataclass(frozen=True)
@@ -472,14 +497,14 @@ def plan_events(
     inputs: PassInputs,
     placed: PlacedPools,
     rolled: RolledOut,
-    status: SpeculativeModelStatus,
+    pools: Sequence[PoolStatus],
     facts: ConditionFacts,
 ) -> list[EventRecord]:
     """The pass's events: pool changes, missing nodes, new failures, rollout modes, the canary's steps."""
     previous, live = inputs.previous, inputs.live_deployments
     live_revisions = {p.name: _live_revision(live.get(p.name)) for p in rolled.pools}
     return [
-        *pool_events(previous, status, placed.placement), *_absence_events(placed.absence, status),
+        *pool_events(previous, pools, placed.placement), *_absence_events(placed.absence, pools),
         *_failure_events(previous, facts.pod_failures, facts.capacity),
         *rollout_mode_events(rolled.modes, previous, live_revisions), *rolled.rollout.events, *rolled.action_events,
     ]
@@ -527,10 +552,10 @@ def _with_absence(status: PoolStatus, held: HeldPool | None, before: PoolStatus 
     return status.model_copy(update={"missing": held.missing, "node_names": nodes})
 
 
-def _absence_events(absence: AbsenceDecision, status: SpeculativeModelStatus) -> list[EventRecord]:
+def _absence_events(absence: AbsenceDecision, pools: Sequence[PoolStatus]) -> list[EventRecord]:
     """A Warning when a pool's nodes first go missing, and a note when its grace ran out."""
     events = []
-    for pool in status.pools:
+    for pool in pools:
         held = absence.held_for(pool.gfx_target)
         if held is not None and pool.gfx_target in absence.first_seen:
             events.append(EventRecord("Warning", "NodesMissing",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specdec_operator.api.status import (
@@ -13,9 +13,10 @@ from specdec_operator.api.status import (
     SpeculationStatus,
     SpeculativeModelStatus,
     Summary,
+    TuningDecision,
 )
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES, canary_summary
-from specdec_operator.conditions import ConditionUpdate, Finding, apply_updates
+from specdec_operator.conditions import ConditionFacts, Finding, apply_updates, summarize
 from specdec_operator.decisions.placement import PlacementPlan
 from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import ObservedModel
@@ -130,24 +131,64 @@ def build_status(
     observed: ObservedModel,
     previous: SpeculativeModelStatus,
     pools: Sequence[PoolStatus],
-    updates: Sequence[ConditionUpdate],
-    now: str,
     speculation: SpeculationStatus | None = None,
     canary: CanaryStatus | None = None,
 ) -> SpeculativeModelStatus:
+    """Every field of the status a pass renders, but its conditions (`decided_status` sets those)."""
     status = previous.model_copy(deep=True)
     status.canary = canary if canary is not None else previous.canary
     if speculation is not None:
         status.speculation = speculation
     status.observed_generation = observed.generation
     status.pools = list(pools)
-    status.conditions = apply_updates(previous.conditions, updates, observed.generation, now)
     status.summary = printer_columns(pools, status.speculation.acceptance_rate, canary_summary(status.canary))
     status.replicas = sum(pool.replicas for pool in pools)
     status.selector = model_selector(observed.name)
     # The model's Service exists while it has pools (reconcile/plan.py renders it with them).
     status.url = service_url(observed.namespace, observed.name) if pools else ""
     return status
+
+
+@dataclass(frozen=True)
+class StatusDecision:
+    """What a pass's policies decided its status says, before it is built: `decided_status` builds every kind
+    of it, in one place (reconcile/plan.py:evaluate calls it once, at its end)."""
+
+    previous: SpeculativeModelStatus  # the stored status (its readable part)
+    facts: ConditionFacts = field(default_factory=ConditionFacts)  # what the conditions summarise
+    pools: Sequence[PoolStatus] | None = None  # None: the pools the stored status records
+    speculation: SpeculationStatus | None = None  # None: the stored record
+    canary: CanaryStatus | None = None  # None: the stored canary
+    conditions_only: bool = False  # an unreadable status: only its conditions are written
+    proposal: TuningDecision | None = None  # a proposed K change: recorded alone, the conditions as they are
+
+
+def decided_status(observed: ObservedModel, decided: StatusDecision, now: str) -> SpeculativeModelStatus:
+    """The status a pass writes, from what its policies decided: a proposed K alone; otherwise the status's
+    fields (none of them while the stored status is unreadable), then its conditions, summarised once."""
+    previous = decided.previous
+    if decided.proposal is not None:
+        return proposal_status(previous, decided.proposal, decided.speculation)
+    pools = previous.pools if decided.pools is None else decided.pools
+    status = previous.model_copy() if decided.conditions_only else build_status(
+        observed, previous, pools, decided.speculation, decided.canary)
+    status.conditions = apply_updates(previous.conditions, summarize(decided.facts), observed.generation, now)
+    return status
+
+
+def proposal_status(
+    previous: SpeculativeModelStatus, decision: TuningDecision, speculation: SpeculationStatus | None
+) -> SpeculativeModelStatus:
+    """The stored status with the proposed K as the pool's effective K and the decision record, nothing else:
+    what a pass that proposes a K change writes (the next pass renders the Deployments from it)."""
+    pools = [p.model_copy(update={"effective_k": decision.to_k}) if p.name == decision.pool else p
+             for p in previous.pools]
+    recorded = speculation or previous.speculation
+    return previous.model_copy(update={
+        "pools": pools,
+        "speculation": recorded,
+        "summary": printer_columns(pools, recorded.acceptance_rate, canary_summary(previous.canary)),
+    })
 
 
 def canary_facts(canary: CanaryStatus | None, pools: Sequence[DesiredPool]) -> tuple[Finding | None, Finding | None]:

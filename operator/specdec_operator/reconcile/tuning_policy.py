@@ -1,9 +1,10 @@
 """The tuner's K decision and the canary step's verdict for one pass, decided from the gathered model (pure).
 
 `evaluate` (reconcile/plan.py) calls `decide_tuning` first: a proposed K change is recorded in status on its
-own (`decision_status`), before anything renders it; otherwise the verdict and the live statistics feed the
-rest of the plan. Nothing here is remembered: the outcome says what the handler commits to the tuner's memory
-once status holds it (`TuningOutcome.proposal`, `next_evaluation_at`) and what it publishes (`report`).
+own (`proposal_status`, reconcile/status_build.py), before anything renders it; otherwise the verdict and the
+live statistics feed the rest of the plan. Nothing here is remembered: the outcome says what the handler commits
+to the tuner's memory once status holds it (`TuningOutcome.proposal`, `next_evaluation_at`) and what it publishes
+(`report`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from typing import Any
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.api.status import CanaryStatus, SpeculationStatus, SpeculativeModelStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict
-from specdec_operator.canary.plan import IN_FLIGHT_PHASES, canary_summary
+from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.canary.traffic import expected_canary_share
 from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, TuningInputs
 from specdec_operator.reconcile.route_status import gathered_rejection
-from specdec_operator.reconcile.status_build import printer_columns
 from specdec_operator.reconcile.tuning_inputs import pool_contexts, speculation_status
 from specdec_operator.render.names import deployment_name, service_name
 from specdec_operator.tuner.engine import TunerReport
@@ -133,21 +133,6 @@ def _proposal(
         f"{decision.pool}: K {decision.from_k} -> {decision.to_k}, predicted gain {decision.predicted_gain:+.1%}, "
         f"confidence {decision.confidence:.0%}: {decision.reason} (decision {decision.id}){after}",
     ),)
-
-
-def decision_status(previous: SpeculativeModelStatus, outcome: TuningOutcome) -> SpeculativeModelStatus:
-    """The stored status with the proposed K as the pool's effective K and the decision record, nothing else:
-    what a pass that proposes a K change writes (the next pass renders the Deployments from it)."""
-    decision = outcome.proposal
-    assert decision is not None
-    pools = [p.model_copy(update={"effective_k": decision.to_k}) if p.name == decision.pool else p
-             for p in previous.pools]
-    speculation = outcome.speculation or previous.speculation
-    return previous.model_copy(update={
-        "pools": pools,
-        "speculation": speculation,
-        "summary": printer_columns(pools, speculation.acceptance_rate, canary_summary(previous.canary)),
-    })
 
 
 def recorded_decision_id(status: Mapping[str, Any]) -> str | None:

@@ -138,19 +138,13 @@ class _Verdicts:
 
 
 def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_change_at: float | None) -> Assessment:
+    """One pool's decision: back into the spec's bounds, hold (not ready, cooling down, best already), explore
+    K=1 from off, or move towards the best K."""
+    bounded = _into_bounds(pool, speculation, now)
+    if bounded is not None:
+        return bounded
     autotune = speculation.autotune
     k = pool.current_k
-    allowed = pool.allowed_ks(speculation)
-    if k not in allowed:
-        bounds = f"[{speculation.min_k}, {speculation.max_k}]"
-        bounded = nearest_legal_k(min(max(k, speculation.min_k), speculation.max_k), allowed)
-        if bounded is None:
-            return _Verdicts(pool, now).give("Hold", f"no K in spec bounds {bounds} that vLLM accepts for this drafter")
-        if speculation.min_k <= k <= speculation.max_k:
-            reason = f"K={k} is not a K vLLM accepts for this drafter (legal in {bounds}: {list(allowed)})"
-        else:
-            reason = f"K={k} is outside spec bounds {bounds}"
-        return _Verdicts(pool, now, (), bounded).give("Change", reason, bounded, confidence=1.0)
     candidates = _candidates(pool, speculation)
     current = next((c for c in candidates if c.k == k), None)
     blocked = _still_rejected(pool, candidates, current, autotune.objective, autotune.tpot_target_ms)
@@ -177,6 +171,34 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
         listed = ", ".join(map(str, sorted(blocked)))
         rejected = f"; K={listed} rolled back by canary on this revision" if blocked else ""
         return verdicts.give("Hold", f"K={k} is best: {_describe(current, pool)}{rejected}")
+    return _towards_best(verdicts, speculation, current, best, cooldown_left)
+
+
+def _into_bounds(pool: PoolEvidence, speculation: Speculation, now: float) -> Assessment | None:
+    """A K outside the spec's bounds, or one vLLM does not accept for the drafter, goes to the nearest legal K
+    (or holds when there is none); None: the K is legal."""
+    k = pool.current_k
+    allowed = pool.allowed_ks(speculation)
+    if k in allowed:
+        return None
+    bounds = f"[{speculation.min_k}, {speculation.max_k}]"
+    bounded = nearest_legal_k(min(max(k, speculation.min_k), speculation.max_k), allowed)
+    if bounded is None:
+        return _Verdicts(pool, now).give("Hold", f"no K in spec bounds {bounds} that vLLM accepts for this drafter")
+    if speculation.min_k <= k <= speculation.max_k:
+        reason = f"K={k} is not a K vLLM accepts for this drafter (legal in {bounds}: {list(allowed)})"
+    else:
+        reason = f"K={k} is outside spec bounds {bounds}"
+    return _Verdicts(pool, now, (), bounded).give("Change", reason, bounded, confidence=1.0)
+
+
+def _towards_best(
+    verdicts: _Verdicts, speculation: Speculation, current: Candidate, best: Candidate, cooldown_left: float
+) -> Assessment:
+    """A better K than the current one exists: change to it when the gain is large and sure enough, to the
+    cautious best (by its lower bound) when that is sure, else explore one legal step towards it, or hold."""
+    autotune, pool, candidates = speculation.autotune, verdicts.pool, verdicts.candidates
+    k = pool.current_k
     gain = _gain(current, best, autotune.objective, autotune.tpot_target_ms)
     threshold = autotune.min_gain * (RETURN_GAIN_FACTOR if best.k == pool.previous_k else 1.0)
     confidence = _confidence(gain, current, best)
@@ -199,7 +221,7 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
                 f"confidence {cautious_confidence:.2f}); the mean favours: {evidence}"
             )
             return verdicts.give("Change", reason, cautious.k, cautious_gain, cautious_confidence)
-    step_k = next_legal_k(k, allowed, upwards=best.k > k)
+    step_k = next_legal_k(k, pool.allowed_ks(speculation), upwards=best.k > k)
     step = next((c for c in candidates if c.k == step_k), None)
     if step is None:
         return verdicts.give("Hold", f"uncertain and no explorable neighbour: {evidence}")

@@ -20,7 +20,7 @@ from specdec_operator.handlers.writes import remember_written
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.metrics import REGISTRY
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel
-from specdec_operator.reconcile.plan import ReconcilePlan, decision_plan, parse_previous_status
+from specdec_operator.reconcile.plan import ReconcilePlan, decision_plan, parse_previous_status, settle
 from specdec_operator.reconcile.tuning_policy import TuningOutcome
 from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES, OperatorEnvSettings
 from specdec_operator.tuner.engine import TunerState
@@ -106,7 +106,8 @@ def proposal(from_k: int, to_k: int) -> TuningOutcome:
 
 def decided(body: kopf.Body, outcome: TuningOutcome) -> ReconcilePlan:
     """The plan `evaluate` makes of a pass whose tuner proposed `outcome`: the decision recorded alone."""
-    return decision_plan(parse_previous_status(body["status"]), outcome)
+    return settle(observed_of(body), decision_plan(parse_previous_status(body["status"]), outcome),
+                  "2026-11-30T12:00:00Z")
 
 
 def observed_of(body: kopf.Body) -> ObservedModel:

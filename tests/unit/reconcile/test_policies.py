@@ -49,7 +49,7 @@ POOLS = ["llama8b-gfx942", "llama8b-gfx90a"]
 
 
 def inputs_of(model: ObservedModel, now: str = T0, **extra: Any) -> PassInputs:
-    gate = gate_inputs(parse_model(model), now)
+    gate = gate_inputs(parse_model(model))
     assert not isinstance(gate, ReconcilePlan), gate
     spec, previous = gate
     return PassInputs(model, SETTINGS, now, spec, previous, **extra)
@@ -86,25 +86,25 @@ def test_evaluate_given_a_parsed_model_parses_nothing_again() -> None:
 
 
 def test_gate_holds_while_the_cache_has_not_listed_the_owned_objects() -> None:
-    gate = gate_inputs(parse_model(replace(observed(TWO_POOLS), children_known=False)), T0)
+    gate = gate_inputs(parse_model(replace(observed(TWO_POOLS), children_known=False)))
     assert isinstance(gate, ReconcilePlan) and gate.held is not None and gate.status is None
 
 
 def test_gate_reports_an_unreadable_status_and_holds_everything() -> None:
-    gate = gate_inputs(parse_model(observed(TWO_POOLS, status={"pools": "not a list"})), T0)
+    gate = gate_inputs(parse_model(observed(TWO_POOLS, status={"pools": "not a list"})))
     assert isinstance(gate, ReconcilePlan)
     assert gate.status_unreadable and gate.status_unreadable[0].startswith("status.pools")
     assert gate.apply == [] and gate.delete == []
 
 
 def test_gate_reports_an_invalid_spec() -> None:
-    gate = gate_inputs(parse_model(observed(spec_wire(speculation={"minK": 6, "maxK": 2}))), T0)
+    gate = gate_inputs(parse_model(observed(spec_wire(speculation={"minK": 6, "maxK": 2}))))
     assert isinstance(gate, ReconcilePlan) and gate.invalid_spec is not None
     assert [e.reason for e in gate.events] == ["InvalidSpec"]
 
 
 def test_gate_passes_the_parsed_spec_and_status() -> None:
-    gate = gate_inputs(parse_model(settled()), T1)
+    gate = gate_inputs(parse_model(settled()))
     assert not isinstance(gate, ReconcilePlan)
     spec, previous = gate
     assert spec.placement.gfx_targets == ["gfx942", "gfx90a"] and [p.name for p in previous.pools] == POOLS
@@ -114,8 +114,10 @@ def test_gate_passes_the_parsed_spec_and_status() -> None:
 
 def test_an_empty_inventory_holds_the_pools_a_status_records() -> None:
     held = hold_without_nodes(inputs_of(replace(settled(), nodes=()), T1))
-    assert held is not None and held.status is not None and held.apply == [] and held.delete == []
-    assert [p.name for p in held.status.pools] == POOLS
+    assert held is not None and held.decided is not None and held.apply == [] and held.delete == []
+    assert held.decided.pools is not None and [p.name for p in held.decided.pools] == POOLS
+    built = evaluate(replace(settled(), nodes=()), SETTINGS, T1)
+    assert built.status is not None and [p.name for p in built.status.pools] == POOLS
 
 
 def test_an_empty_inventory_without_pools_is_not_held() -> None:
@@ -241,13 +243,14 @@ def test_plan_events_announce_new_pools_once() -> None:
     rolled = roll_out(inputs, placed)
     first = evaluate(observed(TWO_POOLS), SETTINGS, T0)
     assert first.status is not None and first.conditions is not None
-    events = plan_events(inputs, placed, rolled, first.status, first.conditions)
+    events = plan_events(inputs, placed, rolled, first.status.pools, first.conditions)
     assert [e.reason for e in events] == ["PoolPlaced", "DrafterSelected"] * 2
     again = inputs_of(settled(), T1)
     placed_again = place_pools(again)
     second = evaluate(settled(), SETTINGS, T1)
     assert second.status is not None and second.conditions is not None
-    assert plan_events(again, placed_again, roll_out(again, placed_again), second.status, second.conditions) == []
+    assert plan_events(again, placed_again, roll_out(again, placed_again), second.status.pools,
+                       second.conditions) == []
 
 
 def test_a_parsed_model_is_what_evaluate_reads() -> None:
