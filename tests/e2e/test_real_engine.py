@@ -236,8 +236,9 @@ def test_a_draft_model_pool_on_the_real_engine_is_ready_and_reports_acceptance_p
     started = time.monotonic()
     # The operator measures a pool whose K it tunes (or canaries): autotune on, evaluating every 30 s (status shows
     # the acceptance of the drafts since the last evaluation: 30 s of them), never with the drafts to change K.
-    kube.apply(tiny_model("tiny", namespace, speculation={"autotune": {
-        "enabled": True, "intervalSeconds": 30, "minSamples": 1000000, "cooldownSeconds": 3600}}))
+    body = tiny_model("tiny", namespace, speculation={"autotune": {
+        "enabled": True, "intervalSeconds": 30, "minSamples": 1000000, "cooldownSeconds": 3600}})
+    kube.apply(body)
     wait_for("the model Ready on vLLM's /health", lambda: ready(kube, "tiny"), ENGINE_READY_S, 2,
              describe=lambda: [(p["metadata"]["name"], p["status"].get("containerStatuses"))
                                for p in runtime_pods(kube, "tiny")])
@@ -246,14 +247,21 @@ def test_a_draft_model_pool_on_the_real_engine_is_ready_and_reports_acceptance_p
     before = scrape(pod_ip)
     # Requests one after another for as long as the test looks: status shows the acceptance of the operator's
     # recent window (since its last evaluation), so drafts must keep coming while it is read.
+    # Clients name the served model: spec.model.name unless servedName says otherwise (the hub id, issue 32).
+    served = body["spec"]["model"]["name"]
     stop = threading.Event()
     answers: list[dict[str, Any]] = []
+    failed: list[BaseException] = []
 
     def client() -> None:
         i = 0
-        while not stop.is_set():
-            i += 1
-            answers.append(complete(pod_ip, "tiny", f"the model {i} drafts a token and the user reads it"))
+        try:
+            while not stop.is_set():
+                i += 1
+                answers.append(complete(pod_ip, served, f"the model {i} drafts a token and the user reads it"))
+        except BaseException as error:
+            failed.append(error)  # the wait below fails at once with it, not after its timeout without load
+            raise
 
     thread = threading.Thread(target=client, daemon=True)
     thread.start()
@@ -262,6 +270,7 @@ def test_a_draft_model_pool_on_the_real_engine_is_ready_and_reports_acceptance_p
         first: list[Any] = []
 
         def reported() -> dict[str, Any] | None:
+            assert not failed, f"the client stopped after {len(answers)} answers: {failed[0]!r}"
             stats = pool_stats(kube, "tiny")
             rates = (stats or {}).get("perPositionAcceptance") or []
             if len(rates) != 3:
