@@ -187,7 +187,6 @@ ATTENTION_CONFIG_BACKEND_SPELLINGS: list[list[str]] = [
 ATTENTION_CONFIG_OTHER_KEYS: list[list[str]] = [
     ["--attention-config.flash_attn_version=3"],
     ["-ac.use_prefill_query_quantization", "true"],
-    ["--attention_config.backend_per_kind.mla_attention=TRITON_MLA"],
 ]
 # Other refusals the simulator must mirror, as extra args or speculative configs on a rendered base.
 SPEC_ALIAS_CLASH = ["--spec-tokens", "2"]

@@ -343,6 +343,7 @@ ATTENTION_CONFIG_CLASHES = [
     "--attention_config.backend+=TRITON_ATTN",
     # the map the operator renders the MLA backend in (vLLM takes the user's entry over it)
     "--attention-config.backend_per_kind.mla_attention=TRITON_MLA",
+    "--attention_config.backend_per_kind.mla_attention=TRITON_MLA",
     "-ac.backend_per_kind={}",
     "--attention-conf.backend_per_kind+=x",
 ]
