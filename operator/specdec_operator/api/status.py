@@ -123,11 +123,19 @@ class TuningDecision(ApiModel):
 
 
 class PoolSpeculationStats(ApiModel):
-    """Measured speculative-decoding statistics of one pool over the last window."""
+    """Measured speculative-decoding statistics of one pool. The rates are of the drafts at the pool's K since the
+    tuner's last evaluation (of every draft at that K the tuner keeps when that interval had none); `drafts` is
+    the tuner's evidence, counted since K last changed, so it can stay high while the rates are empty."""
 
     pool: str = Field(description="Pool name (its K is status.pools[].effectiveK).")
-    drafts: int = Field(default=0, description="Drafts in the window.")
-    acceptance_rate: float | None = Field(default=None, description="Accepted / drafted tokens.")
+    drafts: int = Field(
+        default=0,
+        description="Drafts measured at the pool's current K since K last changed (what autotune.minSamples counts).",
+    )
+    acceptance_rate: float | None = Field(
+        default=None,
+        description="Accepted / drafted tokens since the tuner's last evaluation (all drafts at this K if none since).",
+    )
     mean_accepted_length: float | None = Field(
         default=None, description="1 + accepted tokens per draft (tokens emitted per verification step)."
     )
