@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiohttp import web
@@ -14,6 +14,7 @@ from specdec_operator.handlers.services.scrapes import SPREAD, ScrapeScheduler, 
 from specdec_operator.tuner.samples import ScrapeTarget
 from specdec_operator.tuner.scraper import scrape_session
 from tests.unit.tuner.factories import metrics_text
+from tests.unit.virtual_time import run_in_virtual_time
 
 BODY = metrics_text()
 
@@ -21,14 +22,15 @@ BODY = metrics_text()
 class Pod:
     """Answers /metrics after `delay_s`, remembering when each request came and the most in flight."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.delay_s = delay_s
+        self.clock = clock
         self.arrivals: list[float] = []
         self.in_flight = 0
         self.most_in_flight = 0
 
     async def handle(self, _: web.Request) -> web.Response:
-        self.arrivals.append(time.monotonic())
+        self.arrivals.append(self.clock())
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -96,13 +98,26 @@ async def test_each_wanted_pod_is_scraped_once_per_round_and_results_go_to_their
         assert scrapes.take(("ns", "a")) == [], "take hands each result out once"
 
 
-async def test_scrapes_are_spread_over_the_interval_not_fired_at_once(pod: tuple[Pod, int]) -> None:
-    server, port = pod
-    async with scrape_session(pool_size=32) as session:
-        scrapes = scheduler(session, interval_s=1.0, concurrency=32)
-        wanted = targets(port, "m", 20)
-        scrapes.want(("ns", "m"), wanted)
-        await scrapes.run_round()
+def test_scrapes_are_spread_over_the_interval_not_fired_at_once() -> None:
+    """On a loop whose clock moves only when it would wait (tests/unit/virtual_time.py), so a loaded machine
+    that starves the test process cannot bunch the arrivals: each pod is scraped at its phase."""
+
+    async def scenario() -> tuple[Pod, list[ScrapeTarget]]:
+        clock = asyncio.get_running_loop().time
+        server = Pod(delay_s=0.01, clock=clock)
+        runner, port = await serve(server)
+        try:
+            async with scrape_session(pool_size=32) as session:
+                scrapes = ScrapeScheduler(session, interval_s=1.0, timeout_s=60, concurrency=32,
+                                          allow_non_loopback=False, clock=clock)
+                wanted = targets(port, "m", 20)
+                scrapes.want(("ns", "m"), wanted)
+                await scrapes.run_round()
+        finally:
+            await runner.cleanup()
+        return server, wanted
+
+    server, wanted = run_in_virtual_time(scenario())
     spread = max(server.arrivals) - min(server.arrivals)
     phases = sorted(phase(t.uid) for t in wanted)
     assert spread > 0.5 * (phases[-1] - phases[0]) * SPREAD, f"arrivals span only {spread:.2f}s"
