@@ -38,9 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulator profile (repeatable); optionally the drafter method and gfx target of the pool. "
         "Default: every bench-*.yaml shipped in specdec_runtime/profiles",
     )
-    tuner.add_argument("--min-k", type=int, default=0)
-    tuner.add_argument("--max-k", type=int, default=10)
-    tuner.add_argument("--initial-k", type=int, default=5, help="K the tuned pool starts at (default 5)")
+    tuner.add_argument("--min-k", type=int, help="lowest K (default 0)")
+    tuner.add_argument("--max-k", type=int, help="highest K (default 10; 4 with --engine vllm)")
+    tuner.add_argument("--initial-k", type=int, help="K the tuned pool starts at (default 5; 1 with --engine vllm)")
     tuner.add_argument("--drafter", default="eagle3", choices=SPECULATIVE_METHODS, help="default drafter method")
     tuner.add_argument("--gfx", default="gfx942", choices=GFX_TARGETS, help="default gfx target of the pool")
     tuner.add_argument("--duration", type=float, help="seconds to replay (default: one pass of the load)")
@@ -122,6 +122,19 @@ def canary_main(args: argparse.Namespace) -> int:
     return 1 if args.check and not summary["targets_met"] else 0
 
 
+# --min-k, --max-k, --initial-k left out: the simulator sweeps 0..10 from K=5; the real engine starts one engine per
+# static K (minutes each), so its own defaults (EngineBenchOptions: 0..4 from K=1) apply there.
+_SIMULATOR_KS = {"min_k": 0, "max_k": 10, "initial_k": 5}
+_ENGINE_KS = {"min_k": 0, "max_k": 4, "initial_k": 1}
+
+
+def _default_ks(args: argparse.Namespace) -> None:
+    defaults = _ENGINE_KS if args.engine == "vllm" else _SIMULATOR_KS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def bench_main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.benchmark == "canary":
@@ -130,6 +143,7 @@ def bench_main(argv: Sequence[str]) -> int:
         from specdec_operator.bench import hostile as hostile_bench
 
         return hostile_bench.main(args)
+    _default_ks(args)
     if not args.min_k <= args.initial_k <= args.max_k or args.max_k > 16 or args.min_k < 0:
         sys.stderr.write("error: need 0 <= --min-k <= --initial-k <= --max-k <= 16\n")
         return 2

@@ -9,8 +9,24 @@ from specdec_operator.bench.engine import EngineBenchOptions, EngineBenchResult,
 
 
 def test_a_sweep_of_more_than_seven_ks_is_refused_before_any_engine_starts(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench_main(["tuner", "--engine", "vllm"]) == 2  # the simulator's default range, 0..10
+    assert bench_main(["tuner", "--engine", "vllm", "--max-k", "10"]) == 2
     assert "one engine per static K" in capsys.readouterr().err
+
+
+def test_without_k_flags_the_engine_bench_takes_its_own_range_not_the_simulators(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[EngineBenchOptions] = []
+
+    def fake_run(options: EngineBenchOptions, log: object) -> EngineBenchResult:
+        seen.append(options)
+        return EngineBenchResult([Measured(1, 50.0, 60)], [1], 0, Measured(1, 50.0, 60), [])
+
+    monkeypatch.setattr("specdec_operator.bench.engine.run_engine_bench", fake_run)
+    assert bench_main(["tuner", "--engine", "vllm"]) == 0
+    options = seen[0]
+    assert (options.min_k, options.max_k, options.initial_k) == (0, 4, 1)
+    assert options.static_ks == (0, 1, 2, 3, 4)
+    assert EngineBenchOptions().static_ks == options.static_ks
 
 
 def test_the_ratio_is_the_tuners_converged_goodput_over_the_best_static_k() -> None:
