@@ -883,6 +883,7 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
             return [Comparison("accepted length", c, s, limit, True, p_value=p_value, beyond_z=beyond)]
         return [Comparison("accepted length", c, s, limit, True, p_value=p_value)]
     found: list[Comparison | str] = []
+    penalty = few_units_penalty(canary, stable)
     for position in range(shared):
         c, s = canary.position_acceptance(position), stable.position_acceptance(position)
         if c is None or s is None:
@@ -901,7 +902,7 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
                     for side, share in ((canary, c), (stable, s)))
                 # Bonferroni across positions: the positions together keep the gate's level.
                 p_value = min(1.0, shared * sequential_p(log_limit - math.log(c / s),
-                                                         variance * few_units_penalty(canary, stable),
+                                                         variance * penalty,
                                                          LOG_RATIO_SCALE))
                 beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
         found.append(Comparison(f"acceptance at position {position + 1}", c, s, limit, True, p_value=p_value,

@@ -47,9 +47,8 @@ def label_value(model: str) -> str:
 
 def pool_name(model: str, gfx: str) -> str:
     """`<model>-<gfx>`; also a label value, so at most 63 characters, keeping the gfx suffix readable."""
-    if _kept(model, MAX_LABEL_LENGTH - len(gfx) - 1):
-        return f"{model}-{gfx}"
-    return f"{_shortened(model, model, MAX_LABEL_LENGTH - len(gfx) - 1)}-{gfx}"
+    room = MAX_LABEL_LENGTH - len(gfx) - 1
+    return f"{model if _kept(model, room) else _shortened(model, model, room)}-{gfx}"
 
 
 def service_name(model: str, track: str | None = None) -> str:
