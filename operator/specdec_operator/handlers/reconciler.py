@@ -217,8 +217,10 @@ async def _decision_stored(
 
 async def reconcile(
     ctx: OperatorContext, body: kopf.Body, nodes: Sequence[NodeGpus], logger: Logger,
-    gpu_claims: FleetClaims | None = None,
+    gpu_claims: FleetClaims | None = None, departures: int | None = None,
 ) -> ReconcilePlan:
+    """One pass. `departures` is the model's departure count when its loop started (OperatorContext.departures):
+    a departure since then, even one before this pass began, means the model is no longer this install's."""
     started = ctx.clock()
     key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
     try:
@@ -229,13 +231,14 @@ async def reconcile(
                         ctx.settings.model_selector)
             RECONCILES.labels(result="ok").inc()
             return ReconcilePlan(held="the model left this install's model selector")
-        departures = ctx.departures.get(key, 0)
+        if departures is None:
+            departures = ctx.departures.get(key, 0)
         observed = await gather(ctx, baseline, nodes, gpu_claims, logger)
         if ctx.departures.get(key, 0) != departures:
-            # The watch said DELETED while this pass gathered. For a relabel out of the model selector, the API
-            # server sends the object as it was before (labels that still match) with the relabel's
-            # resourceVersion, and kopf hands that body to the loop: a write from it would pass the
-            # resourceVersion check and land after the model became another shard's.
+            # The watch said DELETED since the loop started (before this pass, or while it gathered). For a
+            # relabel out of the model selector, the API server sends the object as it was before (labels that
+            # still match) with the relabel's resourceVersion, and kopf hands that body to the loop: a write
+            # from it would pass the resourceVersion check and land after the model became another shard's.
             logger.info("the model left this install's watch during the pass: nothing written")
             RECONCILES.labels(result="ok").inc()
             return ReconcilePlan(held="the model left this install's watch")

@@ -217,7 +217,7 @@ async def reconcile_loop(
                     # Ghosts of a watch gap out of the fleet before placement counts it (once in a while).
                     await context.fleet_audit.run_if_due(context.api, gpu_nodes, gpu_pods, context.fleet, now)
                     nodes, claims = context.fleet.read(gpu_nodes, gpu_pods, now)
-                    plan = await reconcile(context, body, nodes, logger, claims)
+                    plan = await reconcile(context, body, nodes, logger, claims, departures)
                     schedule.succeeded(context.clock(), plan.invalid_spec is not None, plan.held is not None)
                 except KubeApiError as error:
                     # The API said no (a terminating namespace, a conflict, a missing CRD): back off and retry.

@@ -408,6 +408,22 @@ async def test_a_pass_during_which_the_model_left_the_watch_writes_nothing(
     assert api.writes("patch-status") == [] and api.writes("apply") == []
 
 
+async def test_a_pass_that_starts_after_the_model_left_the_watch_writes_nothing(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    # The DELETED event can land after the loop last looked and before its next pass starts (the loop awaits the
+    # fleet audit in between). That pass's body is the departed one (matching labels, the relabel's
+    # resourceVersion), so it is judged by the count its loop started with, not the count when the pass began.
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    body = model_body(api)
+    loop_started_at = ctx.departures.get((NAMESPACE, NAME), 0)
+    ctx.depart(NAMESPACE, NAME)
+    plan = await reconcile(ctx, body, FLEET, LOG, departures=loop_started_at)
+    assert plan.held is not None and "left" in plan.held
+    assert api.writes("patch-status") == [] and api.writes("apply") == []
+
+
 async def test_an_object_with_our_name_that_we_do_not_own_is_left_alone_and_named(
     http: aiohttp.ClientSession, events: PostedEvents
 ) -> None:
