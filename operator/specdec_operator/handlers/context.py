@@ -125,4 +125,5 @@ class OperatorContext:
             pod=self.settings.pod_settings,
             node_missing_grace_s=self.settings.node_missing_grace_seconds,
             devices=self.settings.device_table,
+            shard=self.settings.shard or "",
         )

@@ -19,7 +19,6 @@ import kopf
 
 from specdec_operator import KIND
 from specdec_operator.canary.progress import CANARY_ACTION_ANNOTATION
-from specdec_operator.decisions import label_selector
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.inventory import NodeGpus
 from specdec_operator.handlers.context import Logger, OperatorContext
@@ -224,13 +223,8 @@ async def reconcile(
     started = ctx.clock()
     key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
     try:
+        # Whether the model is still this install's (its model selector) is the loop's to judge (handlers/register.py).
         baseline = newest_body(ctx, key, body)
-        if not label_selector.matches(ctx.settings.model_selector, baseline["metadata"].get("labels")):
-            # Relabelled into another shard: the watch will end this loop; until then nothing is ours to write.
-            logger.info("model no longer matches this install's model selector %r: left to its shard",
-                        ctx.settings.model_selector)
-            RECONCILES.labels(result="ok").inc()
-            return ReconcilePlan(held="the model left this install's model selector")
         if departures is None:
             departures = ctx.departures.get(key, 0)
         observed = await gather(ctx, baseline, nodes, gpu_claims, logger)
@@ -244,8 +238,6 @@ async def reconcile(
             return ReconcilePlan(held="the model left this install's watch")
         plan = evaluate(observed, ctx.evaluation_settings, observed.now)
         pace_tuning(ctx, observed, plan.tuning)
-        if plan.status is not None and ctx.settings.shard:
-            plan.status.shard = ctx.settings.shard  # which install owns the model, for sharded fleets
         changed = await write(ctx, body, baseline, observed, plan, logger)
     except Exception:
         RECONCILES.labels(result="error").inc()

@@ -17,6 +17,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from specdec_operator import GROUP, PLURAL, VERSION
+from specdec_operator.decisions import label_selector
 from specdec_operator.gpu.inventory import NodeGpus, PodGpus, RuntimePodLabels, node_gpus, pod_gpus
 from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.handlers.reconciler import reconcile
@@ -208,6 +209,14 @@ async def reconcile_loop(
                 logger.info("the model left this install's watch (deleted, or relabelled out of its model "
                             "selector): its loop ends")
                 return
+            if _left_model_selector(context, namespace, name, body):
+                # Relabelled into another shard, as our newest copy says (a conflict's re-read can know before
+                # the watch does): nothing here is ours to scrape or write. The watch's DELETED ends the loop;
+                # a relabel back wakes it.
+                logger.info("model no longer matches this install's model selector %r: left to its shard",
+                            context.settings.model_selector)
+                nudged = await _sleep_until_nudged(wakeup, stopped, context.settings.reconcile_interval_seconds)
+                continue
             now = context.clock()
             tuner_at = next_wake(context, namespace, name)
             retry_at = _retry_at(context, namespace, name)
@@ -244,6 +253,11 @@ async def reconcile_loop(
         # The loop ends when the model is deleted or this replica pauses for a peer: every per-model memory
         # and its metric series go (OperatorContext.forget, the one path).
         context.forget(namespace, name)
+
+
+def _left_model_selector(context: OperatorContext, namespace: str, name: str, body: kopf.Body) -> bool:
+    labels = newest_body(context, (namespace, name), body)["metadata"].get("labels")
+    return not label_selector.matches(context.settings.model_selector, labels)
 
 
 def _retry_at(context: OperatorContext, namespace: str, name: str) -> float | None:

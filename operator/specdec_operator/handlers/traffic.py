@@ -13,7 +13,6 @@ from specdec_operator.handlers.context import Logger, OperatorContext
 from specdec_operator.kube.api import KubeApiError
 from specdec_operator.reconcile.observed import ObservedModel
 from specdec_operator.reconcile.plan import ReconcilePlan
-from specdec_operator.reconcile.route_status import route_step
 
 
 def route_ref(namespace: str, spec: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -63,16 +62,13 @@ async def read_route(
 async def sync_route(
     ctx: OperatorContext, body: kopf.Body, observed: ObservedModel, plan: ReconcilePlan, logger: Logger
 ) -> bool:
-    """Give our canary Service `plan.route_weight` percent in every rule that routes to our stable Service
-    (reconcile/route_status.py route_step decides the change); returns whether the route was written. The loop
-    runs every few seconds: an unchanged problem is posted once, not once per loop."""
-    if plan.route is None or plan.route_weight is None:
+    """Apply the HTTPRoute change the pass decided (`plan.route_step`, from the route it gathered); returns whether
+    the route was written. The loop runs every few seconds: an unchanged problem is posted once, not once per
+    loop."""
+    step = plan.route_step
+    if step is None or plan.route is None:
         return False
     memory = ctx.model(observed.namespace, observed.name)
-    namespace = plan.route.namespace or observed.namespace
-    route = (dict(observed.route) if observed.route is not None else None) if observed.route_read else (
-        await ctx.api.get("HTTPRoute", namespace, plan.route.name))
-    step = route_step(route, observed.name, observed.namespace, f"{namespace}/{plan.route.name}", plan.route_weight)
     if step.accepted:
         memory.route_warning = None
     if step.problem is not None:
@@ -82,6 +78,7 @@ async def sync_route(
         return False
     if step.apply is None:
         return False
+    namespace = plan.route.namespace or observed.namespace
     try:
         await ctx.api.apply(step.apply)
     except KubeApiError as error:

@@ -99,3 +99,5 @@ class EvaluationSettings:
     node_missing_grace_s: float = 300.0
     # The device table inventory, placement and the rendered affinity share (built-in + the gpuDevices setting).
     devices: DeviceTable = BUILTIN_DEVICES
+    # This install's shard (settings.shard), named in every status it writes; "" when the fleet is not sharded.
+    shard: str = ""

@@ -38,7 +38,7 @@ from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model
 from specdec_operator.reconcile.events import pool_events
 from specdec_operator.reconcile.observed import EvaluationSettings, EventRecord, ObservedModel
 from specdec_operator.reconcile.rollout import RolloutInputs, RolloutResult, plan_rollout
-from specdec_operator.reconcile.route_status import route_verdict
+from specdec_operator.reconcile.route_status import RouteStep, route_step, route_verdict
 from specdec_operator.reconcile.status_build import (
     StatusDecision,
     canary_facts,
@@ -67,6 +67,9 @@ class ReconcilePlan:
     pools: list[DesiredPool] = field(default_factory=list)
     route: ObjectRef | None = None  # HTTPRoute whose backend weights we own
     route_weight: int | None = None  # canary percent to set on it
+    # What that percent asks of the route as read this pass (reconcile/route_status.py): the route to apply, or
+    # the problem to post. Set whenever route_weight is: a route that could not be read holds the whole pass.
+    route_step: RouteStep | None = None
     clear_action: bool = False  # remove the one-shot specdec.io/canary-action annotation
     # Fields of the stored status that did not parse: only conditions may be written while this is set.
     status_unreadable: tuple[str, ...] = ()
@@ -231,7 +234,7 @@ def evaluate(
     of plan they made (`settle`)."""
     parsed = model if isinstance(model, ParsedModel) else parse_model(model)
     plan = decide(parsed, settings, now, verdicts)
-    return settle(parsed.observed, plan, now)
+    return settle(parsed.observed, plan, now, settings.shard)
 
 
 def decide(
@@ -271,20 +274,33 @@ def decide(
         return ReconcilePlan(decided=decided, conditions=facts, pools=rolled.pools, tuning=tuning,
                              events=[EventRecord("Warning", route.finding.reason, route.finding.message)]
                              if route.finding is not None else [])
+    weight = rolled.rollout.route_weight if inputs.route is not None else None
     return ReconcilePlan(
         apply=owned.to_apply, delete=stale_objects(inputs, placed, rolled, owned), decided=decided, conditions=facts,
         events=plan_events(inputs, placed, rolled, pools, facts), pools=rolled.pools, route=inputs.route,
-        route_weight=rolled.rollout.route_weight if inputs.route is not None else None,
+        route_weight=weight, route_step=plan_route_step(observed, inputs.route, weight),
         clear_action=rolled.rollout.clear_action or bool(rolled.action_events), tuning=tuning,
     )
 
 
-def settle(observed: ObservedModel, plan: ReconcilePlan, now: str) -> ReconcilePlan:
+def plan_route_step(observed: ObservedModel, route: ObjectRef | None, weight: int | None) -> RouteStep | None:
+    """The change `weight` asks of the HTTPRoute as gathered this pass; None when the pass routes nothing."""
+    if route is None or weight is None or not observed.route_read:
+        return None
+    where = f"{route.namespace or observed.namespace}/{route.name}"
+    return route_step(observed.route, observed.name, observed.namespace, where, weight)
+
+
+def settle(observed: ObservedModel, plan: ReconcilePlan, now: str, shard: str = "") -> ReconcilePlan:
     """The plan with the status its policies decided: the one place a pass's status (and its conditions) is
-    built, for every kind of plan. A plan that decided nothing (inputs not known yet) writes no status."""
+    built, for every kind of plan. A plan that decided nothing (inputs not known yet) writes no status. In a
+    sharded fleet every status names the install that wrote it (`shard`)."""
     if plan.decided is None:
         return plan
-    return replace(plan, status=decided_status(observed, plan.decided, now))
+    status = decided_status(observed, plan.decided, now)
+    if shard:
+        status.shard = shard
+    return replace(plan, status=status)
 
 
 def decision_plan(previous: SpeculativeModelStatus, tuning: TuningOutcome) -> ReconcilePlan:

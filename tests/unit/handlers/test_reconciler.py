@@ -3,15 +3,20 @@ bounded statistics and refused owned objects."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import kopf
 import pytest
+from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
+from kopf._core.intents.stoppers import DaemonStoppingReason
 
 from specdec_operator.api.status import SpeculationStatus, TuningDecision
+from specdec_operator.handlers import register
 from specdec_operator.handlers.context import OperatorContext
 from specdec_operator.handlers.model_memory import ModelTuner
 from specdec_operator.handlers.reconciler import reconcile, write
@@ -225,7 +230,7 @@ async def test_a_concurrent_status_write_is_reread_never_overwritten(
 
 
 async def test_a_model_relabelled_out_of_the_shard_is_left_alone_even_after_a_conflict_reread(
-    http: aiohttp.ClientSession, events: PostedEvents
+    http: aiohttp.ClientSession, events: PostedEvents, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     api = FakeKubeApi()
     ctx = context(api, http, model_selector="specdec.io/shard notin (a)", shard="rest")
@@ -238,8 +243,26 @@ async def test_a_model_relabelled_out_of_the_shard_is_left_alone_even_after_a_co
     moved["metadata"]["resourceVersion"] = "999999"
     remember_written(ctx, (NAMESPACE, NAME), moved, over=body)  # what a 409's re-read brings back
     before = len(api.writes())
-    plan = await reconcile(ctx, body, FLEET, LOG)
-    assert plan.held is not None and "selector" in plan.held
+    # The model's loop judges it, before any pass: it waits for the watch instead, and ends on its DELETED.
+    memo = SimpleNamespace(context=ctx)
+    waiting = asyncio.Event()
+    real_sleep = register._sleep_until_nudged
+
+    async def sleep_until_nudged(*args: Any) -> bool:
+        waiting.set()
+        return await real_sleep(*args)
+
+    monkeypatch.setattr(register, "_sleep_until_nudged", sleep_until_nudged)
+    setter: FlagSetter[DaemonStoppingReason] = FlagSetter()
+    loop = asyncio.create_task(register.reconcile_loop(
+        stopped=AsyncFlagWaiter(setter), body=body, namespace=NAMESPACE, name=NAME, memo=memo, logger=LOG,
+        gpu_nodes={}, gpu_pods={}, **live_indices(api)))
+    try:
+        await asyncio.wait_for(waiting.wait(), 10)
+        await register.model_changed(namespace=NAMESPACE, name=NAME, type="DELETED", body=body, memo=memo)
+        await asyncio.wait_for(loop, 10)
+    finally:
+        loop.cancel()
     assert len(api.writes()) == before  # no status, no owned object: shard a owns it now
     assert api.objects[("SpeculativeModel", NAMESPACE, NAME)]["status"]["shard"] == "a"
 
