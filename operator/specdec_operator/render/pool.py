@@ -147,39 +147,9 @@ def pod_template(
         _env_var(key, value) for key, value in sorted(runtime.env.items()) if key not in owned_names
     ] + owned_env
     env += podspec.env_from(spec.runtime.env, {var["name"] for var in env})
-    source = spec.model.source
-    mounts = [
-        {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_PATH, "readOnly": True},
-        {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
-    ]
-    volumes: list[dict[str, Any]] = [
-        {"name": contract.CONFIG_VOLUME, "configMap": {"name": track.config_map}},
-        # vLLM's tensor-parallel workers exchange tensors through shared memory; the default 64Mi is too small.
-        # Memory-backed, so it counts against the container's memory: bounded, and part of the memory request.
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{podspec.shm_size_gib(spec)}Gi"}},
-    ]
-    if source and source.pvc_name:
-        mounts.append({"name": MODELS_VOLUME, "mountPath": MODELS_MOUNT, "readOnly": True})
-        volumes.append(
-            {"name": MODELS_VOLUME, "persistentVolumeClaim": {"claimName": source.pvc_name, "readOnly": True}}
-        )
-    if cache_claim:
-        cache_volume, cache_mount = podspec.cache_volume(cache_claim)
-        volumes.append(cache_volume)
-        mounts.append(cache_mount)
     overlay = spec.runtime.pod
-    user_volumes, user_mounts = podspec.extra_volumes(overlay)
-    volumes += user_volumes
-    mounts += user_mounts
-    annotations: dict[str, str] = {
-        **overlay.annotations,
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(8000),
-        "prometheus.io/path": "/metrics",
-    }
-    if spec.runtime.simulator_profile:
-        annotations[contract.ANNOTATION_SIMULATOR_PROFILE] = spec.runtime.simulator_profile
-    annotations[contract.ANNOTATION_K] = str(track.k)
+    volumes, mounts = _volumes(spec, track, cache_claim)
+    annotations = _annotations(spec, track)
     container = {
         "name": contract.CONTAINER_NAME,
         "image": runtime.image,
@@ -234,6 +204,49 @@ def pod_template(
     revision = content_hash({"metadata": hashed, "spec": spec_body})
     template["metadata"]["labels"] = {**labels, contract.LABEL_REVISION: revision}
     return template
+
+
+def _volumes(
+    spec: SpeculativeModelSpec, track: PoolTrack, cache_claim: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, the container's mounts): its config, shared memory, the model's PVC, the weights cache and the
+    user's own."""
+    source = spec.model.source
+    mounts: list[dict[str, Any]] = [
+        {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_PATH, "readOnly": True},
+        {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": contract.CONFIG_VOLUME, "configMap": {"name": track.config_map}},
+        # vLLM's tensor-parallel workers exchange tensors through shared memory; the default 64Mi is too small.
+        # Memory-backed, so it counts against the container's memory: bounded, and part of the memory request.
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{podspec.shm_size_gib(spec)}Gi"}},
+    ]
+    if source and source.pvc_name:
+        mounts.append({"name": MODELS_VOLUME, "mountPath": MODELS_MOUNT, "readOnly": True})
+        volumes.append(
+            {"name": MODELS_VOLUME, "persistentVolumeClaim": {"claimName": source.pvc_name, "readOnly": True}}
+        )
+    if cache_claim:
+        cache_volume, cache_mount = podspec.cache_volume(cache_claim)
+        volumes.append(cache_volume)
+        mounts.append(cache_mount)
+    user_volumes, user_mounts = podspec.extra_volumes(spec.runtime.pod)
+    return volumes + user_volumes, mounts + user_mounts
+
+
+def _annotations(spec: SpeculativeModelSpec, track: PoolTrack) -> dict[str, str]:
+    """The pod's annotations: the user's, then where Prometheus scrapes it, its simulator profile and its K."""
+    annotations: dict[str, str] = {
+        **spec.runtime.pod.annotations,
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(8000),
+        "prometheus.io/path": "/metrics",
+    }
+    if spec.runtime.simulator_profile:
+        annotations[contract.ANNOTATION_SIMULATOR_PROFILE] = spec.runtime.simulator_profile
+    annotations[contract.ANNOTATION_K] = str(track.k)
+    return annotations
 
 
 def revision_of(template: dict[str, Any]) -> str:
