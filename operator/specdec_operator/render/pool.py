@@ -150,24 +150,7 @@ def pod_template(
     overlay = spec.runtime.pod
     volumes, mounts = _volumes(spec, track, cache_claim)
     annotations = _annotations(spec, track)
-    container = {
-        "name": contract.CONTAINER_NAME,
-        "image": runtime.image,
-        "command": ["specdec-runtime", "launch"],
-        "args": ["--config", f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"],
-        "env": env,
-        "ports": [{"name": contract.PORT_NAME, "containerPort": 8000, "protocol": "TCP"}],
-        "resources": podspec.container_resources(spec, targeting.gpu_resource),
-        "volumeMounts": mounts,
-        "startupProbe": _probe(10, STARTUP_PROBE_BUDGET_S // 10),
-        "readinessProbe": _probe(5, 3),
-        "livenessProbe": _probe(10, 6),
-        "securityContext": podspec.container_security_context(),
-        # vLLM writes no /dev/termination-log: on a crash the kubelet takes the log's last lines (80, 2 KiB) as
-        # the container's termination message, so the pod's status says why (the server's default, File, says
-        # nothing but the exit code).
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
+    container = _container(spec, runtime, env, mounts, targeting)
     spec_body: dict[str, Any] = {
         "affinity": with_extra_affinity(
             gfx_node_affinity(
@@ -204,6 +187,31 @@ def pod_template(
     revision = content_hash({"metadata": hashed, "spec": spec_body})
     template["metadata"]["labels"] = {**labels, contract.LABEL_REVISION: revision}
     return template
+
+
+def _container(
+    spec: SpeculativeModelSpec, runtime: RuntimePlan, env: list[dict[str, Any]], mounts: list[dict[str, Any]],
+    targeting: NodeTargeting,
+) -> dict[str, Any]:
+    """The one container: the launcher, which execs vLLM (or the simulator) with the config mounted."""
+    return {
+        "name": contract.CONTAINER_NAME,
+        "image": runtime.image,
+        "command": ["specdec-runtime", "launch"],
+        "args": ["--config", f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"],
+        "env": env,
+        "ports": [{"name": contract.PORT_NAME, "containerPort": 8000, "protocol": "TCP"}],
+        "resources": podspec.container_resources(spec, targeting.gpu_resource),
+        "volumeMounts": mounts,
+        "startupProbe": _probe(10, STARTUP_PROBE_BUDGET_S // 10),
+        "readinessProbe": _probe(5, 3),
+        "livenessProbe": _probe(10, 6),
+        "securityContext": podspec.container_security_context(),
+        # vLLM writes no /dev/termination-log: on a crash the kubelet takes the log's last lines (80, 2 KiB) as
+        # the container's termination message, so the pod's status says why (the server's default, File, says
+        # nothing but the exit code).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
 
 
 def _volumes(
