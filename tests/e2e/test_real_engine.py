@@ -403,3 +403,57 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
     leaks = not_loopback(inet_sockets(engine_driver.pids()))
     assert not leaks, f"sockets off 127.0.0.0/8: {leaks}"
 
+
+
+def last_decision(kube: Kube, name: str) -> dict[str, Any] | None:
+    speculation = ((kube.get("sm", name) or {}).get("status") or {}).get("speculation") or {}
+    decision: dict[str, Any] | None = speculation.get("lastDecision")
+    return decision
+
+
+def test_a_k_change_the_tuner_proposes_from_vllms_counters_rolls_out_as_a_canary_to_a_verdict(
+    kube: Kube, namespace: str, engine_driver: EngineFleetDriver, gateway_standin: GatewayStandIn,
+    engine_operator: Callable[..., OperatorProcess],
+    test_nodes: Callable[[str, int], list[dict[str, Any]]],  # noqa: F811
+) -> None:
+    """The loop closed on the real engine: a pool started at K=1 with drafter-good (greedy agreement 0.8), under
+    open-loop load through the Gateway stand-in. The tuner reads vLLM's counters, records a K change in status,
+    and that change is rolled out as a canary (stable at K=1, canary at the new K, each an engine of its own)
+    that the analysis judges on both engines' counters to a verdict."""
+    test_nodes("ktune", 1)
+    engine_operator(SPECDEC_STATUS_STATS_PERIOD_SECONDS="5")
+    name = "ktune"
+    kube.apply({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                "metadata": {"name": "inference-gateway"},
+                "spec": {"gatewayClassName": STANDIN_GATEWAY_CLASS,
+                         "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+    body = canary_model(name, namespace)
+    # Tuning from the first few hundred drafts, every 30 s. The first change has no cooldown to wait for; the
+    # hour's cooldown after it keeps the pool's K where the canary left it while the test reads it.
+    body["spec"]["speculation"] = {"initialK": 1, "minK": 1, "maxK": 4, "autotune": {
+        "enabled": True, "intervalSeconds": EVALUATION_S, "minSamples": 300, "cooldownSeconds": 3600}}
+    kube.apply([http_route(name), body])
+    wait_for(f"{name} Ready", lambda: ready(kube, name), ENGINE_READY_S, 2)
+    served = body["spec"]["model"]["name"]
+    with BackgroundLoad(gateway_standin.url, f"{name}.models.test", seed=5, model=served, rate=1.0) as load:
+        decision = wait_for("a K change recorded from vLLM's counters",
+                            lambda: (d := last_decision(kube, name)) is not None and d["toK"] != d["fromK"] and d,
+                            600, 3, describe=lambda: last_decision(kube, name))
+        canary = wait_for("the K change's canary", lambda: ((kube.get("sm", name) or {}).get("status") or {}).get(
+            "canary"), 120, 2)
+        wait_for("the canary decided", lambda: canary_phase(kube, name) in ("Promoted", "RolledBack", "Aborted"),
+                 ENGINE_READY_S + 900, 3,
+                 describe=lambda: ((kube.get("sm", name) or {}).get("status", {}).get("canary"),
+                                   [e["message"] for e in kube.events(name)][-3:]))
+    status = (kube.get("sm", name) or {}).get("status") or {}
+    print(f"decision {decision}; canary {status.get('canary')}; "
+          f"load {load.report.statuses if load.report else None}")
+    assert decision["fromK"] == 1 and decision["action"] in ("Change", "Explore"), decision
+    # The canary is the decision's: it runs the decided K against the stable at K=1.
+    assert canary["canaryK"] == decision["toK"] and canary.get("decisionId") == decision["id"], (canary, decision)
+    final = status["canary"]
+    assert final["verdict"] in ("Pass", "Fail") and any(ch.isdigit() for ch in final["message"]), final
+    pool_k = status["pools"][0]["effectiveK"]
+    assert pool_k == (decision["toK"] if final["phase"] == "Promoted" else 1), (pool_k, final)
+    leaks = not_loopback(inet_sockets(engine_driver.pids()))
+    assert not leaks, f"sockets off 127.0.0.0/8: {leaks}"
