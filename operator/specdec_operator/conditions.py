@@ -115,6 +115,7 @@ class ConditionFacts:
     not_owned: tuple[str, ...] = ()
     route: Finding | None = None  # the Gateway refuses the HTTPRoute we weight, in its words
     pod_metrics_excluded: Finding | None = None  # pods whose /metrics vLLM cannot produce (tuner/window.py)
+    frozen: Finding | None = None  # a change freeze holds rollouts and K changes (reconcile/freeze.py)
 
 
 def _ranked(findings: Sequence[Finding], priority: Sequence[str]) -> list[Finding]:
@@ -198,7 +199,10 @@ def summarize(facts: ConditionFacts) -> list[ConditionUpdate]:
     else:
         updates.append(ConditionUpdate("Ready", True, "PoolsReady", facts.ready))
     if not blocking:
-        if facts.canary_progress is not None:
+        if facts.frozen is not None:
+            # Above a canary's progress: a frozen canary keeps its step, and nothing moves until the freeze ends.
+            updates.append(ConditionUpdate("Progressing", False, facts.frozen.reason, facts.frozen.message))
+        elif facts.canary_progress is not None:
             updates.append(ConditionUpdate("Progressing", True, facts.canary_progress.reason,
                                            facts.canary_progress.message))
         elif facts.pending is not None:

@@ -129,6 +129,11 @@ class OperatorEnvSettings(BaseSettings):
         default=False,
         description="Scrape only 127.0.0.0/8 pod IPs (set in local clusters and tests, where pods are fake).",
     )
+    freeze_rollouts: bool = Field(
+        default=False,
+        description="A fleet-wide change freeze: every model holds its rollouts and K changes as with "
+        "spec.rollout.freeze (Progressing=False, RolloutsFrozen); off again, what waited rolls out.",
+    )
     node_missing_grace_seconds: float = Field(
         default=300.0, ge=0,
         description="A pool whose nodes stop matching (deleted, allocatable amd.com/gpu 0, labels gone, cordoned) "

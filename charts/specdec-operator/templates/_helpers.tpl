@@ -169,6 +169,8 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ .Values.runtime.pod.weightsCacheClaim | quote }}
 - name: SPECDEC_RECONCILE_INTERVAL_SECONDS
   value: {{ .Values.reconcileIntervalSeconds | quote }}
+- name: SPECDEC_FREEZE_ROLLOUTS
+  value: {{ .Values.freezeRollouts | quote }}
 - name: SPECDEC_NODE_MISSING_GRACE_SECONDS
   value: {{ .Values.nodeMissingGraceSeconds | quote }}
 - name: SPECDEC_FLEET_AUDIT_INTERVAL_SECONDS

@@ -480,6 +480,14 @@ class Rollout(ApiModel):
         default="Rolling", description="Rolling: a Deployment rolling update. Canary: stepped, analysed canary."
     )
     paused: bool = Field(default=False, description="Hold a canary at its current step (analysis keeps running).")
+    freeze: bool = Field(
+        default=False,
+        description="Hold every rollout and K change of this model (a change freeze): Deployments keep the pod "
+        "template they run, no canary starts, one in flight keeps its step and route weight, and the tuner records "
+        "no K change; Progressing=False (RolloutsFrozen) says what waits. Scaling and pods the kubelet restarts "
+        "are not held. Off again, what waited rolls out. The operator setting SPECDEC_FREEZE_ROLLOUTS freezes "
+        "every model.",
+    )
     canary: Canary | None = Field(
         default=None,
         description="Canary settings (strategy Canary). Omitted with strategy Canary, the default steps and "

@@ -174,7 +174,7 @@ _ONE_SHOT_ACTIONS = ("abort", "promote", "resume")
 def _step(
     status: CanaryStatus,
     settings: Canary,
-    spec_paused: bool,
+    paused_by: str | None,
     now: datetime,
     action: ManualAction | None,
     seen: StepObservation,
@@ -188,7 +188,7 @@ def _step(
     ended = _ended(status, action, seen.verdict, label)
     if ended is not None:
         return ended
-    paused = _paused_or_resumed(status, steps[status.step], spec_paused, action, seen.verdict, label, now)
+    paused = _paused_or_resumed(status, steps[status.step], paused_by, action, seen.verdict, label, now)
     if paused is not None:
         return paused
     return _advanced(status, settings, label, now, seen, action in _ONE_SHOT_ACTIONS)
@@ -220,19 +220,20 @@ def _ended(
 def _paused_or_resumed(
     status: CanaryStatus,
     step: CanaryStep,
-    spec_paused: bool,
+    paused_by: str | None,
     action: ManualAction | None,
     verdict: Verdict | None,
     label: str,
     now: datetime,
 ) -> CanaryProgress | None:
-    """Paused (by the spec or the annotation), or resumed from a pause with a fresh window; None: neither."""
+    """Paused (by the spec, a change freeze, both named in `paused_by`, or the annotation), or resumed from a pause
+    with a fresh window; None: neither."""
     one_shot = action in _ONE_SHOT_ACTIONS
     holding = _holding_plan(status, step)
-    if spec_paused or action == "pause":
+    if paused_by is not None or action == "pause":
         if status.phase == "Paused":
             return CanaryProgress(_with_verdict(status, verdict), holding)
-        source = "spec.rollout.paused" if spec_paused else CANARY_ACTION_ANNOTATION
+        source = paused_by or CANARY_ACTION_ANNOTATION
         paused = _with_verdict(status, verdict, phase="Paused")
         return CanaryProgress(paused, holding, CanaryEvent("Normal", "CanaryPaused", f"paused by {source} at {label}"))
     if status.phase == "Paused":
@@ -511,8 +512,10 @@ def advance(
     now: datetime,
     action: ManualAction | None,
     seen: StepObservation,
+    frozen: str | None = None,
 ) -> CanaryProgress:
-    """One reconcile's worth of canary progress for one pool. `now` must be timezone-aware."""
+    """One reconcile's worth of canary progress for one pool. `now` must be timezone-aware. `frozen`: the source of
+    a change freeze, which holds a running canary at its step as a pause does (a failing one still rolls back)."""
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     one_shot = action in ("abort", "promote", "resume")
@@ -540,4 +543,4 @@ def advance(
             return _clearing(_start(target, settings.steps, now, current), one_shot)
         # A rolled-back revision is not retried on its own: the spec (or a new decision) must change first.
         return CanaryProgress(current, _terminal_plan(current, one_shot))
-    return _step(current, settings, rollout.paused, now, action, seen)
+    return _step(current, settings, "spec.rollout.paused" if rollout.paused else frozen, now, action, seen)

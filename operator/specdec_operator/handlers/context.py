@@ -126,4 +126,5 @@ class OperatorContext:
             node_missing_grace_s=self.settings.node_missing_grace_seconds,
             devices=self.settings.device_table,
             shard=self.settings.shard or "",
+            freeze_rollouts=self.settings.freeze_rollouts,
         )

@@ -101,3 +101,5 @@ class EvaluationSettings:
     devices: DeviceTable = BUILTIN_DEVICES
     # This install's shard (settings.shard), named in every status it writes; "" when the fleet is not sharded.
     shard: str = ""
+    # A fleet-wide change freeze (settings.freeze_rollouts): every model as with spec.rollout.freeze.
+    freeze_rollouts: bool = False

@@ -36,6 +36,7 @@ from specdec_operator.reconcile.capacity import (
 )
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
 from specdec_operator.reconcile.events import pool_events
+from specdec_operator.reconcile.freeze import freeze_source, frozen_finding
 from specdec_operator.reconcile.observed import EvaluationSettings, EventRecord, ObservedModel
 from specdec_operator.reconcile.rollout import RolloutInputs, RolloutResult, plan_rollout
 from specdec_operator.reconcile.route_status import RouteStep, route_step, route_verdict
@@ -203,10 +204,16 @@ class PassInputs:
     verdicts: Mapping[str, Verdict | None] = field(default_factory=dict)
     refusals: tuple[str, ...] = ()
     not_owned: tuple[str, ...] = ()
+    k_waiting: str | None = None  # the K change a freeze holds back this pass (TuningOutcome.k_waiting)
 
     @cached_property
     def moment(self) -> datetime:
         return parse_stamp(self.now)
+
+    @cached_property
+    def frozen(self) -> str | None:
+        """Who froze the model's rollouts and K changes (reconcile/freeze.py); None when nothing did."""
+        return freeze_source(self.spec, self.settings.freeze_rollouts)
 
     @cached_property
     def route(self) -> ObjectRef | None:
@@ -251,11 +258,11 @@ def decide(
     if isinstance(gate, ReconcilePlan):
         return gate
     spec, previous = gate
-    tuning = decide_tuning(observed, spec, previous, now)
+    tuning = decide_tuning(observed, spec, previous, now, frozen=freeze_source(spec, settings.freeze_rollouts))
     if tuning.proposal is not None:
         return decision_plan(previous, tuning)
     inputs = PassInputs(observed, settings, now, spec, previous, tuning.speculation,
-                        tuning.verdicts or verdicts or {}, observed.refusals, observed.not_owned)
+                        tuning.verdicts or verdicts or {}, observed.refusals, observed.not_owned, tuning.k_waiting)
     if (held := hold_without_nodes(inputs)) is not None:
         return replace(held, tuning=tuning)
     placed = place_pools(inputs)
@@ -381,7 +388,8 @@ def roll_out(inputs: PassInputs, placed: PlacedPools) -> RolledOut:
         return plan_rollout(RolloutInputs(
             current_pools, inputs.live_deployments, canary, spec.rollout, inputs.moment,
             routed=inputs.route is not None, verdicts=inputs.verdicts, action=action, modes=modes_for_rollout(modes),
-            last_decision=previous.speculation.last_decision, route_percent=_route_percent(observed, inputs.route)))
+            last_decision=previous.speculation.last_decision, route_percent=_route_percent(observed, inputs.route),
+            frozen=inputs.frozen))
 
     rollout = roll(pools, previous.canary)
     speculation = inputs.speculation
@@ -434,6 +442,7 @@ def desired_objects(inputs: PassInputs, placed: PlacedPools, rolled: RolledOut) 
     }
     if rollout.canary is not None:
         stable_revisions.update({name: rollout.canary.stable_revision for name in rollout.held})
+    stable_revisions.update(rollout.frozen_revisions)  # what a freeze keeps is what the pool serves meanwhile
     return DesiredObjects(to_apply, wanted, stable_revisions)
 
 
@@ -458,10 +467,12 @@ def judge_route(inputs: PassInputs) -> RouteJudgement:
 
 
 def pool_statuses(inputs: PassInputs, placed: PlacedPools, rolled: RolledOut) -> list[PoolStatus]:
-    """Each pool's status entry: placed pools as rendered, then pools held whole through missing nodes."""
-    earlier = {p.name: p for p in inputs.previous.pools}
+    """Each pool's status entry: placed pools as rendered, then pools held whole through missing nodes. A pool a
+    change freeze holds shows the revision it keeps, and no rollout."""
+    earlier, frozen = {p.name: p for p in inputs.previous.pools}, rolled.rollout.frozen_revisions
     statuses = [_with_absence(pool_status(pool, inputs.live_deployments.get(pool.name)).model_copy(
-        update={"rollout": rolled.modes.get(pool.name)}), placed.absence.held_for(pool.plan.gfx),
+        update={"rollout": rolled.modes.get(pool.name)} if pool.name not in frozen else
+        {"rollout": None, "revision": frozen[pool.name]}), placed.absence.held_for(pool.plan.gfx),
         earlier.get(pool.name)) for pool in rolled.pools]
     return [*statuses, *placed.held_whole]
 
@@ -495,6 +506,7 @@ def condition_facts(
         capacity=capacity_findings(placed.placement, placed.usage, inputs.moment), refusals=inputs.refusals,
         not_owned=inputs.not_owned, route=route.finding,
         pod_metrics_excluded=pod_metrics_finding(inputs.observed.excluded_pod_metrics),
+        frozen=frozen_finding(inputs.frozen, rollout.frozen, inputs.k_waiting),
     )
 
 
@@ -519,10 +531,11 @@ def plan_events(
     """The pass's events: pool changes, missing nodes, new failures, rollout modes, the canary's steps."""
     previous, live = inputs.previous, inputs.live_deployments
     live_revisions = {p.name: _live_revision(live.get(p.name)) for p in rolled.pools}
+    modes = {pool: mode for pool, mode in rolled.modes.items() if pool not in rolled.rollout.frozen_revisions}
     return [
         *pool_events(previous, pools, placed.placement), *_absence_events(placed.absence, pools),
         *_failure_events(previous, facts.pod_failures, facts.capacity),
-        *rollout_mode_events(rolled.modes, previous, live_revisions), *rolled.rollout.events, *rolled.action_events,
+        *rollout_mode_events(modes, previous, live_revisions), *rolled.rollout.events, *rolled.action_events,
     ]
 
 

@@ -52,6 +52,11 @@ class RolloutResult:
     # nothing is written for their Deployments (the live ones here are kept) and the route is left alone.
     held: list[str] = field(default_factory=list)
     kept: list[Mapping[str, Any]] = field(default_factory=list)  # live Deployments of held pools, untouched
+    # Pools a change freeze holds (reconcile/freeze.py) -> what they keep; a held pool's live Deployments are in
+    # `kept`, and the route is left alone while one of them has a canary.
+    frozen: dict[str, str] = field(default_factory=dict)
+    # Pool -> the revision its stable Deployment keeps under a freeze (what it is to serve meanwhile).
+    frozen_revisions: dict[str, str] = field(default_factory=dict)
 
 
 def _template_revision(deployment: Mapping[str, Any] | None) -> str | None:
@@ -173,6 +178,9 @@ class RolloutInputs:
     modes: Mapping[str, RolloutMode] = field(default_factory=dict)
     last_decision: TuningDecision | None = None
     route_percent: int | None = None
+    # A change freeze's source (reconcile/freeze.py): no pod template moves and no canary starts; one in flight
+    # holds at its step as if paused.
+    frozen: str | None = None
 
     def in_place_budget(self, pool: str) -> int:
         """Replicas an in-place canary takes out of the stable set at a time; 0 when the pool surges."""
@@ -198,6 +206,9 @@ def _plan_rollout(inputs: RolloutInputs) -> RolloutResult:
     canary_pool = _canary_candidate(inputs.pools, live, previous, rollout, rolling)
     for pool in inputs.pools:
         stable_live = live.get(pool.name)
+        if inputs.frozen and stable_live is not None and _freeze_holds(inputs, pool, stable_live):
+            _hold_frozen(result, inputs, pool, stable_live)
+            continue
         if stable_live is None and _stable_unrenderable(pool, previous, rollout):
             # Not observed is not absent: a replica that took over may read its watch cache before the
             # Deployments are listed again. Hold the pool until its stable Deployment is seen.
@@ -219,6 +230,41 @@ def _plan_rollout(inputs: RolloutInputs) -> RolloutResult:
             continue
         _canary_pool(result, inputs, pool, stable_live, rolling)
     return result
+
+
+def _running_canary(inputs: RolloutInputs, pool: DesiredPool) -> CanaryStatus | None:
+    previous = inputs.previous
+    in_flight = previous is not None and previous.pool == pool.name and previous.phase in IN_FLIGHT_PHASES
+    return previous if in_flight else None
+
+
+def _freeze_holds(inputs: RolloutInputs, pool: DesiredPool, stable_live: Mapping[str, Any]) -> bool:
+    """Whether a freeze leaves the pool as it runs: its pod template would change or a canary Deployment would
+    move. A canary in flight whose revision is still the one desired is not held here: it holds at its step as
+    if paused (`_canary_pool`), so that a failing one still rolls back."""
+    running = _running_canary(inputs, pool)
+    if running is not None:
+        return running.canary_revision != pool.revision
+    canary_live = inputs.live.get(deployment_name(pool.name, "canary")) is not None
+    return canary_live or _template_revision(stable_live) != pool.revision
+
+
+def _hold_frozen(
+    result: RolloutResult, inputs: RolloutInputs, pool: DesiredPool, stable_live: Mapping[str, Any]
+) -> None:
+    """Leave the pool's Deployments as they run, and its route weight where it is if it has a canary."""
+    canary_live = inputs.live.get(deployment_name(pool.name, "canary"))
+    result.kept += [body for body in (stable_live, canary_live) if body is not None]
+    kept = _template_revision(stable_live) or pool.revision
+    result.frozen_revisions[pool.name] = kept
+    running = _running_canary(inputs, pool)
+    if running is not None:
+        result.frozen[pool.name] = (f"its canary {running.canary_revision} at step {running.step + 1} "
+                                    f"({running.weight}%), though the spec asks for revision {pool.revision}")
+    else:
+        result.frozen[pool.name] = f"revision {kept}"
+    if canary_live is not None or running is not None:
+        result.route_weight = None
 
 
 def _canary_candidate(
@@ -281,7 +327,11 @@ def _canary_pool(
     in_step = current is not None and current.phase in IN_FLIGHT_PHASES and current.weight > 0
     route_target = equal_load_percent(total, current.weight) if in_step and current is not None else None
     seen = StepObservation(verdicts.get(pool.revision), canary_ready, inputs.route_percent, route_target)
-    progress = advance(current, target=target, rollout=rollout, now=now, action=inputs.action, seen=seen)
+    progress = advance(current, target=target, rollout=rollout, now=now, action=inputs.action, seen=seen,
+                       frozen=inputs.frozen)
+    if inputs.frozen is not None and progress.status is not None and progress.status.phase in IN_FLIGHT_PHASES:
+        result.frozen[pool.name] = (f"its canary {progress.status.canary_revision} at step "
+                                    f"{progress.status.step + 1} ({progress.status.weight}%)")
     result.canary = progress.status if progress.status is not None else previous
     result.clear_action = progress.plan.clear_action
     if progress.event is not None:

@@ -45,6 +45,9 @@ class TuningOutcome:
     # (reason, message) of a Gateway that refuses the model's HTTPRoute as gathered this pass (what the step's
     # verdict held on): the handler remembers it for a pass that cannot read the route.
     route_rejection: tuple[str, str] | None = None
+    # The K change a change freeze held back this pass (reconcile/freeze.py): not recorded, so the tuner proposes
+    # it again at its next evaluation; Progressing names it meanwhile.
+    k_waiting: str | None = None
 
 
 def stable_serving(observed: ObservedModel, canary: CanaryStatus | None) -> bool:
@@ -89,10 +92,12 @@ def _due_at(inputs: TuningInputs, interval_s: float) -> float:
 
 
 def decide_tuning(
-    observed: ObservedModel, spec: SpeculativeModelSpec, previous: SpeculativeModelStatus, stamp: str
+    observed: ObservedModel, spec: SpeculativeModelSpec, previous: SpeculativeModelStatus, stamp: str,
+    frozen: str | None = None,
 ) -> TuningOutcome:
     """The canary's verdict, and when the tuner's evaluation is due its statistics and at most one proposed K
-    change, stamped `stamp` (the pass's wall-clock time) with the gathered audit id."""
+    change, stamped `stamp` (the pass's wall-clock time) with the gathered audit id. Under a change freeze
+    (`frozen`: its source) the K change is not proposed but named as waiting."""
     inputs = observed.tuning
     if inputs is None:
         return TuningOutcome()
@@ -103,17 +108,31 @@ def decide_tuning(
         return TuningOutcome(verdicts=verdicts, next_evaluation_at=math.inf, route_rejection=rejection)
     due_at = _due_at(inputs, autotune.interval_seconds)
     if inputs.now < due_at:
-        return TuningOutcome(verdicts=verdicts, next_evaluation_at=due_at, route_rejection=rejection)
+        # Under a freeze the change the last evaluation proposed still waits: Progressing keeps saying so.
+        return TuningOutcome(verdicts=verdicts, next_evaluation_at=due_at, route_rejection=rejection,
+                             k_waiting=_waiting(inputs.state.proposed) if frozen is not None else None)
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, set(inputs.rolling),
                              previous.speculation.rejected_ks)
     report = inputs.state.evaluate(inputs.now, contexts, spec.speculation)
     canary_mode = spec.rollout.strategy == "Canary"
     decision, events = _proposal(report.decision, stamp, inputs.decision_id, canary_mode)
+    waiting = None
+    if frozen is not None and decision is not None:
+        waiting, decision, events = _waiting(decision), None, ()
     return TuningOutcome(
         speculation=speculation_status(previous.speculation, report.stats, decision), events=events,
         verdicts=verdicts, proposal=decision, proposed_at=inputs.now, rolls_out_now=not canary_mode,
         report=report, next_evaluation_at=inputs.now + autotune.interval_seconds, route_rejection=rejection,
+        k_waiting=waiting,
     )
+
+
+def _waiting(decision: TuningDecision | None) -> str | None:
+    """How Progressing names a K change a freeze holds back."""
+    if decision is None or decision.to_k == decision.from_k:
+        return None
+    return (f"a K change of pool {decision.pool} {decision.from_k} -> {decision.to_k} (predicted "
+            f"{decision.predicted_gain:+.1%}) waits")
 
 
 def _proposal(

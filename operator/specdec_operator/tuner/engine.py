@@ -112,6 +112,9 @@ class TunerState:
         self._pools: dict[str, _PoolHistory] = {}
         self._events: Counter[str] = Counter()
         self._recent_since: float | None = None
+        # The K change the last evaluation proposed, until one is committed: what a change freeze holds back
+        # between evaluations (reconcile/freeze.py). Memory only: nothing decides from it.
+        self.proposed: TuningDecision | None = None
 
     @classmethod
     def from_status(cls, status: SpeculationStatus, *, wall_now: float, monotonic_now: float) -> TunerState:
@@ -191,6 +194,7 @@ class TunerState:
         span = now - self._recent_since if self._recent_since is not None else 0.0
         stats = tuple(self._stats(pool, recommended.get(pool.name), span, now) for pool in pools)
         windows = {pool.name: self._window(pool.name) for pool in pools}
+        self.proposed = outcome.decision
         report = TunerReport(
             stats=stats,
             decisions=tuple(a.decision for a in outcome.assessments),
@@ -244,6 +248,7 @@ class TunerState:
         """
         history = self._pools.get(decision.pool)
         self.last_change_at = now
+        self.proposed = None
         self._previous_k[decision.pool] = decision.from_k
         if history is not None:
             history.previous_k = decision.from_k

@@ -39,7 +39,7 @@ MINIMAL_DEFAULTS_GOLDEN: dict[str, Any] = {
         "simulate": False,
         "pod": {"labels": {}, "annotations": {}, "imagePullSecrets": [], "volumes": []},
     },
-    "rollout": {"strategy": "Rolling", "paused": False, "maxSurge": 1, "maxUnavailable": 1},
+    "rollout": {"strategy": "Rolling", "paused": False, "freeze": False, "maxSurge": 1, "maxUnavailable": 1},
 }
 
 
