@@ -357,6 +357,12 @@ def canary_model(name: str, namespace: str) -> dict[str, Any]:
     }})
 
 
+# The Gateway the routes attach to, served by the stand-in (tests/e2e/traffic.py).
+GATEWAY = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "inference-gateway"},
+           "spec": {"gatewayClassName": STANDIN_GATEWAY_CLASS,
+                    "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}}
+
+
 def http_route(name: str) -> dict[str, Any]:
     return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": name},
             "spec": {"parentRefs": [{"name": "inference-gateway"}], "hostnames": [f"{name}.models.test"],
@@ -380,10 +386,7 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
     test_nodes("canary", 1)
     engine_operator(SPECDEC_STATUS_STATS_PERIOD_SECONDS="5")
     name = "worse"
-    kube.apply({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-                "metadata": {"name": "inference-gateway"},
-                "spec": {"gatewayClassName": STANDIN_GATEWAY_CLASS,
-                         "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+    kube.apply(GATEWAY)
     body = canary_model(name, namespace)
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), ENGINE_READY_S, 2)
@@ -423,10 +426,7 @@ def test_a_k_change_the_tuner_proposes_from_vllms_counters_rolls_out_as_a_canary
     test_nodes("ktune", 1)
     engine_operator(SPECDEC_STATUS_STATS_PERIOD_SECONDS="5")
     name = "ktune"
-    kube.apply({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-                "metadata": {"name": "inference-gateway"},
-                "spec": {"gatewayClassName": STANDIN_GATEWAY_CLASS,
-                         "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+    kube.apply(GATEWAY)
     body = canary_model(name, namespace)
     # Tuning from the first few hundred drafts, every 30 s. The first change has no cooldown to wait for; the
     # hour's cooldown after it keeps the pool's K where the canary left it while the test reads it.
