@@ -408,6 +408,10 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
 
 
 
+# The K test_a_k_change... starts its drafter-poor pool at (also its maxK: any change goes down).
+STARTING_K = 4
+
+
 def last_decision(kube: Kube, name: str) -> dict[str, Any] | None:
     speculation = ((kube.get("sm", name) or {}).get("status") or {}).get("speculation") or {}
     decision: dict[str, Any] | None = speculation.get("lastDecision")
@@ -419,18 +423,21 @@ def test_a_k_change_the_tuner_proposes_from_vllms_counters_rolls_out_as_a_canary
     engine_operator: Callable[..., OperatorProcess],
     test_nodes: Callable[[str, int], list[dict[str, Any]]],  # noqa: F811
 ) -> None:
-    """The loop closed on the real engine: a pool started at K=1 with drafter-good (greedy agreement 0.8), under
-    open-loop load through the Gateway stand-in. The tuner reads vLLM's counters, records a K change in status,
-    and that change is rolled out as a canary (stable at K=1, canary at the new K, each an engine of its own)
-    that the analysis judges on both engines' counters to a verdict."""
+    """The loop closed on the real engine: a pool started at K=4 with drafter-poor (greedy agreement 0.2: drafts
+    past the first position are all but never accepted), under open-loop load through the Gateway stand-in. The
+    tuner reads vLLM's counters, records a K change in status (every position is measured, so nothing rests on
+    an extrapolation: the drafts it drops buy nothing), and that change is rolled out as a canary (stable at
+    K=4, canary at the new K, each an engine of its own) that the analysis judges on both engines' counters to a
+    verdict."""
     test_nodes("ktune", 1)
     engine_operator(SPECDEC_STATUS_STATS_PERIOD_SECONDS="5")
     name = "ktune"
     kube.apply(GATEWAY)
     body = canary_model(name, namespace)
+    body["spec"]["drafters"][0]["model"] = POOR
     # Tuning from the first few hundred drafts, every 30 s. The first change has no cooldown to wait for; the
     # hour's cooldown after it keeps the pool's K where the canary left it while the test reads it.
-    body["spec"]["speculation"] = {"initialK": 1, "minK": 1, "maxK": 4, "autotune": {
+    body["spec"]["speculation"] = {"initialK": STARTING_K, "minK": 1, "maxK": STARTING_K, "autotune": {
         "enabled": True, "intervalSeconds": EVALUATION_S, "minSamples": 300, "cooldownSeconds": 3600}}
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), ENGINE_READY_S, 2)
@@ -448,12 +455,12 @@ def test_a_k_change_the_tuner_proposes_from_vllms_counters_rolls_out_as_a_canary
     status = (kube.get("sm", name) or {}).get("status") or {}
     print(f"decision {decision}; canary {status.get('canary')}; "
           f"load {load.report.statuses if load.report else None}")
-    assert decision["fromK"] == 1 and decision["action"] in ("Change", "Explore"), decision
-    # The canary is the decision's: it runs the decided K against the stable at K=1.
+    assert decision["fromK"] == STARTING_K and decision["action"] in ("Change", "Explore"), decision
+    # The canary is the decision's: it runs the decided K against the stable at STARTING_K.
     assert canary["canaryK"] == decision["toK"] and canary.get("decisionId") == decision["id"], (canary, decision)
     final = status["canary"]
     assert final["verdict"] in ("Pass", "Fail") and any(ch.isdigit() for ch in final["message"]), final
     pool_k = status["pools"][0]["effectiveK"]
-    assert pool_k == (decision["toK"] if final["phase"] == "Promoted" else 1), (pool_k, final)
+    assert pool_k == (decision["toK"] if final["phase"] == "Promoted" else STARTING_K), (pool_k, final)
     leaks = not_loopback(inet_sockets(engine_driver.pids()))
     assert not leaks, f"sockets off 127.0.0.0/8: {leaks}"
