@@ -259,12 +259,16 @@ def _hold_frozen(
     result.frozen_revisions[pool.name] = kept
     running = _running_canary(inputs, pool)
     if running is not None:
-        result.frozen[pool.name] = (f"its canary {running.canary_revision} at step {running.step + 1} "
-                                    f"({running.weight}%), though the spec asks for revision {pool.revision}")
+        result.frozen[pool.name] = f"{_canary_at(running)}, though the spec asks for revision {pool.revision}"
     else:
         result.frozen[pool.name] = f"revision {kept}"
     if canary_live is not None or running is not None:
         result.route_weight = None
+
+
+def _canary_at(canary: CanaryStatus) -> str:
+    """How Progressing names a canary a freeze holds."""
+    return f"its canary {canary.canary_revision} at step {canary.step + 1} ({canary.weight}%)"
 
 
 def _canary_candidate(
@@ -330,8 +334,7 @@ def _canary_pool(
     progress = advance(current, target=target, rollout=rollout, now=now, action=inputs.action, seen=seen,
                        frozen=inputs.frozen)
     if inputs.frozen is not None and progress.status is not None and progress.status.phase in IN_FLIGHT_PHASES:
-        result.frozen[pool.name] = (f"its canary {progress.status.canary_revision} at step "
-                                    f"{progress.status.step + 1} ({progress.status.weight}%)")
+        result.frozen[pool.name] = _canary_at(progress.status)
     result.canary = progress.status if progress.status is not None else previous
     result.clear_action = progress.plan.clear_action
     if progress.event is not None:
