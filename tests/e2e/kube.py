@@ -103,8 +103,15 @@ class Kube:
             events = self.events(involved)
             return events if set(reasons) <= {e["reason"] for e in events} else None
 
-        return wait_for(f"{', '.join(reasons)} events for {involved}", arrived, timeout_s, 0.5,
-                        describe=lambda: [f"{e['reason']}: {e['message']}" for e in self.events(involved)][-6:])
+        def described() -> dict[str, Any]:
+            # The operator's own events first (the Endpoints controller's repeat warnings would crowd them out).
+            events = self.events(involved)
+            ours = [f"{e['reason']}: {e['message'][:160]}" for e in events
+                    if e.get("reportingComponent") != "endpoint-controller" and not e["reason"].startswith("Failed")]
+            return {"missing": sorted(set(reasons) - {e["reason"] for e in events}), "operator events": ours[-12:],
+                    "reasons seen": sorted({e["reason"] for e in events})}
+
+        return wait_for(f"{', '.join(reasons)} events for {involved}", arrived, timeout_s, 0.5, describe=described)
 
 
 def wait_for(
