@@ -134,6 +134,12 @@ class OperatorEnvSettings(BaseSettings):
         description="A fleet-wide change freeze: every model holds its rollouts and K changes as with "
         "spec.rollout.freeze (Progressing=False, RolloutsFrozen); off again, what waited rolls out.",
     )
+    max_concurrent_rollouts: int = Field(
+        default=0, ge=0,
+        description="How many models of this install may have a rollout (a pod template change or a canary) in "
+        "flight at once; the others wait with Progressing=False, RolloutQueued, until one ends. 0: no limit. An "
+        "operator upgrade that changes every pool's pod template then restarts this many models at a time.",
+    )
     node_missing_grace_seconds: float = Field(
         default=300.0, ge=0,
         description="A pool whose nodes stop matching (deleted, allocatable amd.com/gpu 0, labels gone, cordoned) "

@@ -171,6 +171,8 @@ is a field of specdec_operator.settings.OperatorSettings; a unit test holds the 
   value: {{ .Values.reconcileIntervalSeconds | quote }}
 - name: SPECDEC_FREEZE_ROLLOUTS
   value: {{ .Values.freezeRollouts | quote }}
+- name: SPECDEC_MAX_CONCURRENT_ROLLOUTS
+  value: {{ .Values.maxConcurrentRollouts | quote }}
 - name: SPECDEC_NODE_MISSING_GRACE_SECONDS
   value: {{ .Values.nodeMissingGraceSeconds | quote }}
 - name: SPECDEC_FLEET_AUDIT_INTERVAL_SECONDS

@@ -16,6 +16,7 @@ from specdec_operator.handlers.model_memory import ModelKey, ModelMemory
 from specdec_operator.handlers.services.cache import FleetSnapshot, WatchCache
 from specdec_operator.handlers.services.fleet_audit import FleetAudit
 from specdec_operator.handlers.services.memory_release import MemoryRelease
+from specdec_operator.handlers.services.rollout_slots import RolloutSlots
 from specdec_operator.handlers.services.scrapes import ScrapeScheduler
 from specdec_operator.handlers.services.supervisor import Supervisor
 from specdec_operator.kube.api import KubeApi
@@ -41,6 +42,7 @@ class OperatorContext:
     fleet: FleetSnapshot = field(default_factory=FleetSnapshot)  # nodes and pod GPU claims, shared briefly
     fleet_audit: FleetAudit = field(init=False)  # checks the node and pod indices for ghosts of watch gaps
     supervisor: Supervisor = field(default_factory=Supervisor)  # runs the operator-wide background loops
+    rollout_slots: RolloutSlots = field(init=False)  # the models with a rollout in flight, for the fleet's limit
     # Runtime pods failing now (uid -> cause), so a pod that starts or stops failing wakes its model at once.
     failing_pods: dict[str, str] = field(default_factory=dict)
     # How often the watch said a model left it (a DELETED event), per model. A model relabelled out of the
@@ -56,12 +58,15 @@ class OperatorContext:
 
     def __post_init__(self) -> None:
         self.fleet_audit = FleetAudit(self.settings.fleet_audit_interval_seconds)
+        self.rollout_slots = RolloutSlots(self.settings.max_concurrent_rollouts)
 
     def paused(self) -> None:
         """Kopf paused this replica for a peer and closed its watches: once it resumes, every index may hold
         objects deleted meanwhile (handlers/services/cache.py, handlers/services/fleet_audit.py)."""
         self.cache.paused()
         self.fleet_audit.paused()
+        # Another replica rolls models out meanwhile: the slots are rebuilt from the cache once this one resumes.
+        self.rollout_slots = RolloutSlots(self.settings.max_concurrent_rollouts)
 
     def stamp_now(self) -> str:
         """The wall clock's now as a status stamp (RFC 3339, UTC)."""
@@ -89,6 +94,8 @@ class OperatorContext:
         if self.scrapes is not None:
             self.scrapes.forget(key)
         self.cache.forget(key)
+        # A deleted model's rollout is over; a paused replica's next leader rebuilds the slots from its cache.
+        self.nudge_all(self.rollout_slots.release(key))
         forget_model(namespace, name)
         if not self.models:
             self.fleet.clear()
@@ -107,6 +114,10 @@ class OperatorContext:
     def nudge_by_label(self, namespace: str, model_label: str) -> None:
         """Nudge the model whose (possibly shortened) label value is `model_label`: pods carry only that."""
         for key in [key for key in self.models if key[0] == namespace and label_value(key[1]) == model_label]:
+            self.nudge(*key)
+
+    def nudge_all(self, keys: list[ModelKey]) -> None:
+        for key in keys:
             self.nudge(*key)
 
     def nudge(self, namespace: str, name: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -83,7 +84,11 @@ async def gather(
         now=format_stamp(wall_now),
     )
     # The scrape round feeds the tuner's and the canary's windows; the pass reads them through observed.tuning.
-    return await observe_tuning(ctx, observed, wall_now, logger or LOG)
+    observed = await observe_tuning(ctx, observed, wall_now, logger or LOG)
+    # Read after the last await: no other pass takes a rollout slot between here and this pass's record of its
+    # plan (reconcile()), so the fleet's limit holds.
+    return replace(observed, rollouts_in_flight=ctx.rollout_slots.in_flight((namespace, name),
+                                                                            ctx.cache.models_rolling_out))
 
 
 async def write_model_status(
@@ -238,6 +243,8 @@ async def reconcile(
             return ReconcilePlan(held="the model left this install's watch")
         plan = evaluate(observed, ctx.evaluation_settings, observed.now)
         pace_tuning(ctx, observed, plan.tuning)
+        # Before the first write's await (see gather): the model takes, keeps or frees its rollout slot.
+        ctx.nudge_all(ctx.rollout_slots.record(key, plan.rolls_out, plan.queued))
         changed = await write(ctx, body, baseline, observed, plan, logger)
     except Exception:
         RECONCILES.labels(result="error").inc()

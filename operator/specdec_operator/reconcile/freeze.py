@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from specdec_operator.api.spec import SpeculativeModelSpec
 from specdec_operator.conditions import Finding
+from specdec_operator.reconcile.rollout_limit import RolloutsInFlight, queue_source
 
 # How status names the fleet-wide switch: the setting and the chart value that sets it.
 FLEET_SOURCE = "the operator setting SPECDEC_FREEZE_ROLLOUTS (chart value freezeRollouts)"
@@ -25,6 +26,12 @@ def freeze_source(spec: SpeculativeModelSpec, fleet_frozen: bool) -> str | None:
     if spec.rollout.freeze:
         return SPEC_SOURCE
     return FLEET_SOURCE if fleet_frozen else None
+
+
+def hold_source(spec: SpeculativeModelSpec, fleet_frozen: bool, in_flight: RolloutsInFlight | None) -> str | None:
+    """What holds the model's rollouts and K changes: a freeze first (it also holds a canary in flight), else the
+    fleet's rollout limit while the model has no slot; None when nothing does."""
+    return freeze_source(spec, fleet_frozen) or queue_source(in_flight)
 
 
 def frozen_finding(source: str | None, pools: Mapping[str, str], k_waiting: str | None) -> Finding | None:

@@ -10,6 +10,7 @@ from specdec_operator.canary.evidence import CanaryWindows
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.devices import BUILTIN_DEVICES, DeviceTable
 from specdec_operator.gpu.inventory import NodeGpus
+from specdec_operator.reconcile.rollout_limit import RolloutsInFlight
 from specdec_operator.render.podspec import DEFAULT_POD_SETTINGS, PodSettings
 from specdec_operator.tuner.engine import TunerState
 
@@ -74,6 +75,9 @@ class ObservedModel:
     not_owned: tuple[str, ...] = ()
     # When the pass gathered, on the injected wall clock (RFC 3339, whole seconds): the pass's status stamps.
     now: str = ""
+    # The other models of this install with a rollout in flight, against the fleet's limit
+    # (reconcile/rollout_limit.py); None without a limit.
+    rollouts_in_flight: RolloutsInFlight | None = None
 
     def children_of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         return [body for (child_kind, _), body in sorted(self.children.items()) if child_kind == kind]

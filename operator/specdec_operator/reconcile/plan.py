@@ -36,9 +36,10 @@ from specdec_operator.reconcile.capacity import (
 )
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
 from specdec_operator.reconcile.events import pool_events
-from specdec_operator.reconcile.freeze import freeze_source, frozen_finding
+from specdec_operator.reconcile.freeze import frozen_finding, hold_source
 from specdec_operator.reconcile.observed import EvaluationSettings, EventRecord, ObservedModel
 from specdec_operator.reconcile.rollout import RolloutInputs, RolloutResult, plan_rollout
+from specdec_operator.reconcile.rollout_limit import queue_source, queued_finding, rolls_out
 from specdec_operator.reconcile.route_status import RouteStep, route_step, route_verdict
 from specdec_operator.reconcile.status_build import (
     StatusDecision,
@@ -84,6 +85,10 @@ class ReconcilePlan:
     # What `status` is to say, as the policies decided it: `evaluate` builds `status` from it once, at its end
     # (None: nothing is written this pass).
     decided: StatusDecision | None = None
+    # Whether the model has a rollout in flight once this plan is applied (reconcile/rollout_limit.py), for the
+    # fleet's limit; None when the pass did not get as far as planning Deployments (nothing changes then).
+    rolls_out: bool | None = None
+    queued: bool = False  # the fleet's rollout limit holds this model's next rollout
 
 
 def validation_message(error: ValidationError) -> str:
@@ -212,8 +217,14 @@ class PassInputs:
 
     @cached_property
     def frozen(self) -> str | None:
-        """Who froze the model's rollouts and K changes (reconcile/freeze.py); None when nothing did."""
-        return freeze_source(self.spec, self.settings.freeze_rollouts)
+        """What holds the model's rollouts and K changes: a change freeze (reconcile/freeze.py), or the fleet's
+        rollout limit while it has no slot (reconcile/rollout_limit.py); None when nothing does."""
+        return hold_source(self.spec, self.settings.freeze_rollouts, self.observed.rollouts_in_flight)
+
+    @cached_property
+    def queued(self) -> bool:
+        """The hold is the fleet's rollout limit, not a freeze."""
+        return self.frozen is not None and self.frozen == queue_source(self.observed.rollouts_in_flight)
 
     @cached_property
     def route(self) -> ObjectRef | None:
@@ -258,7 +269,8 @@ def decide(
     if isinstance(gate, ReconcilePlan):
         return gate
     spec, previous = gate
-    tuning = decide_tuning(observed, spec, previous, now, frozen=freeze_source(spec, settings.freeze_rollouts))
+    tuning = decide_tuning(observed, spec, previous, now,
+                           frozen=hold_source(spec, settings.freeze_rollouts, observed.rollouts_in_flight))
     if tuning.proposal is not None:
         return decision_plan(previous, tuning)
     inputs = PassInputs(observed, settings, now, spec, previous, tuning.speculation,
@@ -287,7 +299,24 @@ def decide(
         events=plan_events(inputs, placed, rolled, pools, facts), pools=rolled.pools, route=inputs.route,
         route_weight=weight, route_step=plan_route_step(observed, inputs.route, weight),
         clear_action=rolled.rollout.clear_action or bool(rolled.action_events), tuning=tuning,
+        rolls_out=rolls_out(inputs.live_deployments, rolled.rollout.deployments, rolled.rollout.canary),
+        queued=_waits_for_slot(inputs, rolled.rollout),
     )
+
+
+def _waits_for_slot(inputs: PassInputs, rollout: RolloutResult) -> bool:
+    """The fleet's rollout limit holds something of this model: a pool's rollout or a K change."""
+    return inputs.queued and (bool(rollout.frozen) or inputs.k_waiting is not None)
+
+
+def _hold_finding(inputs: PassInputs, rollout: RolloutResult) -> Finding | None:
+    """Progressing's words for what holds rollouts: a freeze always says so; the rollout limit only while it holds
+    something (a model with nothing to roll out is not waiting)."""
+    if not inputs.queued:
+        return frozen_finding(inputs.frozen, rollout.frozen, inputs.k_waiting)
+    if inputs.frozen is None or not _waits_for_slot(inputs, rollout):
+        return None
+    return queued_finding(inputs.frozen, rollout.frozen, inputs.k_waiting)
 
 
 def plan_route_step(observed: ObservedModel, route: ObjectRef | None, weight: int | None) -> RouteStep | None:
@@ -506,7 +535,7 @@ def condition_facts(
         capacity=capacity_findings(placed.placement, placed.usage, inputs.moment), refusals=inputs.refusals,
         not_owned=inputs.not_owned, route=route.finding,
         pod_metrics_excluded=pod_metrics_finding(inputs.observed.excluded_pod_metrics),
-        frozen=frozen_finding(inputs.frozen, rollout.frozen, inputs.k_waiting),
+        frozen=_hold_finding(inputs, rollout),
     )
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from specdec_operator import KIND
 from specdec_operator.decisions.capacity import FleetClaims
 from specdec_operator.gpu.inventory import NodeGpus, PodGpus
+from specdec_operator.reconcile.rollout_limit import rolls_out
 
 CHILD_INDICES = {"Deployment": "owned_deployments", "ConfigMap": "owned_configmaps", "Service": "owned_services",
                  "PodDisruptionBudget": "owned_pdbs"}
@@ -69,6 +71,18 @@ class WatchCache:
         found = [body for index_name in CHILD_INDICES.values()
                  for body in _store(self._indices[index_name], (namespace, uid))]
         return found + list(_store(self._indices["runtime_pods"], (namespace, model_label)))
+
+    def models_rolling_out(self) -> list[tuple[str, str]]:
+        """(namespace, name) of the models whose owned Deployments show a rollout in flight (a canary Deployment,
+        or pods not all of the current template): the slots they hold under the fleet's rollout limit."""
+        found = []
+        for (namespace, _uid), store in self._indices["owned_deployments"].items():
+            bodies = [body for body in store if self._live(body)]
+            owners = {ref.get("name") for body in bodies for ref in body["metadata"].get("ownerReferences", [])
+                      if ref.get("kind") == KIND}
+            if len(owners) == 1 and rolls_out({str(body["metadata"]["name"]): body for body in bodies}):
+                found.append((str(namespace), str(owners.pop())))
+        return found
 
     def count(self) -> int:
         """Objects in the bound indices (owned objects and runtime pods): how big the watched fleet is."""
