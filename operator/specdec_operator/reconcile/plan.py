@@ -287,16 +287,19 @@ def decide(
     pools = pool_statuses(inputs, placed, rolled)
     facts = condition_facts(inputs, placed, rolled, owned, route, pools)
     decided = StatusDecision(previous, facts, pools, rolled.speculation, rolled.rollout.canary)
+    events = plan_events(inputs, placed, rolled, pools, facts)
     if route.unreadable:
         # Unread is not absent: which canary the route still sends requests to is unknown, so no owned object is
-        # written or deleted this pass; the condition says why (the loop retries at its own pace).
+        # written or deleted this pass; the condition says why (the loop retries at its own pace). The status is
+        # still written, a canary's step or promotion with it, so the events that announce them go with it: the
+        # next pass starts from that status and would never post them.
+        unread = [EventRecord("Warning", route.finding.reason, route.finding.message)] if route.finding else []
         return ReconcilePlan(decided=decided, conditions=facts, pools=rolled.pools, tuning=tuning,
-                             events=[EventRecord("Warning", route.finding.reason, route.finding.message)]
-                             if route.finding is not None else [])
+                             events=[*unread, *events])
     weight = rolled.rollout.route_weight if inputs.route is not None else None
     return ReconcilePlan(
         apply=owned.to_apply, delete=stale_objects(inputs, placed, rolled, owned), decided=decided, conditions=facts,
-        events=plan_events(inputs, placed, rolled, pools, facts), pools=rolled.pools, route=inputs.route,
+        events=events, pools=rolled.pools, route=inputs.route,
         route_weight=weight, route_step=plan_route_step(observed, inputs.route, weight),
         clear_action=rolled.rollout.clear_action or bool(rolled.action_events), tuning=tuning,
         rolls_out=rolls_out(inputs.live_deployments, rolled.rollout.deployments, rolled.rollout.canary),

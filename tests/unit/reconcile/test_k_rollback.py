@@ -3,6 +3,7 @@ a canary of a spec change never touches K."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from specdec_operator.canary.analysis import Verdict
@@ -69,3 +70,24 @@ def test_a_failed_spec_change_canary_keeps_k_even_with_a_matching_old_decision()
     assert failed.status is not None and failed.status.canary is not None
     assert failed.status.canary.phase == "RolledBack"
     assert [p.effective_k for p in failed.status.pools] == [3]
+
+
+def test_a_canary_that_ends_in_a_pass_whose_route_is_unreadable_is_announced_with_the_status_it_writes() -> None:
+    """A pass whose HTTPRoute GET failed applies nothing, but still writes status, a canary's verdict with it: the
+    events announcing that verdict go with that write, or they are never posted (the next pass starts from it)."""
+    routed = spec_wire(drafters=[EAGLE3], placement={"gfxTargets": ["gfx942"]},
+                       rollout={**CANARY, "canary": {**CANARY["canary"],
+                                                     "traffic": {"httpRouteRef": {"name": "llama8b"}}}})
+    children, status = settled(routed)
+    status["pools"][0]["effectiveK"] = 5  # the K decision pass's record
+    status["speculation"]["lastDecision"] = decision(3, 5)
+    started = evaluate(observed(routed, status=status, children=children), SETTINGS, T1)
+    assert started.status is not None and started.status.canary is not None
+    revision = started.status.canary.canary_revision
+    canary = [live(o) for o in started.apply if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-canary")]
+    model = replace(observed(routed, status=status_wire(started), children=[*children, *canary]),
+                    route_error="GET httproutes/llama8b: TimeoutError")
+    unread = evaluate(model, SETTINGS, T2, verdicts={revision: FAILED})
+    assert unread.apply == [] and unread.delete == [] and unread.status is not None
+    assert unread.status.canary is not None and unread.status.canary.phase == "RolledBack"
+    assert {"HTTPRouteUnreadable", "CanaryFailed"} <= {e.reason for e in unread.events}, unread.events
