@@ -31,6 +31,7 @@ from tests.e2e.test_canary_traffic import (  # noqa: F401 - fixtures
     phase,
     ready,
     rollback_event,
+    rolled_out_reason,
 )
 from tests.e2e.traffic import RATE, BackgroundLoad, GatewayStandIn
 
@@ -66,7 +67,7 @@ def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_double
                      STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5, describe=lambda: canary_story(kube, name))
     final = canary(kube, name)
     assert final.get("phase") == "Promoted", (final, rollback_event(kube, name))
-    events = kube.events_once(name, "CanaryPromoted", "KChanged")
+    events = kube.events_once(name, "CanaryPromoted", rolled_out_reason(kube, name))
     passed = [e["message"] for e in events if e["reason"] == "CanaryStepPassed"]
     promoted = [e["message"] for e in events if e["reason"] == "CanaryPromoted"]
     print(f"{name}: {passed} {promoted}")  # shown with -rA: the numbers the promotion rests on

@@ -177,8 +177,8 @@ async def write(
         # A K decision: its record is all this pass writes.
         for event in plan.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
-        logger.info("K decision %s recorded: %s K %d -> %d", decision.id, decision.pool, decision.from_k,
-                    decision.to_k)
+        logger.info("K decision %s recorded: %s K %d -> %d (%s, confidence %.0f%%)", decision.id, decision.pool,
+                    decision.from_k, decision.to_k, decision.action, 100 * decision.confidence)
         ctx.nudge(*key)
         # Status holds the decision: only now may the tuner remember it.
         commit_tuning(ctx, observed.namespace, observed.name, plan.tuning)
