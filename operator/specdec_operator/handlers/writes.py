@@ -111,6 +111,11 @@ async def write_status(
             raise
         # Someone wrote in between. Re-read now; the next pass re-evaluates from what is really stored.
         conflict, result = error, await ctx.api.get(KIND, key[0], key[1])
+        if result is not None and not merge_patch(dict(result.get("status") or {}), wanted):
+            # The "someone" was this write: stored, its answer lost, and the client's retry met it (a 409). It
+            # counts as written, so the events that announce it are posted (the next pass starts from it).
+            logger.info("status write stored although its answer was lost: %s", error)
+            conflict = None
     if result is not None:
         remember_written(ctx, key, result, baseline)
     if conflict is not None:

@@ -479,3 +479,31 @@ async def test_an_object_with_our_name_that_we_do_not_own_is_left_alone_and_name
     await api.delete("SpeculativeModel", NAMESPACE, NAME)
     assert ("Service", NAMESPACE, NAME) in api.objects
     assert not api.writes("delete", "Service")
+
+
+async def test_a_status_write_whose_answer_was_lost_posts_its_events_once(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    """The client retries a PATCH whose answer timed out; the retry meets our own stored write as a 409. The
+    re-read shows the status this pass computed, so it counts as written and its events are posted: the next
+    pass starts from that status and would never post them."""
+    api = FakeKubeApi()
+    ctx = context(api, http)
+    body = await settled(ctx, api)
+    events.drain()
+    store = api.patch_status
+
+    async def stored_then_conflict(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        await store(*args, **kwargs)
+        raise KubeApiError(409, "Conflict", "the object has been modified")
+
+    api.patch_status = stored_then_conflict  # type: ignore[method-assign]
+    stored = api.objects[("SpeculativeModel", NAMESPACE, NAME)]
+    stored["spec"]["model"]["maxModelLen"] = 4096  # a spec change: the pass writes new revisions to status
+    stored["metadata"]["generation"] = 2
+    await reconcile(ctx, await current(api), FLEET, LOG)
+    api.patch_status = store  # type: ignore[method-assign]
+    posted = [reason for _, reason, _ in events.drain()]
+    assert "RevisionChanged" in posted, posted
+    await reconcile(ctx, await current(api), FLEET, LOG)
+    assert "RevisionChanged" not in [reason for _, reason, _ in events.drain()]  # once
