@@ -489,7 +489,7 @@ async def test_a_status_write_whose_answer_was_lost_posts_its_events_once(
     pass starts from that status and would never post them."""
     api = FakeKubeApi()
     ctx = context(api, http)
-    body = await settled(ctx, api)
+    await settled(ctx, api)
     events.drain()
     store = api.patch_status
 
