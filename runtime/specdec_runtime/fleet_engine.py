@@ -1,6 +1,6 @@
 """The fleet driver with the real engine (`specdec-runtime fleet-driver --engine vllm`): a kubelet for runtime pods that
-runs each pod's own container command (our launcher reading the config the operator rendered, then exec'ing
-`vllm serve`) as a process of its own, bound to the pod's loopback IP and port.
+runs each pod's own container command (`vllm serve` with the arguments the operator rendered, or our launcher
+reading the rendered config) as a process of its own, bound to the pod's loopback IP and port.
 
 What a kubelet does, and this does too:
 - the pod's ConfigMap volume: the rendered runtime.json is written to a directory of the pod's and the container's
@@ -25,6 +25,7 @@ import ipaddress
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -34,8 +35,9 @@ from pathlib import Path
 import aiohttp
 
 from specdec_runtime import contract
+from specdec_runtime.config import serve_args
 from specdec_runtime.fleet_kube import RuntimePod
-from specdec_runtime.launcher import MODELS_DIR_ENV
+from specdec_runtime.launcher import MODELS_DIR_ENV, VLLM_EXECUTABLE, with_local_models
 from specdec_runtime.podstates import Terminated, backoff_s
 
 logger = logging.getLogger(__name__)
@@ -195,10 +197,22 @@ class EngineSupervisor:
     def _pod_dir(self, pod: RuntimePod) -> Path:
         return self.settings.work_dir / f"{pod.namespace}_{pod.name}_{pod.uid[:8]}"
 
-    def _command(self, pod: RuntimePod, config_path: Path) -> list[str]:
-        """The container's command as the operator rendered it, the config mount mapped to the pod's copy."""
+    def _command(self, pod: RuntimePod, config_path: Path, models: Path) -> list[str]:
+        """The container's command as the operator rendered it, the config mount mapped to the pod's copy.
+
+        A vLLM pool's container runs `vllm serve ...` itself (render/pool.py engine_args): its arguments are the
+        rendered config's, which this driver checks, with what a pod's own world gives a process here: the pod's
+        address for `--host 0.0.0.0` (its network namespace) and the local checkpoints for model names (an
+        image's baked ones)."""
         mount = f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"
         command = list(pod.command) or ["specdec-runtime", "launch", "--config", mount]
+        if command[0] == VLLM_EXECUTABLE:
+            if command[1:] != serve_args(pod.config):
+                logger.error("pod %s/%s: vllm's arguments are not its config's: %s", pod.namespace, pod.name,
+                             shlex.join(command[1:]))
+                return [str(self.settings.vllm_bin / VLLM_EXECUTABLE), *command[1:]]
+            local = with_local_models(pod.config.model_copy(update={"host": pod.pod_ip}), models)
+            return [str(self.settings.vllm_bin / VLLM_EXECUTABLE), *serve_args(local)]
         if command[0] == "specdec-runtime":  # the image's PATH: the launcher this driver runs from
             command[0] = str(self.settings.launcher)
         return [str(config_path) if arg == mount else arg for arg in command]
@@ -233,7 +247,7 @@ class EngineSupervisor:
             "PATH": f"{self.settings.vllm_bin}{os.pathsep}{os.environ.get('PATH', '')}",
         }
         log_path = directory / "engine.log"
-        command = self._command(pod, config_path)
+        command = self._command(pod, config_path, models)
         with log_path.open("ab") as log:
             log.write(f"--- start {time.strftime('%H:%M:%S')}: {' '.join(command)}\n".encode())
             log.flush()

@@ -19,7 +19,15 @@ from specdec_operator.api.vocabulary import GFX_TARGETS, MAX_K, REFUSED_METHODS,
 from specdec_operator.decisions.drafter import FALLBACK, unsupported_reason
 from specdec_operator.decisions.legal_k import legal_ks
 from specdec_operator.decisions.runtime_env import plan_runtime
-from specdec_operator.render.pool import runtime_config, with_attention_backend
+from specdec_operator.render.pool import (
+    PoolIdentity,
+    PoolTrack,
+    config_map,
+    engine_args,
+    pod_template,
+    runtime_config,
+    with_attention_backend,
+)
 from specdec_runtime.config import RuntimeConfig, serve_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,8 +57,12 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     mtp_layers: int | None = None
 
+    # The arguments of the pod's `vllm` as the operator renders its container (render.pool); () for the
+    # config's own serve_args (cases that never become a pod).
+    args: tuple[str, ...] = ()
+
     def argv(self, models: dict[str, str]) -> list[str]:
-        return localised(serve_args(self.config), self.config, models, self.mtp_layers)
+        return localised(list(self.args) or serve_args(self.config), self.config, models, self.mtp_layers)
 
 
 def localised(args: list[str], config: RuntimeConfig, models: dict[str, str], mtp_layers: int | None) -> list[str]:
@@ -82,6 +94,30 @@ def render(
     return config, plan.env
 
 
+UPSTREAM_IMAGE = "vllm/vllm-openai-rocm:v0.33.0"
+
+
+def pod_container(spec: SpeculativeModelSpec, name: str, config: RuntimeConfig, gfx: str, k: int) -> dict[str, Any]:
+    """The pool's container as the operator renders it (render.pool.pod_template): the image's `vllm` and its
+    arguments."""
+    identity = PoolIdentity("contract", name, "contract-uid", f"{name}-{gfx}", gfx)
+    plan = plan_runtime(gfx, spec.runtime.image or UPSTREAM_IMAGE, None,
+                        {var.name: var.value for var in spec.runtime.env}, spec.model.attention)
+    track = PoolTrack("stable", k, config_map(identity, config)["metadata"]["name"], engine_args(config))
+    container: dict[str, Any] = pod_template(identity, spec, plan, track)["spec"]["containers"][0]
+    assert container["command"] == ["vllm"], container["command"]
+    return container
+
+
+def upstream_image_case() -> tuple[Case, dict[str, Any]]:
+    """A pool whose spec.runtime.image is the upstream vLLM ROCm image, unmodified: its pod runs that image's vllm."""
+    wire = {**method_spec("eagle3").to_wire(), "runtime": {"image": UPSTREAM_IMAGE}}
+    spec = SpeculativeModelSpec.model_validate(wire)
+    config, env = render(spec, "target", spec.drafters[0], 3, "gfx942")
+    container = pod_container(spec, "target", config, "gfx942", 3)
+    return Case("upstream-image/gfx942/eagle3/k3", config, "gfx942", env, args=tuple(container["args"])), container
+
+
 def example_specs() -> list[tuple[str, SpeculativeModelSpec]]:
     specs = []
     for path in EXAMPLES:
@@ -103,8 +139,11 @@ def example_cases() -> list[Case]:
                 if unsupported_reason(drafter.method, gfx):
                     continue
                 for k in sorted({bounds.initial_k, bounds.min_k, bounds.max_k}):
-                    config, env = render(spec, name.split("/")[1], drafter, k, gfx)
-                    cases.append(Case(f"{name}/{gfx}/{drafter.method}/k{k}", config, gfx, env, drafter.mtp_layers))
+                    model = name.split("/")[1]
+                    config, env = render(spec, model, drafter, k, gfx)
+                    args = tuple(pod_container(spec, model, config, gfx, k)["args"])
+                    cases.append(Case(f"{name}/{gfx}/{drafter.method}/k{k}", config, gfx, env, drafter.mtp_layers,
+                                      args))
     return cases
 
 
@@ -300,7 +339,7 @@ def all_serve_argvs(models: dict[str, str]) -> list[list[str]]:
     base = base_case(models)
     return [
         mla_override_argv(models),
-        *(case.argv(models) for case in [*example_cases(), *method_cases()]),
+        *(case.argv(models) for case in [*example_cases(), *method_cases(), upstream_image_case()[0]]),
         *(argv for _, _, argv in mtp_k_argvs(models)),
         *refusal_argvs(models),
         *([*base, *extra] for extra in ATTENTION_CONFIG_OTHER_KEYS),

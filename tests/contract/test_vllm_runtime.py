@@ -19,6 +19,7 @@ from specdec_operator.api.vocabulary import (
 )
 from specdec_operator.decisions.drafter import UNSUPPORTED_ON_ROCM
 from specdec_operator.decisions.runtime_env import attention_backend, mla_attention_backend
+from specdec_runtime.config import serve_args
 from tests.contract import cases as rendered
 from tests.contract.conftest import Verdicts
 
@@ -55,6 +56,17 @@ def assert_vllm_starts_as_rendered(case: rendered.Case, verdict: dict[str, Any])
 def test_every_example_renders_what_vllm_starts(
     case: rendered.Case, models: dict[str, str], vllm_serve: Verdicts
 ) -> None:
+    assert_vllm_starts_as_rendered(case, vllm_serve[case.argv(models)])
+
+
+def test_a_pool_on_the_upstream_vllm_image_runs_that_images_vllm_with_arguments_vllm_starts(
+    models: dict[str, str], vllm_serve: Verdicts
+) -> None:
+    """spec.runtime.image names the upstream vllm/vllm-openai-rocm image as it is: the pod's container runs its
+    `vllm` with the rendered arguments, and vLLM 0.33 starts with them (issue 32, item 1)."""
+    case, container = rendered.upstream_image_case()
+    assert container["image"] == rendered.UPSTREAM_IMAGE and container["command"] == ["vllm"]
+    assert list(case.args) == serve_args(case.config)
     assert_vllm_starts_as_rendered(case, vllm_serve[case.argv(models)])
 
 

@@ -17,6 +17,7 @@ from specdec_operator.render.names import pool_name
 from specdec_operator.render.podspec import PodSettings
 from specdec_operator.settings import DEFAULT_IMAGE_TARGETS, DEFAULT_IMAGES
 from specdec_runtime import contract
+from specdec_runtime.config import RuntimeConfig, serve_args
 from tests.e2e.audit import operator_writes_since
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.operator_process import OperatorProcess
@@ -245,3 +246,25 @@ def test_a_k_change_revision_mounts_the_same_cache_claim(
         kube.run("delete", "pvc", "hf-cache", "--wait=false", check=False)
         cluster.kubectl("delete", "pv", volume, "--wait=false", check=False)
 
+
+
+UPSTREAM_IMAGE = "vllm/vllm-openai-rocm:v0.33.0"
+
+
+def test_a_model_on_the_upstream_vllm_image_runs_that_images_vllm_with_the_rendered_arguments(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    """spec.runtime.image names the upstream vLLM ROCm image, unmodified (issue 32, item 1): the Deployment's container
+    is that image running its own `vllm` with the `vllm serve` arguments of the pool's mounted config, the list the
+    contract suite hands to vLLM 0.33 (tests/contract/test_vllm_runtime.py); no launcher of ours is needed in it."""
+    kube.apply(model("upstream", runtime={"image": UPSTREAM_IMAGE}))
+    deployment = wait_for("the pool's Deployment", lambda: kube.get("deployment", "upstream-gfx942"), 60)
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["image"] == UPSTREAM_IMAGE and container["command"] == ["vllm"], container
+    [config_volume] = [v for v in pod["volumes"] if v["name"] == contract.CONFIG_VOLUME]
+    stored = kube.get("configmap", config_volume["configMap"]["name"])
+    config = RuntimeConfig.model_validate_json(stored["data"][contract.CONFIG_KEY])
+    assert container["args"] == serve_args(config)
+    assert container["args"][:2] == ["serve", LLAMA["name"]] and "--speculative-config" in container["args"]
+    print("container:", container["command"], container["args"])

@@ -57,7 +57,7 @@ def pool_objects(
     )
     config_map = render.config_map(ctx, config)
     template = render.pod_template(
-        ctx, spec, runtime, render.PoolTrack(track, k, config_map["metadata"]["name"]),
+        ctx, spec, runtime, render.PoolTrack(track, k, config_map["metadata"]["name"], render.engine_args(config)),
         targeting=render.NodeTargeting(plan.excluded_nodes, plan.gpu_resource, settings.devices),
         pod_settings=settings.pod,
     )

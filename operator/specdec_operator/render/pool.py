@@ -22,7 +22,7 @@ from specdec_operator.render.names import (
     pool_labels,
 )
 from specdec_runtime import contract
-from specdec_runtime.config import RuntimeConfig, SpeculativeSettings
+from specdec_runtime.config import RuntimeConfig, SpeculativeSettings, serve_args
 
 # Model load on a big GPU can take many minutes; /health answers only after it (vLLM binds first).
 STARTUP_PROBE_BUDGET_S = 1800
@@ -114,6 +114,20 @@ class PoolTrack:
     name: str  # contract.LABEL_TRACK's value
     k: int
     config_map: str  # the name of the ConfigMap holding the track's runtime config
+    # The arguments of `vllm` when the pool runs vLLM (`engine_args`); empty: the launcher runs the simulator.
+    engine_args: tuple[str, ...] = ()
+
+
+# The executable of every vLLM image, the upstream vllm/vllm-openai-rocm ones as much as ours.
+VLLM_COMMAND = "vllm"
+LAUNCHER_COMMAND = ("specdec-runtime", "launch")
+
+
+def engine_args(config: RuntimeConfig) -> tuple[str, ...]:
+    """What a vLLM pool's container runs after `vllm`: the config's `vllm serve` arguments, the ones the contract
+    suite checks against vLLM. The container runs the image's own vLLM with them, no launcher in between, so any
+    vLLM ROCm image serves as it is. The simulator (spec.runtime.simulate) keeps the launcher: () here."""
+    return tuple(serve_args(config)) if config.engine == "vllm" else ()
 
 
 @dataclass(frozen=True)
@@ -150,7 +164,7 @@ def pod_template(
     overlay = spec.runtime.pod
     volumes, mounts = _volumes(spec, track, cache_claim)
     annotations = _annotations(spec, track)
-    container = _container(spec, runtime, env, mounts, targeting)
+    container = _container(spec, runtime, track, env, mounts, targeting)
     spec_body: dict[str, Any] = {
         "affinity": with_extra_affinity(
             gfx_node_affinity(
@@ -190,15 +204,20 @@ def pod_template(
 
 
 def _container(
-    spec: SpeculativeModelSpec, runtime: RuntimePlan, env: list[dict[str, Any]], mounts: list[dict[str, Any]],
-    targeting: NodeTargeting,
+    spec: SpeculativeModelSpec, runtime: RuntimePlan, track: PoolTrack, env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]], targeting: NodeTargeting,
 ) -> dict[str, Any]:
-    """The one container: the launcher, which execs vLLM (or the simulator) with the config mounted."""
+    """The one container: the image's vLLM with the rendered arguments (its main process, so it gets the kubelet's
+    SIGTERM), or the launcher, which execs the simulator with the mounted config."""
+    if track.engine_args:
+        command, args = [VLLM_COMMAND], list(track.engine_args)
+    else:
+        command, args = list(LAUNCHER_COMMAND), ["--config", f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"]
     return {
         "name": contract.CONTAINER_NAME,
         "image": runtime.image,
-        "command": ["specdec-runtime", "launch"],
-        "args": ["--config", f"{contract.CONFIG_MOUNT_PATH}/{contract.CONFIG_KEY}"],
+        "command": command,
+        "args": args,
         "env": env,
         "ports": [{"name": contract.PORT_NAME, "containerPort": 8000, "protocol": "TCP"}],
         "resources": podspec.container_resources(spec, targeting.gpu_resource),

@@ -65,7 +65,8 @@ def rendered_pool(
     )
     config_map = render.config_map(ctx, config)
     template = render.pod_template(
-        ctx, spec, runtime, render.PoolTrack(track, 3, config_map["metadata"]["name"]), pod_settings=pod_settings
+        ctx, spec, runtime, render.PoolTrack(track, 3, config_map["metadata"]["name"], render.engine_args(config)),
+        pod_settings=pod_settings,
     )
     return RenderedPool(
         config=config,

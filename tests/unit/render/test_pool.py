@@ -296,7 +296,7 @@ def test_the_pause_container_is_pid_1_and_reaps_what_the_engine_orphans() -> Non
     being ignored until the grace period's SIGKILL."""
     pool = rendered_pool(spec())
     assert pool.pod["shareProcessNamespace"] is True
-    assert pool.container["command"] == ["specdec-runtime", "launch"]  # exec'd: vLLM gets the kubelet's SIGTERM
+    assert pool.container["command"] == ["vllm"]  # the container's main process: vLLM gets the kubelet's SIGTERM
 
 
 def test_the_termination_policy_and_shared_namespace_survive_the_servers_defaults() -> None:
@@ -316,8 +316,20 @@ def test_the_termination_policy_and_shared_namespace_survive_the_servers_default
     assert not covers(before, desired)
 
 
-def test_launcher_reads_the_mounted_config() -> None:
-    pool = rendered_pool(spec())
+def test_a_vllm_pool_runs_the_images_own_vllm_with_the_arguments_of_its_config() -> None:
+    """Any vLLM ROCm image serves as it is (the upstream vllm/vllm-openai-rocm too): the container runs `vllm` with
+    the `vllm serve` arguments of the track's config, the ones the contract suite checks; no launcher in between."""
+    upstream = spec(runtime={"image": "docker.io/vllm/vllm-openai-rocm:v0.33.0"})
+    pool = rendered_pool(upstream)
+    assert pool.container["command"] == ["vllm"]
+    assert pool.container["args"] == serve_args(RuntimeConfig.model_validate_json(
+        pool.config_map["data"][contract.CONFIG_KEY]))
+    assert pool.container["args"][:2] == ["serve", upstream.model.name]
+    assert "--speculative-config" in pool.container["args"]
+
+
+def test_the_simulator_is_launched_from_the_mounted_config() -> None:
+    pool = rendered_pool(spec(runtime={"simulate": True}))
     config_volume = {"name": contract.CONFIG_VOLUME, "configMap": {"name": pool.config_map["metadata"]["name"]}}
     assert config_volume in pool.pod["volumes"]
     assert pool.container["command"] == ["specdec-runtime", "launch"]

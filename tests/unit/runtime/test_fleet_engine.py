@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_runtime.config import RuntimeConfig, SpeculativeSettings
+from specdec_runtime.config import RuntimeConfig, SpeculativeSettings, serve_args
 from specdec_runtime.fleet_engine import EngineSettings, EngineSupervisor, ModelMap, termination_message
 from specdec_runtime.fleet_kube import RuntimePod
 from specdec_runtime.podstates import Terminated
@@ -71,7 +71,7 @@ def pod(name: str, uid: str, model: str = "org/target", drafter: str = "org/poor
     config = RuntimeConfig(model=model, served_model_name=name, port=PORT, engine="vllm",
                            speculative=SpeculativeSettings(method="draft_model", model=drafter,
                                                            num_speculative_tokens=3))
-    command = ("specdec-runtime", "launch", "--config", "/etc/specdec/runtime.json")
+    command = ("vllm", *serve_args(config))  # as the operator renders a vLLM pool's container (render/pool.py)
     return RuntimePod(uid=uid, namespace="ns", name=name, pod_ip=f"{NET}.{len(uid) + 1}", config=config,
                       profile=None, command=command)
 
