@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from specdec_operator.api.status import PoolSpeculationStats, PoolStatus, RejectedK, SpeculationStatus, TuningDecision
+from specdec_operator.timestamps import stamp_seconds
 from specdec_operator.tuner.engine import PoolContext
 from specdec_operator.tuner.samples import ScrapeTarget
 from specdec_runtime import contract
@@ -45,10 +47,57 @@ def scrape_targets(pods: Iterable[Mapping[str, Any]]) -> list[ScrapeTarget]:
     return targets
 
 
+def _start_to_ready(pod: Mapping[str, Any]) -> float | None:
+    """Seconds from the pod's start (status.startTime, set when the kubelet takes the pod: image pull, weights
+    download and engine load all come after it) to its Ready condition turning True; None for a pod that is not
+    Ready or does not show both times."""
+    status = pod.get("status", {})
+    started = status.get("startTime")
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if not started or ready is None or ready.get("status") != "True" or not ready.get("lastTransitionTime"):
+        return None
+    try:
+        seconds = stamp_seconds(str(ready["lastTransitionTime"])) - stamp_seconds(str(started))
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def pool_ready_seconds(pods: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Pool -> the median start-to-Ready seconds of its Ready pods: what the pool's next restart is expected to
+    take (the tuner charges it to a K change, tuner/policy.py). A pod whose container restarted, or that was
+    NotReady for a while, shows a later Ready time; the median keeps one such pod from moving the figure."""
+    by_pool: dict[str, list[float]] = {}
+    for pod in pods:
+        meta = pod.get("metadata", {})
+        seconds = None if meta.get("deletionTimestamp") else _start_to_ready(pod)
+        pool = (meta.get("labels") or {}).get(contract.LABEL_POOL)
+        if seconds is not None and pool:
+            by_pool.setdefault(str(pool), []).append(seconds)
+    return {pool: statistics.median(values) for pool, values in by_pool.items()}
+
+
+def _out_at_once(pool: PoolStatus, max_unavailable: int) -> int:
+    """Replicas the pool's next rollout takes out of service at once: as its latest rollout did (none for a
+    surge), or spec.rollout.maxUnavailable before it had one."""
+    if pool.rollout is None:
+        return max_unavailable
+    return 0 if pool.rollout.mode == "Surge" else pool.rollout.max_unavailable
+
+
 def pool_contexts(
-    pools: Sequence[PoolStatus], tensor_parallel_size: int, rolling: set[str], rejected: Sequence[RejectedK] = ()
+    pools: Sequence[PoolStatus],
+    tensor_parallel_size: int,
+    rolling: set[str],
+    rejected: Sequence[RejectedK] = (),
+    *,
+    ready_s: Mapping[str, float] | None = None,
+    max_unavailable: int = 1,
 ) -> list[PoolContext]:
-    """`rejected`: status.speculation.rejectedKs; each pool gets those recorded against its current revision."""
+    """`rejected`: status.speculation.rejectedKs; each pool gets those recorded against its current revision.
+    `ready_s`: pool -> observed start-to-Ready seconds (`pool_ready_seconds`); `max_unavailable`:
+    spec.rollout.maxUnavailable, for a pool with no rollout on record."""
+    ready_s = ready_s or {}
     return [
         PoolContext(
             name=pool.name,
@@ -62,6 +111,8 @@ def pool_contexts(
             rolling=pool.name in rolling,
             rejected={item.k: item.predicted_gain for item in rejected
                       if item.pool == pool.name and item.stable_revision == pool.revision},
+            ready_s=ready_s.get(pool.name),
+            out_at_once=_out_at_once(pool, max_unavailable),
         )
         for pool in pools
     ]

@@ -22,7 +22,7 @@ from specdec_operator.canary.traffic import expected_canary_share
 from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.reconcile.observed import EventRecord, ObservedModel, TuningInputs
 from specdec_operator.reconcile.route_status import gathered_rejection
-from specdec_operator.reconcile.tuning_inputs import pool_contexts, speculation_status
+from specdec_operator.reconcile.tuning_inputs import pool_contexts, pool_ready_seconds, speculation_status
 from specdec_operator.render.names import deployment_name, service_name
 from specdec_operator.tuner.engine import TunerReport
 
@@ -112,7 +112,8 @@ def decide_tuning(
         return TuningOutcome(verdicts=verdicts, next_evaluation_at=due_at, route_rejection=rejection,
                              k_waiting=_waiting(inputs.state.proposed) if frozen is not None else None)
     contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, set(inputs.rolling),
-                             previous.speculation.rejected_ks)
+                             previous.speculation.rejected_ks, ready_s=pool_ready_seconds(observed.pods),
+                             max_unavailable=spec.rollout.max_unavailable)
     report = inputs.state.evaluate(inputs.now, contexts, spec.speculation)
     canary_mode = spec.rollout.strategy == "Canary"
     decision, events = _proposal(report.decision, stamp, inputs.decision_id, canary_mode)

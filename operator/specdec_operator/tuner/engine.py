@@ -23,7 +23,7 @@ from specdec_operator.decisions.legal_k import legal_ks
 from specdec_operator.timestamps import stamp_seconds
 from specdec_operator.tuner.costmodel import StepCostModel
 from specdec_operator.tuner.estimator import EVIDENCE_FLOOR, estimate_acceptance, position_rates
-from specdec_operator.tuner.policy import PoolEvidence, decide
+from specdec_operator.tuner.policy import PoolEvidence, RestartCost, decide
 from specdec_operator.tuner.samples import ScrapeResult
 from specdec_operator.tuner.window import CounterWindows, Exclusion, WindowDelta, WindowReport
 
@@ -52,6 +52,10 @@ class PoolContext:
     # Ks whose canary failed against this pool's current revision -> the gain predicted for them then
     # (status.speculation.rejectedKs, tuner/policy.py).
     rejected: Mapping[int, float] = field(default_factory=dict)
+    # Observed seconds from pod start to Ready (reconcile/tuning_inputs.py pool_ready_seconds); None: none seen.
+    ready_s: float | None = None
+    # Replicas a rollout of the pool takes out of service at once (0: it surges); what a K change's restart costs.
+    out_at_once: int = 1
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class TunerReport:
     effective_k: Mapping[str, int] = field(default_factory=dict)  # pool -> the K its stats were measured at
     windows: Mapping[str, PoolWindow] = field(default_factory=dict)  # pool -> its decision window
     min_samples: int | None = None  # samples a window needs before the policy weighs a change
+    # pool -> the restart cost its K change was weighed against (tuner/policy.py), for pools that weighed one
+    restart_costs: Mapping[str, RestartCost] = field(default_factory=dict)
 
 
 @dataclass
@@ -203,6 +209,7 @@ class TunerState:
             effective_k={pool.name: pool.effective_k for pool in pools},
             windows=windows,
             min_samples=speculation.autotune.min_samples,
+            restart_costs={a.pool: a.restart_cost for a in outcome.assessments if a.restart_cost is not None},
         )
         for history in self._pools.values():
             history.recent, history.fresh = {}, {}
@@ -319,6 +326,9 @@ class TunerState:
             rolling=pool.rolling,
             legal_ks=legal_ks(pool.drafter_method, pool.drafter_mtp_layers, speculation.min_k, speculation.max_k),
             rejected=dict(pool.rejected),
+            replicas=pool.replicas,
+            ready_s=pool.ready_s,
+            out_at_once=pool.out_at_once,
         )
 
     def _stats(self, pool: PoolContext, recommended_k: int | None, span: float, now: float) -> PoolSpeculationStats:

@@ -7,6 +7,11 @@ samples, a predicted gain above the threshold, a confidence that the gain is rea
 elapsed. When the doubt alone blocks a promising move it explores one K step towards it instead,
 which turns the doubt into a measurement. Going back to the K it just left needs twice the gain.
 
+The threshold is minGain plus the restart's own cost (`restart_cost`): K is in the pod template, so a change
+restarts every pod of the pool, and an in-place rollout serves without some of them until they are Ready again.
+That lost capacity, as a fraction of what the pool serves until its next K change, is added to minGain: a
+change must pay for its restart before it pays at all.
+
 A K whose canary was rolled back on the pool's current revision (status.speculation.rejectedKs) is not
 proposed again until the evidence says otherwise: the tuner, from acceptance and step times measured since,
 predicts for it a gain at least REJECTED_MARGIN above the gain it predicted when the canary failed, with
@@ -33,6 +38,19 @@ CONFIDENT = 0.9
 RETURN_GAIN_FACTOR = 2.0
 # A K rolled back by its canary comes back only with a predicted gain this much above the failed prediction.
 REJECTED_MARGIN = 0.05
+# A pod's start-to-Ready time when none of the pool's pods shows one (pod status startTime and the Ready
+# condition's lastTransitionTime): five minutes, a large model loading its weights with no cache. Conservative:
+# an observed time replaces it as soon as one pod of the pool is Ready.
+DEFAULT_READY_S = 300.0
+# How long the K a change sets is expected to hold, over which the restart is spread. The horizon is the time the
+# pool's current K has held so far (the time since the model's last K change): a model whose K has held for hours
+# is taken to hold the next one for hours, one that changes often to change again soon. One interval is a noisy
+# estimate, and right after a change it would say "again as soon as the cooldown allows", which makes correcting a
+# misstep dearest exactly when it is needed; so the horizon is at least MIN_HORIZON_S (a quick flip back is still
+# charged an hour's share, on top of the doubled minGain) and at most MAX_HORIZON_S. With no K change on record (a
+# new model) it is MAX_HORIZON_S: the first correction of the initial K is charged as a change that lasts.
+MIN_HORIZON_S = 3600.0
+MAX_HORIZON_S = 6 * 3600.0
 
 Action = Literal["Hold", "Change", "Explore"]
 
@@ -54,6 +72,12 @@ class PoolEvidence:
     legal_ks: tuple[int, ...] | None = None
     # Ks rolled back by their canary on this pool's revision -> the gain the tuner predicted for them then.
     rejected: Mapping[int, float] = field(default_factory=dict)
+    replicas: int = 1  # the pool's desired replicas
+    # Observed seconds from a pod's start to Ready in this pool (the median of its Ready pods); None: none seen.
+    ready_s: float | None = None
+    # Replicas a rollout of this pool takes out of service at once: maxUnavailable of an in-place rollout, 0 for a
+    # surge rollout (new pods start beside the serving ones).
+    out_at_once: int = 1
 
     def allowed_ks(self, speculation: Speculation) -> tuple[int, ...]:
         if self.legal_ks is not None:
@@ -72,11 +96,57 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class RestartCost:
+    """What a K change of one pool costs, as a fraction of the pool's goodput until its next change.
+
+    An in-place rollout replaces `out` of `replicas` pods at a time, each wave out of service for the observed
+    start-to-Ready time: ceil(replicas / out) waves of `ready_s`, with out / replicas of the capacity gone, which
+    is about `ready_s` seconds of the whole pool's capacity. Spread over the horizon (how long the new K is
+    expected to hold), that is the share of goodput the change gives up; a surge rollout takes none away. The
+    same fraction is compared with a throughput gain and with a latency (TPOT) gain.
+    """
+
+    fraction: float
+    ready_s: float
+    ready_observed: bool  # False: DEFAULT_READY_S, no pod of the pool showed its start-to-Ready time
+    out: int
+    replicas: int
+    horizon_s: float
+    held_s: float | None  # how long ago the model's K last changed; None: no change on record
+
+    def describe(self) -> str:
+        ready = f"pods Ready in {self.ready_s:.0f} s" + ("" if self.ready_observed else " (default, none observed)")
+        if self.out == 0:
+            rollout = "surge rollout, no replica out of service"
+        else:
+            rollout = f"{self.out} of {self.replicas} replicas at a time"
+        since = "no K change on record" if self.held_s is None else f"K last changed {self.held_s / 3600:.1f} h ago"
+        return f"restart cost {self.fraction:.1%} ({ready}, {rollout}, over {self.horizon_s / 3600:.1f} h: {since})"
+
+
+def restart_cost(
+    pool: PoolEvidence, speculation: Speculation, now: float, last_change_at: float | None
+) -> RestartCost:
+    replicas = max(pool.replicas, 1)
+    out = min(max(pool.out_at_once, 0), replicas)
+    ready_s = pool.ready_s if pool.ready_s is not None and pool.ready_s >= 0 else DEFAULT_READY_S
+    # Pool-seconds of capacity out of service: waves x each wave's time x the share of the pool each takes out.
+    lost_s = math.ceil(replicas / out) * ready_s * out / replicas if out else 0.0
+    held = None if last_change_at is None else max(now - last_change_at, 0.0)
+    if held is None:
+        horizon = MAX_HORIZON_S
+    else:
+        horizon = min(max(held, MIN_HORIZON_S, float(speculation.autotune.interval_seconds)), MAX_HORIZON_S)
+    return RestartCost(lost_s / horizon, ready_s, pool.ready_s is not None, out, replicas, horizon, held)
+
+
+@dataclass(frozen=True)
 class Assessment:
     pool: str
     candidates: tuple[Candidate, ...]
     recommended_k: int | None
     decision: TuningDecision
+    restart_cost: RestartCost | None = None  # what a K change of the pool was charged; None: not weighed
 
 
 @dataclass(frozen=True)
@@ -119,6 +189,7 @@ class _Verdicts:
     now: float
     candidates: tuple[Candidate, ...] = ()
     recommended: int | None = None
+    restart_cost: RestartCost | None = None
 
     def give(
         self, action: Action, reason: str, to_k: int | None = None, gain: float = 0.0, confidence: float = 0.0
@@ -134,7 +205,7 @@ class _Verdicts:
             predicted_gain=round(gain, 4),
             confidence=round(confidence, 3),
         )
-        return Assessment(self.pool.pool, self.candidates, self.recommended, decision)
+        return Assessment(self.pool.pool, self.candidates, self.recommended, decision, self.restart_cost)
 
 
 def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_change_at: float | None) -> Assessment:
@@ -171,7 +242,8 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
         listed = ", ".join(map(str, sorted(blocked)))
         rejected = f"; K={listed} rolled back by canary on this revision" if blocked else ""
         return verdicts.give("Hold", f"K={k} is best: {_describe(current, pool)}{rejected}")
-    return _towards_best(verdicts, speculation, current, best, cooldown_left)
+    cost = restart_cost(pool, speculation, now, last_change_at)
+    return _towards_best(replace(verdicts, restart_cost=cost), speculation, current, best, cooldown_left)
 
 
 def _into_bounds(pool: PoolEvidence, speculation: Speculation, now: float) -> Assessment | None:
@@ -196,17 +268,22 @@ def _towards_best(
     verdicts: _Verdicts, speculation: Speculation, current: Candidate, best: Candidate, cooldown_left: float
 ) -> Assessment:
     """A better K than the current one exists: change to it when the gain is large and sure enough, to the
-    cautious best (by its lower bound) when that is sure, else explore one legal step towards it, or hold."""
+    cautious best (by its lower bound) when that is sure, else explore one legal step towards it, or hold.
+    Every move must clear minGain (doubled back to the K just left) plus the restart's cost."""
     autotune, pool, candidates = speculation.autotune, verdicts.pool, verdicts.candidates
+    cost = verdicts.restart_cost
+    assert cost is not None  # _assess weighs it before any move
     k = pool.current_k
     gain = _gain(current, best, autotune.objective, autotune.tpot_target_ms)
-    threshold = autotune.min_gain * (RETURN_GAIN_FACTOR if best.k == pool.previous_k else 1.0)
+    min_gain = autotune.min_gain * (RETURN_GAIN_FACTOR if best.k == pool.previous_k else 1.0)
+    threshold = min_gain + cost.fraction
     confidence = _confidence(gain, current, best)
     evidence = (
-        f"{_describe(current, pool)} -> {_describe(best, pool)}, predicted {gain:+.1%}, confidence {confidence:.2f}"
+        f"{_describe(current, pool)} -> {_describe(best, pool)}, predicted {gain:+.1%}, confidence {confidence:.2f}; "
+        f"{cost.describe()}"
     )
     if gain < threshold:
-        return verdicts.give("Hold", f"gain below {threshold:.1%}: {evidence}")
+        return verdicts.give("Hold", f"gain below {min_gain:.1%} + {cost.fraction:.1%} restart cost: {evidence}")
     if cooldown_left > 0:
         return verdicts.give("Hold", f"cooldown {cooldown_left:.0f}s left: {evidence}")
     if confidence >= CONFIDENT:

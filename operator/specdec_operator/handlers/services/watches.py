@@ -93,7 +93,8 @@ POD_METADATA_KEYS = ("name", "namespace", "uid", "resourceVersion", "labels", "a
 
 
 def runtime_pod_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The runtime pod as the operator reads it: identity, labels, annotations, readiness, IP, restarts."""
+    """The runtime pod as the operator reads it: identity, labels, annotations, readiness (and since when), IP,
+    start time, restarts."""
     meta, status = body["metadata"], body.get("status") or {}
     return {
         "apiVersion": "v1", "kind": "Pod",
@@ -101,6 +102,9 @@ def runtime_pod_view(body: Mapping[str, Any]) -> dict[str, Any]:
         "status": {
             "phase": status.get("phase"),
             "podIP": status.get("podIP"),
+            # With the Ready condition's lastTransitionTime: the pool's start-to-Ready time, which the tuner charges
+            # to a K change (reconcile/tuning_inputs.py pool_ready_seconds).
+            "startTime": status.get("startTime"),
             "conditions": [_condition_view(c) for c in status.get("conditions") or []],
             "containerStatuses": [_container_view(c) for c in status.get("containerStatuses") or []],
         },
@@ -109,6 +113,8 @@ def runtime_pod_view(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def _condition_view(condition: Mapping[str, Any]) -> dict[str, Any]:
     view = {"type": condition.get("type"), "status": condition.get("status")}
+    if condition.get("type") == "Ready":
+        view["lastTransitionTime"] = condition.get("lastTransitionTime")
     if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
         # The scheduler's reason and words, for an Unschedulable pool (decisions/pod_failures.py).
         view.update(reason=condition.get("reason"), message=condition.get("message"))
