@@ -2,7 +2,10 @@
 
 The tuner sees only what production sees: Prometheus text, scraped at the production interval and
 parsed by the production parser, from the Ready replicas of one pool. A K change restarts the
-replicas one at a time, each serving nothing for the profile's restart_s, as a rolling update does.
+replicas one at a time, each serving nothing for the profile's restart_s, as an in-place rolling update
+(maxUnavailable 1) does: the tuner's tokens are net of its restarts, while a static K restarts nothing. The
+tuner is told what the operator would see in pod status: each Ready replica's start-to-Ready time (the
+initial replicas load too) and that rollouts take one replica out at a time.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class RecordedKChange:
     to_k: int
     action: str
     reason: str
+    restart_cost: float | None = None  # the restart cost the change was charged (fraction of goodput)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class TunerRun:
     changes: tuple[RecordedKChange, ...]
     converged_at: float  # when the last rollout finished (0 when K never changed)
     scrape_events: dict[str, int]
+    restart_pod_s: float = 0.0  # replica-seconds out of service for K changes (not the initial load)
+    replicas: int = 1
 
 
 def settings_for(k: int, drafter: str) -> SpeculativeSettings | None:
@@ -102,6 +108,8 @@ class _Pool:
         self.k = options.speculation().initial_k
         self.replicas = _replicas(profile, self.k, options)
         self.restarts = [0] * len(self.replicas)
+        self.started = [0.0] * len(self.replicas)  # when each replica's current process started (pod startTime)
+        self.restart_pod_s = 0.0
         self.pending: list[int] = []  # replicas still to restart, in order
         self.next_restart_at = 0.0
         self.rollout_done_at = 0.0
@@ -122,6 +130,8 @@ class _Pool:
             replica = self.replicas[index]
             replica.restart(settings_for(self.k, self.options.drafter), at=self.next_restart_at)
             self.restarts[index] += 1
+            self.started[index] = self.next_restart_at
+            self.restart_pod_s += replica.ready_at - self.next_restart_at
             self.next_restart_at = replica.ready_at
             self.rollout_done_at = replica.ready_at
         for replica in self.replicas:
@@ -150,6 +160,11 @@ class _Pool:
             results.append(ScrapeResult(target, t, "ok" if sample.complete else "incomplete", sample))
         return results
 
+    def ready_seconds(self) -> float | None:
+        """The median start-to-Ready time of the Ready replicas, as pod status shows it to the operator."""
+        seen = sorted(r.ready_at - self.started[i] for i, r in enumerate(self.replicas) if r.ready)
+        return seen[len(seen) // 2] if seen else None
+
     def context(self) -> PoolContext:
         return PoolContext(
             name=POOL,
@@ -159,6 +174,8 @@ class _Pool:
             effective_k=self.k,
             replicas=len(self.replicas),
             rolling=self.rolling,
+            ready_s=self.ready_seconds(),
+            out_at_once=1,
         )
 
 
@@ -187,7 +204,9 @@ def run_tuner(profile: Profile, options: BenchOptions) -> TunerRun:
             events[name] = events.get(name, 0) + count
         decision = report.decision
         if decision is not None and decision.to_k != decision.from_k:
-            changes.append(RecordedKChange(t, decision.from_k, decision.to_k, decision.action, decision.reason))
+            cost = report.restart_costs.get(decision.pool)
+            changes.append(RecordedKChange(t, decision.from_k, decision.to_k, decision.action, decision.reason,
+                                           None if cost is None else cost.fraction))
             state.commit(decision, t)  # the bench's "status write" always succeeds
             pool.change_k(decision.to_k, t)
     pool.advance_to(end)
@@ -199,4 +218,6 @@ def run_tuner(profile: Profile, options: BenchOptions) -> TunerRun:
         changes=tuple(changes),
         converged_at=pool.rollout_done_at if changes else 0.0,
         scrape_events=events,
+        restart_pod_s=pool.restart_pod_s,
+        replicas=len(pool.replicas),
     )

@@ -51,9 +51,22 @@ class ProfileResult:
         reference = self.static_tokens.get(REFERENCE_K)
         return self.tuner.tokens / reference if reference else None
 
+    @property
+    def restart_costs(self) -> list[float]:
+        """The restart cost each K change was charged by the tuner (a fraction of goodput)."""
+        return [c.restart_cost for c in self.tuner.changes if c.restart_cost is not None]
+
+    @property
+    def restart_share(self) -> float:
+        """The share of the run's replica-time its K changes kept out of service (what they cost in tokens)."""
+        pod_s = self.tuner.duration_s * self.tuner.replicas
+        return self.tuner.restart_pod_s / pod_s if pod_s > 0 else 0.0
+
     def k_timeline(self) -> str:
+        """The K over time, each change with the restart cost the tuner charged it (K@minute/cost)."""
         steps = [f"{self.tuner.initial_k}"]
-        steps += [f"{c.to_k}@{c.at / 60:.0f}m" for c in self.tuner.changes]
+        steps += [f"{c.to_k}@{c.at / 60:.0f}m" + ("" if c.restart_cost is None else f"/{c.restart_cost:.1%}")
+                  for c in self.tuner.changes]
         return " > ".join(steps)
 
     def to_json(self) -> dict[str, Any]:
@@ -65,10 +78,12 @@ class ProfileResult:
             "duration_s": self.tuner.duration_s,
             "tuner_tokens": self.tuner.tokens,
             "k_changes": len(self.tuner.changes),
+            "restart_share": round(self.restart_share, 5),
             "converged_at_s": self.tuner.converged_at,
             "final_k": self.tuner.final_k,
             "k_over_time": [
-                {"at_s": c.at, "from_k": c.from_k, "to_k": c.to_k, "action": c.action, "reason": c.reason}
+                {"at_s": c.at, "from_k": c.from_k, "to_k": c.to_k, "action": c.action, "reason": c.reason,
+                 "restart_cost": None if c.restart_cost is None else round(c.restart_cost, 5)}
                 for c in self.tuner.changes
             ],
             "static_tokens": {str(k): tokens for k, tokens in sorted(self.static_tokens.items())},
@@ -110,7 +125,7 @@ def aggregate_results(results: list[ProfileResult]) -> dict[str, Any]:
 def format_table(results: list[ProfileResult], summary: dict[str, Any]) -> str:
     header = (
         f"{'profile':<26} {'hours':>5} {'tuner Mtok':>10} {'best K':>6} {'best Mtok':>9} {'K5 Mtok':>8} "
-        f"{'/best':>6} {'/K5':>6} {'chg':>3} {'conv':>6}  K over time"
+        f"{'/best':>6} {'/K5':>6} {'chg':>3} {'rcost':>6} {'lost':>5} {'conv':>6}  K over time (K@min/restart cost)"
     )
     lines = [header, "-" * len(header)]
     for r in results:
@@ -121,7 +136,8 @@ def format_table(results: list[ProfileResult], summary: dict[str, Any]) -> str:
             f"{r.best_static_k:>6} {r.static_tokens[r.best_static_k] / 1e6:>9.2f} "
             f"{'-' if reference is None else f'{reference / 1e6:.2f}':>8} {r.vs_best:>6.3f} "
             f"{'-' if r.vs_reference is None else f'{r.vs_reference:.3f}':>6} {len(r.tuner.changes):>3} "
-            f"{r.tuner.converged_at / 60:>5.0f}m  {r.k_timeline()}"
+            f"{_mean_cost(r.restart_costs):>6} {r.restart_share:>5.1%} {r.tuner.converged_at / 60:>5.0f}m  "
+            f"{r.k_timeline()}"
         )
     lines.append("")
     lines.append("static K -> Mtokens:")
@@ -131,5 +147,13 @@ def format_table(results: list[ProfileResult], summary: dict[str, Any]) -> str:
         f"geomean tuner/best-static {summary['geomean_vs_best_static']}, min {summary['min_vs_best_static']}, "
         f"geomean tuner/static-K{REFERENCE_K} {summary['geomean_vs_static_k5']}   (* = shifting profile)"
     )
+    lines.append(
+        "rcost: the mean restart cost the tuner charged its K changes (added to minGain); lost: the share of "
+        "replica-time its K changes kept out of service, already taken from its tokens (static K restarts nothing)"
+    )
     lines += [f"  [{'ok' if passed else 'MISSED'}] {name}" for name, passed in summary["checks"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _mean_cost(costs: list[float]) -> str:
+    return f"{sum(costs) / len(costs):.1%}" if costs else "-"
