@@ -22,7 +22,9 @@ COOLDOWN_S = 60
 
 
 def _pool(k: int) -> PoolContext:
-    return PoolContext(name="p", gfx_target="gfx942", drafter_method="eagle3", effective_k=k, replicas=1)
+    # Pods Ready within a second: the restart costs next to nothing, so the threshold is minGain's (the restart's
+    # cost is test_restart_cost.py's).
+    return PoolContext(name="p", gfx_target="gfx942", drafter_method="eagle3", effective_k=k, replicas=1, ready_s=1.0)
 
 
 def _feed(state: TunerState, replica: VirtualReplica, start: int, stop: int, k: int) -> None:

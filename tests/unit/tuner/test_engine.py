@@ -37,7 +37,8 @@ def test_the_e2e_profiles_converge_from_k5_and_stay(profile: str, optimum: int) 
 
 
 def _pool(k: int) -> PoolContext:
-    return PoolContext(name="p", gfx_target="gfx942", drafter_method="eagle3", effective_k=k, replicas=1)
+    # Pods Ready within a second: the restart costs next to nothing here (test_restart_cost.py weighs it).
+    return PoolContext(name="p", gfx_target="gfx942", drafter_method="eagle3", effective_k=k, replicas=1, ready_s=1.0)
 
 
 def _replica(k: int) -> VirtualReplica:
@@ -150,7 +151,7 @@ def test_a_report_is_published_in_the_operator_metrics() -> None:
 
 def _sized(k: int, replicas: int, rolling: bool = False) -> PoolContext:
     return PoolContext(name="p", gfx_target="gfx942", drafter_method="eagle3", effective_k=k, replicas=replicas,
-                       rolling=rolling)
+                       rolling=rolling, ready_s=1.0)
 
 
 def test_a_resize_holds_k_and_the_tuner_decides_again_only_from_windows_at_the_new_size() -> None:
