@@ -180,7 +180,12 @@ class Autotune(ApiModel):
         default=2000, ge=1, description="Drafts a pool must have observed at its current K before K may change."
     )
     min_gain: float = Field(
-        default=0.03, ge=0, le=1, description="Smallest predicted relative gain of the objective worth a restart."
+        default=0.03,
+        ge=0,
+        le=1,
+        description="Smallest predicted relative gain of the objective worth a K change, on top of the restart's "
+        "measured cost (the pool's pod start-to-Ready time and the capacity its rollout takes out, over the time "
+        "the new K is expected to hold), which every decision's reason states.",
     )
     cooldown_seconds: int = Field(
         default=600, ge=0, description="Minimum seconds between two K changes of the same model (restarts cost)."
