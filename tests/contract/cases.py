@@ -358,15 +358,17 @@ def proposer_argvs(models: dict[str, str]) -> list[list[str]]:
 MLA_HEAD_SIZE = 512 + 64
 
 
-def attention_request(gfx: str) -> dict[str, Any]:
+def attention_request(gfx: str, user_env: dict[str, str] | None = None) -> dict[str, Any]:
     """The backends the operator renders for the gfx target, with the environment it sets: the global one for a
     target with ordinary attention (head size 128, as Llama/Qwen) and the smaller head sizes tiny drafters use,
     and for an MLA target the per-kind one its MLA layers get. `mla-global` asks whether an MLA layer could
     run on the global backend (the operator's rendering before spec.model.attention), `standard-on-mla-backend`
-    whether a standard layer (a drafter's) could run on the MLA one."""
+    whether a standard layer (a drafter's) could run on the MLA one. `user_env`: spec.runtime.env (AITER off)."""
     spec = method_spec("eagle3")
     _, env = render(spec, "target", spec.drafters[0], 3, gfx)
-    plan = plan_runtime(gfx, "vllm/vllm-openai-rocm:v0.33.0", None, {}, "MLA")
+    plan = plan_runtime(gfx, "vllm/vllm-openai-rocm:v0.33.0", None, user_env or {}, "MLA")
+    if user_env:
+        env = plan.env
     mla = {"use_mla": True, "head_size": MLA_HEAD_SIZE}
     return {
         "gfx": gfx,

@@ -14,6 +14,7 @@ from specdec_operator.api.vocabulary import GFX_TARGETS
 from tests.contract import cases as rendered
 from tests.contract.vllm_env import VllmDriver, vllm_python
 
+AITER_OFF = "gfx942/aiter-off"
 # The session's driver, for the summary line (a fixture's own output is captured at teardown).
 _SESSION_DRIVERS: list[VllmDriver] = []
 
@@ -71,9 +72,12 @@ def vllm_proposers(driver: VllmDriver, models: dict[str, str]) -> Verdicts:
 @pytest.fixture(scope="session")
 def vllm_attention(driver: VllmDriver) -> dict[str, list[dict[str, Any]]]:
     """RocmPlatform's answer per gfx target: one process each (the arch is read once at import), two at a time."""
+    requests = {gfx: rendered.attention_request(gfx) for gfx in GFX_TARGETS}
+    # A spec that turns AITER off on a target that has it (decisions/runtime_env.py aiter_on).
+    requests[AITER_OFF] = rendered.attention_request("gfx942", {"VLLM_ROCM_USE_AITER": "0"})
     with ThreadPoolExecutor(max_workers=2) as pool:
-        answers = pool.map(lambda gfx: driver.run("attention", rendered.attention_request(gfx)), GFX_TARGETS)
-        return dict(zip(GFX_TARGETS, answers, strict=True))
+        answers = pool.map(lambda request: driver.run("attention", request), requests.values())
+        return dict(zip(requests, answers, strict=True))
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from specdec_operator.decisions.drafter import UNSUPPORTED_ON_ROCM
 from specdec_operator.decisions.runtime_env import attention_backend, mla_attention_backend
 from specdec_runtime.config import serve_args
 from tests.contract import cases as rendered
-from tests.contract.conftest import Verdicts
+from tests.contract.conftest import AITER_OFF, Verdicts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]
 
@@ -235,6 +235,15 @@ def test_rocm_platform_takes_the_attention_backend_rendered_for_each_gfx_target(
         assert answer["gcn_arch"].startswith(gfx)
     for head in ("head64", "head128"):
         assert answers[head].get("backend_class") == BACKEND_CLASSES[attention_backend(gfx)], answers[head]
+
+
+def test_rocm_platform_takes_the_backends_rendered_when_the_spec_turns_aiter_off(
+    vllm_attention: dict[str, list[dict[str, Any]]]
+) -> None:
+    answers = {answer["id"]: answer for answer in vllm_attention[AITER_OFF]}
+    for head in ("head64", "head128"):
+        assert answers[head].get("backend_class") == BACKEND_CLASSES["TRITON_ATTN"], answers[head]
+    assert answers["mla"].get("backend_class") == BACKEND_CLASSES["TRITON_MLA"], answers["mla"]
 
 
 @pytest.mark.parametrize("gfx", rendered.GFX_TARGETS)

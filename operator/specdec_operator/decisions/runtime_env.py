@@ -17,6 +17,9 @@ OVERRIDE_SIBLINGS: dict[str, str] = {
     "gfx1200": "gfx1201",
 }
 NEVER_OVERRIDE = frozenset({"gfx90a", "gfx942", "gfx950"})
+# vLLM's switch for the AITER kernels, which the operator turns on where they exist unless the spec turns it off.
+AITER_ENV = "VLLM_ROCM_USE_AITER"
+_OFF = frozenset({"0", "false", "no", "off"})
 VISIBLE_DEVICES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
@@ -41,17 +44,23 @@ def hsa_version(gfx: str) -> str:
     return f"{int(major)}.{int(minor, 16)}.{int(stepping, 16)}"
 
 
-def attention_backend(gfx: str) -> str:
-    """A backend that verifies K>1 draft tokens on ROCm (vllm#28222): AITER FA where AITER exists."""
-    return "ROCM_AITER_FA" if gfx in AITER_TARGETS else "TRITON_ATTN"
+def aiter_on(gfx: str, user_env: Mapping[str, str]) -> bool:
+    """AITER runs where its kernels exist, unless spec.runtime.env sets VLLM_ROCM_USE_AITER off (0/false/no/off):
+    the user's choice wins, and the attention backends follow it."""
+    return gfx in AITER_TARGETS and user_env.get(AITER_ENV, "1").strip().lower() not in _OFF
 
 
-def mla_attention_backend(gfx: str) -> str:
+def attention_backend(gfx: str, aiter: bool = True) -> str:
+    """A backend that verifies K>1 draft tokens on ROCm (vllm#28222): AITER FA where AITER exists and is on."""
+    return "ROCM_AITER_FA" if aiter and gfx in AITER_TARGETS else "TRITON_ATTN"
+
+
+def mla_attention_backend(gfx: str, aiter: bool = True) -> str:
     """The backend vLLM 0.33's RocmPlatform puts first for MLA layers (rocm.py `_get_backend_priorities`):
     ROCM_AITER_MLA where AITER MLA is enabled (CDNA3+, VLLM_ROCM_USE_AITER, which plan_runtime sets on AITER
     targets), else TRITON_MLA, whose support check accepts every compute capability. Both verify K>1 drafts
     (their metadata builders take uniform multi-token decode queries)."""
-    return "ROCM_AITER_MLA" if gfx in AITER_TARGETS else "TRITON_MLA"
+    return "ROCM_AITER_MLA" if aiter and gfx in AITER_TARGETS else "TRITON_MLA"
 
 
 def plan_runtime(
@@ -65,8 +74,9 @@ def plan_runtime(
     `attention_backend` still serves the layers with standard attention (most drafters)."""
     env: dict[str, str] = {}
     notes: list[str] = []
-    if gfx in AITER_TARGETS:
-        env["VLLM_ROCM_USE_AITER"] = "1"
+    aiter = aiter_on(gfx, user_env)
+    if aiter:
+        env[AITER_ENV] = "1"
     if image_targets is None:
         notes.append(f"image {image} is not in the image table; no HSA_OVERRIDE_GFX_VERSION applied")
     elif gfx not in image_targets and gfx not in NEVER_OVERRIDE:
@@ -92,7 +102,7 @@ def plan_runtime(
     return RuntimePlan(
         image=image,
         env=env,
-        attention_backend=attention_backend(gfx),
+        attention_backend=attention_backend(gfx, aiter),
         notes=tuple(notes),
-        mla_attention_backend=mla_attention_backend(gfx) if attention == "MLA" else None,
+        mla_attention_backend=mla_attention_backend(gfx, aiter) if attention == "MLA" else None,
     )

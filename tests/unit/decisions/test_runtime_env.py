@@ -166,6 +166,18 @@ def test_aiter_mla_comes_with_aiter_enabled() -> None:
         assert plan.env["VLLM_ROCM_USE_AITER"] == "1"
 
 
+@pytest.mark.parametrize("off", ["0", "false", "False", " off "])
+def test_aiter_turned_off_in_the_spec_stays_off_and_the_backends_follow(off: str) -> None:
+    """spec.runtime.env VLLM_ROCM_USE_AITER off is the user's choice: the operator neither overrides it nor renders
+    an AITER backend that would need it (a backend vLLM cannot build without AITER)."""
+    for gfx in ("gfx942", "gfx950"):
+        plan = plan_runtime(gfx, "img", None, {"VLLM_ROCM_USE_AITER": off}, "MLA")
+        assert plan.env["VLLM_ROCM_USE_AITER"] == off
+        assert (plan.attention_backend, plan.mla_attention_backend) == ("TRITON_ATTN", "TRITON_MLA")
+    on = plan_runtime("gfx942", "img", None, {"VLLM_ROCM_USE_AITER": "1"})
+    assert on.env["VLLM_ROCM_USE_AITER"] == "1" and on.attention_backend == "ROCM_AITER_FA"
+
+
 def test_a_standard_target_plans_no_mla_backend() -> None:
     assert plan_runtime("gfx942", "img", None, {}).mla_attention_backend is None
     assert plan_runtime("gfx942", "img", None, {}, "Standard").mla_attention_backend is None
