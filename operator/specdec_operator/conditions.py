@@ -22,7 +22,7 @@ from typing import Literal
 
 from specdec_operator.api.status import Condition, ConditionType
 
-CONDITION_ORDER: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded", "Reduced")
+CONDITION_ORDER: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded", "Reduced", "WeightsCached")
 
 # Pod failures by the waiting/terminated reason the kubelet reports, most actionable first.
 POD_FAILURE_REASONS = (
@@ -116,6 +116,8 @@ class ConditionFacts:
     route: Finding | None = None  # the Gateway refuses the HTTPRoute we weight, in its words
     pod_metrics_excluded: Finding | None = None  # pods whose /metrics vLLM cannot produce (tuner/window.py)
     frozen: Finding | None = None  # a change freeze holds rollouts and K changes (reconcile/freeze.py)
+    # Whether new pods start from weights on a volume, and why (reconcile/weights_cache.py); None: not said.
+    weights_cache: tuple[bool, Finding] | None = None
 
 
 def _ranked(findings: Sequence[Finding], priority: Sequence[str]) -> list[Finding]:
@@ -169,7 +171,7 @@ def pod_metrics_finding(excluded: Sequence[tuple[str, str]], shown: int = 3) -> 
 
 
 def summarize(facts: ConditionFacts) -> list[ConditionUpdate]:
-    """Ready, Progressing, Degraded and Reduced from the facts, by the priorities above.
+    """Ready, Progressing, Degraded, Reduced and WeightsCached from the facts, by the priorities above.
 
     With an unreadable status only Degraded is decided (nothing else can be trusted); with no node at all,
     Ready is Unknown and the rest is left as it was.
@@ -221,4 +223,7 @@ def summarize(facts: ConditionFacts) -> list[ConditionUpdate]:
         else:
             updates.append(ConditionUpdate("Reduced", False, "AsExpected",
                                            "every allowed gfx target has a pool with its preferred drafter"))
+        if facts.weights_cache is not None:
+            cached, finding = facts.weights_cache
+            updates.append(ConditionUpdate("WeightsCached", cached, finding.reason, finding.message))
     return updates

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from localcluster.cluster import LocalCluster
+from specdec_operator.reconcile.rollout_limit import LIMIT_SOURCE
 from tests.e2e.audit import AuditEntry, AuditLog, rollouts
 from tests.e2e.faults import settle, tuned_model
 from tests.e2e.kube import Kube, wait_for
@@ -66,7 +67,7 @@ def test_three_models_changed_at_once_roll_out_one_at_a_time_under_a_limit_of_on
          and found["reason"] == "RolloutQueued"), None), 120, 0.5,
         describe=lambda: {name: condition(kube.get("sm", name), "Progressing") for name in MODELS})
     print(f"queued: {queued['message']}")
-    assert "SPECDEC_MAX_CONCURRENT_ROLLOUTS" in queued["message"] and "1 of 1 in flight" in queued["message"]
+    assert LIMIT_SOURCE in queued["message"] and "1 of 1 in flight" in queued["message"]
 
     def all_rolled() -> bool:
         return all(revision(kube, pool) != before[name] and not _reason(kube, name, "RolloutQueued")

@@ -20,7 +20,7 @@ def _rfc3339(value: str) -> str:
 # an unreadable stamp as a Degraded condition naming the field instead of acting on it.
 Timestamp = Annotated[str, AfterValidator(_rfc3339)]
 
-ConditionType = Literal["Ready", "Progressing", "Degraded", "Reduced"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Reduced", "WeightsCached"]
 
 
 class Condition(ApiModel):

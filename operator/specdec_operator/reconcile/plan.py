@@ -49,6 +49,7 @@ from specdec_operator.reconcile.status_build import (
     pool_status,
 )
 from specdec_operator.reconcile.tuning_policy import TuningOutcome, decide_tuning
+from specdec_operator.reconcile.weights_cache import weights_cache_finding
 from specdec_operator.render.drift import covers
 from specdec_operator.render.names import TRACKS, service_name
 from specdec_operator.render.service import service
@@ -539,6 +540,7 @@ def condition_facts(
         not_owned=inputs.not_owned, route=route.finding,
         pod_metrics_excluded=pod_metrics_finding(inputs.observed.excluded_pod_metrics),
         frozen=_hold_finding(inputs, rollout),
+        weights_cache=weights_cache_finding(inputs.spec, inputs.settings.pod),
     )
 
 

@@ -99,7 +99,7 @@ def test_last_transition_time_is_kept_while_a_condition_holds() -> None:
     _, second = settle(THREE_POOLS)
     assert second.status is not None
     times = {c.type: c.last_transition_time for c in second.status.conditions}
-    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0, "Reduced": T0}
+    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0, "Reduced": T0, "WeightsCached": T0}
 
 
 def test_a_manual_edit_of_an_owned_deployment_is_reapplied() -> None:
