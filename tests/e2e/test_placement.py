@@ -71,6 +71,11 @@ def test_examples_land_on_their_gfx_nodes_only(kube: Kube, operator: OperatorPro
             assert node not in ("cpu-0", "unhealthy-0")
     for name in ("llama8b-eagle3", "llama70b-draft", "qwen-coder-ngram"):
         assert ready(kube, name)["reason"] == "PoolsReady"
+    # The 70B example's MI300X pool runs at its own TP2 (spec.placement.pools), the MI250X pool at the model's TP4.
+    for gfx, gpus in (("gfx942", "2"), ("gfx90a", "4")):
+        [container] = kube.get("deployment", f"llama70b-draft-{gfx}")["spec"]["template"]["spec"]["containers"]
+        assert container["resources"]["limits"]["amd.com/gpu"] == gpus, (gfx, container["resources"])
+        assert container["args"][container["args"].index("--tensor-parallel-size") + 1] == gpus
 
 
 def test_mixed_node_admits_gfx942_pool_and_refuses_others(kube: Kube, operator: OperatorProcess) -> None:

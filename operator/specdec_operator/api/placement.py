@@ -7,7 +7,14 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from specdec_operator.api.base import ApiModel, cel
-from specdec_operator.api.kubeformats import LABEL_VALUE, QUALIFIED_NAME, check_keys, formatted, keys_rule
+from specdec_operator.api.kubeformats import (
+    IMAGE_REFERENCE,
+    LABEL_VALUE,
+    QUALIFIED_NAME,
+    check_keys,
+    formatted,
+    keys_rule,
+)
 from specdec_operator.api.vocabulary import GFX_PRODUCTS, GfxTargetOrProduct, PartitionMode, gfx_of
 
 _EXISTS_WITHOUT_VALUE = "spec.placement.tolerations[].value must be empty when operator is Exists"
@@ -60,9 +67,34 @@ _CEL_PRODUCTS = "{" + ", ".join(f"'{product}': '{gfx}'" for product, gfx in GFX_
 def _cel_gfx(variable: str) -> str:
     return f"({variable} in {_CEL_PRODUCTS} ? {_CEL_PRODUCTS}[{variable}] : {variable})"
 
+_POOL_TARGET = "spec.placement.pools[].gfxTarget must be one of spec.placement.gfxTargets, spelled the same way"
+_POOL_UNIQUE = "spec.placement.pools must not name a gfx target twice"
+_POOL_REPLICAS_WITH_TOTAL = ("spec.placement.pools[].replicas cannot be set with totalReplicas: the total is split "
+                             "by capacity and the per-pool bounds")
 _BOUNDS_NEED_TOTAL = ("spec.placement.minReplicasPerPool and maxReplicasPerPool bound how totalReplicas is split: "
                       "set totalReplicas (or scale the model) to use them")
 _BOUNDS_ORDER = "spec.placement.maxReplicasPerPool must not be below minReplicasPerPool"
+
+
+class PoolSettings(ApiModel):
+    """What one gfx target's pool runs differently from the model's other pools (spec.placement.pools[])."""
+
+    gfx_target: GfxTargetOrProduct = Field(
+        description="The pool's gfx target or product, as spelled in spec.placement.gfxTargets."
+    )
+    tensor_parallel_size: Literal[1, 2, 4, 8] | None = Field(
+        default=None,
+        description="GPUs per replica in this pool (default spec.model.tensorParallelSize): the same model may need "
+        "TP4 on 64 GiB GPUs and TP2 on 192 GiB ones.",
+    )
+    image: Annotated[str, *formatted(IMAGE_REFERENCE, "spec.placement.pools[].image")] | None = Field(
+        default=None,
+        description="This pool's runtime image (default spec.runtime.image, else the operator's image for the target).",
+    )
+    replicas: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="This pool's replicas (default replicasPerPool); not with totalReplicas.",
+    )
 
 
 class Placement(ApiModel):
@@ -78,6 +110,11 @@ class Placement(ApiModel):
                     _BOUNDS_NEED_TOTAL),
                 cel("!has(self.minReplicasPerPool) || !has(self.maxReplicasPerPool) "
                     "|| self.maxReplicasPerPool >= self.minReplicasPerPool", _BOUNDS_ORDER),
+                cel("!has(self.pools) || self.pools.all(p, p.gfxTarget in self.gfxTargets)", _POOL_TARGET),
+                cel("!has(self.pools) || self.pools.all(p, self.pools.exists_one(q, q.gfxTarget == p.gfxTarget))",
+                    _POOL_UNIQUE),
+                cel("!has(self.totalReplicas) || !has(self.pools) || self.pools.all(p, !has(p.replicas))",
+                    _POOL_REPLICAS_WITH_TOTAL),
             ]
         }
     )
@@ -113,6 +150,16 @@ class Placement(ApiModel):
         description="With totalReplicas: the most replicas one pool takes; the rest go to the next gfx target.",
     )
 
+    pools: list[PoolSettings] = Field(
+        default_factory=list, max_length=9,
+        description="Per-pool settings, by gfx target: tensor parallelism, image and replicas where one pool "
+        "differs from the others.",
+    )
+
+    def pool_settings(self, gfx: str) -> PoolSettings | None:
+        """The spec.placement.pools entry of the gfx target's pool, if any."""
+        return next((pool for pool in self.pools if gfx_of(pool.gfx_target) == gfx), None)
+
     @property
     def targets(self) -> list[str]:
         """gfxTargets as gfx targets, product aliases resolved, in preference order."""
@@ -130,6 +177,12 @@ class Placement(ApiModel):
             raise ValueError(_BOUNDS_ORDER)
         if len(set(self.targets)) < len(self.targets):
             raise ValueError(_GFX_TARGETS_UNIQUE)
+        if any(pool.gfx_target not in self.gfx_targets for pool in self.pools):
+            raise ValueError(_POOL_TARGET)
+        if len({pool.gfx_target for pool in self.pools}) < len(self.pools):
+            raise ValueError(_POOL_UNIQUE)
+        if self.total_replicas is not None and any(pool.replicas is not None for pool in self.pools):
+            raise ValueError(_POOL_REPLICAS_WITH_TOTAL)
         check_keys(QUALIFIED_NAME, _NODE_SELECTOR, self.node_selector)
         return self
 

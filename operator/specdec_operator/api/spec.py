@@ -532,6 +532,8 @@ class Rollout(ApiModel):
 
 
 _DRAFT_TP = "spec.drafters[].draftTensorParallelSize must be 1 or spec.model.tensorParallelSize"
+_DRAFT_TP_POOLS = ("spec.drafters[].draftTensorParallelSize other than 1 must equal every "
+                   "spec.placement.pools[].tensorParallelSize too (vLLM runs a drafter at 1 or the target's TP)")
 _MTP_INITIAL_K = (
     "spec.speculation.initialK must be a K vLLM accepts for every mtp drafter: 0, at most its "
     "spec.drafters[].mtpLayers, or a multiple of it"
@@ -554,6 +556,12 @@ class SpeculativeModelSpec(ApiModel):
                     "|| d.draftTensorParallelSize == 1 || d.draftTensorParallelSize == "
                     "(has(self.model.tensorParallelSize) ? self.model.tensorParallelSize : 1))",
                     _DRAFT_TP,
+                ),
+                cel(
+                    "!has(self.drafters) || !has(self.placement.pools) || self.drafters.all(d, "
+                    "!has(d.draftTensorParallelSize) || d.draftTensorParallelSize == 1 || self.placement.pools.all("
+                    "p, !has(p.tensorParallelSize) || p.tensorParallelSize == d.draftTensorParallelSize))",
+                    _DRAFT_TP_POOLS,
                 ),
                 # initialK defaults to 3 when spec.speculation is left out (an absent object is not defaulted).
                 cel(
@@ -590,6 +598,10 @@ class SpeculativeModelSpec(ApiModel):
         allowed = (None, 1, self.model.tensor_parallel_size)
         if any(drafter.draft_tensor_parallel_size not in allowed for drafter in self.drafters):
             raise ValueError(_DRAFT_TP)
+        pool_tps = {pool.tensor_parallel_size for pool in self.placement.pools} - {None}
+        if any(drafter.draft_tensor_parallel_size not in (None, 1) and pool_tps - {drafter.draft_tensor_parallel_size}
+               for drafter in self.drafters):
+            raise ValueError(_DRAFT_TP_POOLS)
         initial_k = self.speculation.initial_k
         if any(not vllm_accepts_k(d.method, initial_k, d.mtp_layers) for d in self.drafters if d.method == "mtp"):
             raise ValueError(_MTP_INITIAL_K)
@@ -600,3 +612,23 @@ class SpeculativeModelSpec(ApiModel):
         ):
             raise ValueError(_OWNED_ENV)
         return self
+
+    def for_pool(self, gfx: str) -> SpeculativeModelSpec:
+        """The spec as the gfx target's pool runs it: its spec.placement.pools entry, if any, in place of the
+        model-wide tensor parallelism, image and replicasPerPool. Everything that sizes, places or renders one
+        pool reads this, so a pool's settings live in one place."""
+        settings = self.placement.pool_settings(gfx)
+        if settings is None:
+            return self
+        update: dict[str, Any] = {}
+        if settings.tensor_parallel_size is not None:
+            update["model"] = self.model.model_copy(update={"tensor_parallel_size": settings.tensor_parallel_size})
+        if settings.image is not None:
+            update["runtime"] = self.runtime.model_copy(update={"image": settings.image})
+        if settings.replicas is not None:
+            update["placement"] = self.placement.model_copy(update={"replicas_per_pool": settings.replicas})
+        return self.model_copy(update=update) if update else self
+
+    def tensor_parallel_of(self, gfx: str) -> int:
+        """GPUs per replica in the gfx target's pool."""
+        return int(self.for_pool(gfx).model.tensor_parallel_size)

@@ -92,8 +92,9 @@ def label_mismatch(node: NodeGpus, gfx: str, spec: SpeculativeModelSpec) -> str 
     for key, value in placement.node_selector.items():
         if node.labels.get(key) != value:
             return f"{node.name} lacks label {key}={value}"
-    if node.allocatable_gpus < spec.model.tensor_parallel_size:
-        return f"{node.name} has {node.allocatable_gpus} GPUs, fewer than TP {spec.model.tensor_parallel_size}"
+    tp = spec.tensor_parallel_of(gfx)
+    if node.allocatable_gpus < tp:
+        return f"{node.name} has {node.allocatable_gpus} GPUs, fewer than TP {tp}"
     return None
 
 
@@ -120,13 +121,15 @@ def _none_wanted(gfx: str, spec: SpeculativeModelSpec) -> str:
     return f"{gfx}: all {placement.total_replicas} of totalReplicas are placed on earlier pools"
 
 
-def _wanted_replicas(spec: SpeculativeModelSpec, available: Sequence[int], allocatable: Sequence[int]
-                     ) -> tuple[list[int], list[int]]:
-    """(replicas that fit now, replicas the spec asks of each pool were no other workload holding GPUs)."""
+def _wanted_replicas(spec: SpeculativeModelSpec, targets: Sequence[str], available: Sequence[int],
+                     allocatable: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(replicas that fit now, replicas the spec asks of each pool were no other workload holding GPUs), for the
+    pools of `targets`."""
     placement = spec.placement
     if placement.total_replicas is None:
-        wanted = placement.replicas_per_pool if placement.replicas_per_pool is not None else 1
-        return [min(slots, wanted) for slots in available], [wanted] * len(available)
+        per_pool = [spec.for_pool(gfx).placement.replicas_per_pool for gfx in targets]
+        wanted = [1 if replicas is None else replicas for replicas in per_pool]
+        return [min(slots, asked) for slots, asked in zip(available, wanted, strict=True)], wanted
     total, bounds = placement.total_replicas, (placement.min_replicas_per_pool or 0, placement.max_replicas_per_pool)
     fits = split_replicas(total, available, *bounds).replicas
     # What a pool is asked is what it would take were none of its own GPUs held by others, the other pools
@@ -182,7 +185,6 @@ def plan_placement(
     if weights is None:
         problem = f"cannot estimate the weights of {spec.model.name!r} from its name: set spec.model.weightsGib"
         return PlacementPlan((), (), None, (problem,))
-    tp = spec.model.tensor_parallel_size
     usage = usage or GpuUsage()
     # Per gfx target in preference order: a candidate pool, or why it was skipped. Replicas are split once
     # every candidate's capacity is known, since per-pool bounds spread a total over all of them.
@@ -198,6 +200,7 @@ def plan_placement(
             detail = "; ".join(notes) or "no node has this gfx target"
             outcomes.append(SkippedTarget(gfx, "NoCompatibleNodes", f"{gfx}: no eligible nodes ({detail})"))
             continue
+        tp = spec.tensor_parallel_of(gfx)  # spec.placement.pools may give this pool its own
         vram = min(node.vram_gib_per_gpu for node in matching)
         decision = choose_drafter(spec.drafters, gfx, weights, MemoryBudget(tp, vram, kv_headroom_fraction))
         if decision.drafter is None:
@@ -219,12 +222,13 @@ def _sized_pools(
     """The replicas split over every candidate at once, then each target's pool or why it has none, in the
     spec's order."""
     candidates = [c for c in outcomes if isinstance(c, _Candidate)]
-    fits, wanted = _wanted_replicas(spec, [c.slots for c in candidates], [c.allocatable_slots for c in candidates])
+    fits, wanted = _wanted_replicas(spec, [c.gfx for c in candidates], [c.slots for c in candidates],
+                                    [c.allocatable_slots for c in candidates])
     split = {c.gfx: (replicas, asked) for c, replicas, asked in zip(candidates, fits, wanted, strict=True)}
     pools: list[PoolPlan] = []
     skipped: list[SkippedTarget] = []
     for outcome in outcomes:
-        placed = _pool_plan(spec, outcome, split[outcome.gfx], usage, nodes) if isinstance(
+        placed = _pool_plan(spec.for_pool(outcome.gfx), outcome, split[outcome.gfx], usage, nodes) if isinstance(
             outcome, _Candidate) else outcome
         if isinstance(placed, SkippedTarget):
             skipped.append(placed)

@@ -74,7 +74,7 @@ def rollout_modes(
             decisions[pool.name] = kept
             continue
         hosts = [nodes[name] for name in pool.plan.nodes if name in nodes]
-        room = pool_room(pool.plan.gfx, hosts, usage, spec.model.tensor_parallel_size)
+        room = pool_room(pool.plan.gfx, hosts, usage, spec.tensor_parallel_of(pool.plan.gfx))
         mode = choose_mode(room, _surge_need(spec, pool.plan.replicas), spec.rollout.max_surge,
                            spec.rollout.max_unavailable, canary=spec.rollout.strategy == "Canary")
         if kept is not None and kept.revision == pool.revision and kept.mode == "Surge" and mode.mode == "InPlace":

@@ -40,6 +40,7 @@ def pool_objects(
     track: str = "stable",
 ) -> DesiredPool:
     """Raises RuntimeEnvError when the spec's environment cannot be made consistent."""
+    spec = spec.for_pool(plan.gfx)  # the pool's own tensor parallelism and image (spec.placement.pools)
     name = pool_name(observed.name, plan.gfx)
     ctx = render.PoolIdentity(observed.namespace, observed.name, observed.uid, name, plan.gfx)
     if spec.runtime.simulate:

@@ -69,9 +69,12 @@ def canary_step_verdicts(
     Gateway's refusal of the route as gathered this pass (the step holds)."""
     in_flight = previous.canary if previous.canary and previous.canary.phase in IN_FLIGHT_PHASES else None
     routed = spec.rollout.canary is not None and spec.rollout.canary.traffic.http_route_ref is not None
+    canary_gfx = next((pool.gfx_target for pool in previous.pools
+                       if previous.canary is not None and pool.name == previous.canary.pool), None)
+    tensor_parallel = spec.tensor_parallel_of(canary_gfx) if canary_gfx else spec.model.tensor_parallel_size
     return step_verdicts(VerdictInputs(
         inputs.windows, previous.canary, spec.rollout.canary.analysis if spec.rollout.canary else None,
-        spec.model.tensor_parallel_size, spec.speculation.initial_k,
+        tensor_parallel, spec.speculation.initial_k,
         last_decision=previous.speculation.last_decision, stable_serving=stable_serving(observed, in_flight),
         expected_share=_expected_share(observed) if routed else None, route_rejection=rejection,
     ))
@@ -111,7 +114,7 @@ def decide_tuning(
         # Under a freeze the change the last evaluation proposed still waits: Progressing keeps saying so.
         return TuningOutcome(verdicts=verdicts, next_evaluation_at=due_at, route_rejection=rejection,
                              k_waiting=_waiting(inputs.state.proposed) if frozen is not None else None)
-    contexts = pool_contexts(previous.pools, spec.model.tensor_parallel_size, set(inputs.rolling),
+    contexts = pool_contexts(previous.pools, spec.tensor_parallel_of, set(inputs.rolling),
                              previous.speculation.rejected_ks, ready_s=pool_ready_seconds(observed.pods),
                              max_unavailable=spec.rollout.max_unavailable)
     report = inputs.state.evaluate(inputs.now, contexts, spec.speculation)

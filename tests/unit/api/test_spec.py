@@ -31,7 +31,7 @@ MINIMAL_DEFAULTS_GOLDEN: dict[str, Any] = {
             "objective": "Throughput",
         },
     },
-    "placement": {"gfxTargets": ["gfx942"], "nodeSelector": {}, "tolerations": []},
+    "placement": {"gfxTargets": ["gfx942"], "nodeSelector": {}, "tolerations": [], "pools": []},
     "runtime": {
         "env": [],
         "extraArgs": [],
