@@ -118,6 +118,10 @@ def placement_facts(
             held_waiting.append(f"{held.name} ({ready} of {held.replicas} ready, held through missing nodes)")
     summary = ", ".join([*(f"{p.name}: {p.plan.replicas} ready at K={p.k}" for p in pools),
                          *(f"{h.name}: {h.replicas} ready at K={h.effective_k}" for h in held_pools)])
+    if placement.target_weights is not None and placement.target_weights.guessed:
+        # Memory and drafter fit rest on it: a checkpoint of another precision than its name says is sized wrong.
+        summary += (f" (target weights {placement.target_weights} guessed from the model's name: set "
+                    "spec.model.weightsGib if the checkpoint differs)")
     reduced = [Finding("DrafterFallback", f"{p.name}: {p.plan.drafter.reason}")
                for p in pools if p.plan.drafter.fallback]
     # A target skipped because other workloads hold the GPUs is Degraded (capacity_findings), not by design.

@@ -91,3 +91,18 @@ def test_drafter_weights(
 @pytest.mark.parametrize(("method", "model"), [("draft_model", "org/tiny-drafter"), ("custom_class", "org/proposer")])
 def test_drafter_of_unknown_size_is_never_guessed(method: str, model: str) -> None:
     assert drafter_weights(method, model, None, TARGET_8B) is None
+
+
+@pytest.mark.parametrize(("name", "gib"), [
+    ("meta-llama/Llama-3.1-70B-Instruct", 130.4),
+    ("RedHatAI/Llama-3.1-70B-Instruct-FP8", 65.2),
+    ("neuralmagic/Meta-Llama-3.1-70B-Instruct-quantized.w8a8", 65.2),
+    ("Qwen/Qwen2.5-72B-Instruct-AWQ", 33.5),
+    ("hugging-quants/Meta-Llama-3.1-70B-Instruct-GPTQ-INT4", 32.6),
+])
+def test_a_name_that_states_its_precision_is_sized_at_it_and_every_guess_says_so(name: str, gib: float) -> None:
+    """An FP8 checkpoint is not reserved twice its memory; a name without a marker stays 16-bit (the safe side)."""
+    estimate = target_weights(name, None)
+    assert estimate is not None and round(estimate.gib, 1) == gib and estimate.guessed
+    declared = target_weights(name, 70.0)
+    assert declared is not None and not declared.guessed and declared.gib == 70.0
