@@ -632,3 +632,8 @@ class SpeculativeModelSpec(ApiModel):
     def tensor_parallel_of(self, gfx: str) -> int:
         """GPUs per replica in the gfx target's pool."""
         return int(self.for_pool(gfx).model.tensor_parallel_size)
+
+    @property
+    def tensor_parallel(self) -> dict[str, int]:
+        """GPUs per replica of each allowed gfx target's pool."""
+        return {gfx: self.tensor_parallel_of(gfx) for gfx in self.placement.targets}

@@ -84,11 +84,7 @@ async def gather(
         now=format_stamp(wall_now),
     )
     # The scrape round feeds the tuner's and the canary's windows; the pass reads them through observed.tuning.
-    observed = await observe_tuning(ctx, observed, wall_now, logger or LOG)
-    # Read after the last await: no other pass takes a rollout slot between here and this pass's record of its
-    # plan (reconcile()), so the fleet's limit holds.
-    return replace(observed, rollouts_in_flight=ctx.rollout_slots.in_flight((namespace, name),
-                                                                            ctx.cache.models_rolling_out))
+    return await observe_tuning(ctx, observed, wall_now, logger or LOG)
 
 
 async def write_model_status(
@@ -233,6 +229,9 @@ async def reconcile(
         if departures is None:
             departures = ctx.departures.get(key, 0)
         observed = await gather(ctx, baseline, nodes, gpu_claims, logger)
+        # The last of the gathering, after its last await: no other pass takes a rollout slot between this view
+        # and this pass's record of its plan below, so the fleet's limit holds (handlers/services/rollout_slots.py).
+        observed = replace(observed, rollouts_in_flight=ctx.rollout_slots.in_flight(key, ctx.cache.models_rolling_out))
         if ctx.departures.get(key, 0) != departures:
             # The watch said DELETED since the loop started (before this pass, or while it gathered). For a
             # relabel out of the model selector, the API server sends the object as it was before (labels that

@@ -97,7 +97,7 @@ async def scrape_tick(ctx: OperatorContext, session: aiohttp.ClientSession, body
     read = read_status(body.get("status") or {})
     if read.problems:
         return
-    contexts = pool_contexts(read.status.pools, spec.tensor_parallel_of, tuner.rolling)
+    contexts = pool_contexts(read.status.pools, spec.tensor_parallel, tuner.rolling)
     await _observe_round(ctx, session, tuner, meta["namespace"], meta["name"], str(meta["uid"]), read.status,
                          contexts, spec.speculation.max_k)
 
@@ -157,7 +157,7 @@ async def observe_tuning(
         rolling |= {pool.name for pool in previous.pools}
     tuner.rolling = set(rolling)
     if now >= tuner.next_scrape_at:
-        contexts = pool_contexts(previous.pools, spec.tensor_parallel_of, rolling,
+        contexts = pool_contexts(previous.pools, spec.tensor_parallel, rolling,
                                  previous.speculation.rejected_ks)
         try:
             await _observe_round(ctx, ctx.http, tuner, observed.namespace, observed.name, observed.uid, previous,

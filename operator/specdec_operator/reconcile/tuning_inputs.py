@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from specdec_operator.api.status import PoolSpeculationStats, PoolStatus, RejectedK, SpeculationStatus, TuningDecision
@@ -87,14 +87,14 @@ def _out_at_once(pool: PoolStatus, max_unavailable: int) -> int:
 
 def pool_contexts(
     pools: Sequence[PoolStatus],
-    tensor_parallel: Callable[[str], int],
+    tensor_parallel: Mapping[str, int],
     rolling: set[str],
     rejected: Sequence[RejectedK] = (),
     *,
     ready_s: Mapping[str, float] | None = None,
     max_unavailable: int = 1,
 ) -> list[PoolContext]:
-    """`tensor_parallel`: GPUs per replica of a gfx target's pool (SpeculativeModelSpec.tensor_parallel_of).
+    """`tensor_parallel`: GPUs per replica of each gfx target's pool (SpeculativeModelSpec.tensor_parallel).
     `rejected`: status.speculation.rejectedKs; each pool gets those recorded against its current revision.
     `ready_s`: pool -> observed start-to-Ready seconds (`pool_ready_seconds`); `max_unavailable`:
     spec.rollout.maxUnavailable, for a pool with no rollout on record."""
@@ -108,7 +108,7 @@ def pool_contexts(
             drafter_mtp_layers=pool.drafter.mtp_layers,
             effective_k=pool.effective_k,
             replicas=max(pool.replicas, 1),
-            gpus_per_replica=tensor_parallel(pool.gfx_target),
+            gpus_per_replica=tensor_parallel.get(pool.gfx_target, 1),
             rolling=pool.name in rolling,
             rejected={item.k: item.predicted_gain for item in rejected
                       if item.pool == pool.name and item.stable_revision == pool.revision},

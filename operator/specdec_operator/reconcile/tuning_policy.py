@@ -114,7 +114,7 @@ def decide_tuning(
         # Under a freeze the change the last evaluation proposed still waits: Progressing keeps saying so.
         return TuningOutcome(verdicts=verdicts, next_evaluation_at=due_at, route_rejection=rejection,
                              k_waiting=_waiting(inputs.state.proposed) if frozen is not None else None)
-    contexts = pool_contexts(previous.pools, spec.tensor_parallel_of, set(inputs.rolling),
+    contexts = pool_contexts(previous.pools, spec.tensor_parallel, set(inputs.rolling),
                              previous.speculation.rejected_ks, ready_s=pool_ready_seconds(observed.pods),
                              max_unavailable=spec.rollout.max_unavailable)
     report = inputs.state.evaluate(inputs.now, contexts, spec.speculation)

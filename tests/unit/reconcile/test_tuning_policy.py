@@ -46,7 +46,7 @@ def fed_tuner(pool: str) -> TunerState:
     state = TunerState()
     replica = VirtualReplica(load_profile(PROFILES / "e2e-opt-k2.yaml"), settings_for(5, "eagle3"), model_name="m",
                              seed=5)
-    contexts = pool_contexts(read_status(settled().status).status.pools, lambda _: 1, set())
+    contexts = pool_contexts(read_status(settled().status).status.pools, {}, set())
     for t in range(5, 125, 5):
         replica.advance_to(float(t))
         state.observe(contexts, [ScrapeResult(target(k=5, pool=pool), float(t), "ok",

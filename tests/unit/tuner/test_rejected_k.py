@@ -37,8 +37,8 @@ def test_rejections_apply_to_the_revision_they_were_recorded_against_only() -> N
     pool = PoolStatus.model_validate({"name": "p", "gfxTarget": "gfx942", "drafter": {"method": "eagle3"},
                                       "effectiveK": 5, "revision": "rev-a"})
     record = RejectedK(pool="p", k=2, stable_revision="rev-a", time="2026-11-30T12:00:00Z", predicted_gain=0.1)
-    [context] = pool_contexts([pool], lambda _: 1, set(), [record])
+    [context] = pool_contexts([pool], {}, set(), [record])
     assert context.rejected == {2: 0.1}
     moved = pool.model_copy(update={"revision": "rev-b"})  # a spec change since: a new baseline
-    [context] = pool_contexts([moved], lambda _: 1, set(), [record])
+    [context] = pool_contexts([moved], {}, set(), [record])
     assert context.rejected == {}

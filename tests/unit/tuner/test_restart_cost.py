@@ -101,6 +101,6 @@ def test_pool_contexts_carry_the_ready_time_and_the_rollouts_capacity_out() -> N
     pools = [status("surge", PoolRollout(mode="Surge", revision="r", max_surge=1)),
              status("inplace", PoolRollout(mode="InPlace", revision="r", max_unavailable=2)),
              status("new", None)]
-    contexts = pool_contexts(pools, lambda _: 1, set(), ready_s={"inplace": 95.0}, max_unavailable=1)
+    contexts = pool_contexts(pools, {}, set(), ready_s={"inplace": 95.0}, max_unavailable=1)
     assert [(c.name, c.ready_s, c.out_at_once) for c in contexts] == [
         ("surge", None, 0), ("inplace", 95.0, 2), ("new", None, 1)]
