@@ -52,6 +52,7 @@ from specdec_operator.reconcile.tuning_policy import TuningOutcome, decide_tunin
 from specdec_operator.reconcile.weights_cache import weights_cache_finding
 from specdec_operator.render.drift import covers
 from specdec_operator.render.names import TRACKS, service_name
+from specdec_operator.render.pool import deployment_revision
 from specdec_operator.render.service import service
 from specdec_operator.timestamps import parse_stamp
 from specdec_runtime import contract
@@ -564,7 +565,7 @@ def plan_events(
 ) -> list[EventRecord]:
     """The pass's events: pool changes, missing nodes, new failures, rollout modes, the canary's steps."""
     previous, live = inputs.previous, inputs.live_deployments
-    live_revisions = {p.name: _live_revision(live.get(p.name)) for p in rolled.pools}
+    live_revisions = {p.name: deployment_revision(live.get(p.name)) for p in rolled.pools}
     modes = {pool: mode for pool, mode in rolled.modes.items() if pool not in rolled.rollout.frozen_revisions}
     return [
         *pool_events(previous, pools, placed.placement), *_absence_events(placed.absence, pools),
@@ -637,12 +638,6 @@ def _failure_events(
     said = " ".join(c.message for c in previous.conditions if c.type in ("Ready", "Degraded"))
     found = [*failures, *(f for f in capacity if f.reason == "PodsUnschedulable")]
     return [EventRecord("Warning", f.reason, f.message) for f in found if f.message not in said]
-
-
-def _live_revision(deployment: Mapping[str, Any] | None) -> str | None:
-    labels = (deployment or {}).get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
-    revision = labels.get(contract.LABEL_REVISION)
-    return str(revision) if revision else None
 
 
 def _referenced_config_maps(deployments: Sequence[Mapping[str, Any]]) -> set[tuple[str, str]]:

@@ -32,7 +32,7 @@ from specdec_operator.reconcile.desired import DesiredPool
 from specdec_operator.reconcile.observed import EventRecord
 from specdec_operator.reconcile.tuning_inputs import rolling_pools
 from specdec_operator.render.names import deployment_name
-from specdec_operator.render.pool import rolling_strategy
+from specdec_operator.render.pool import deployment_revision, rolling_strategy
 from specdec_operator.timestamps import format_stamp
 from specdec_runtime import contract
 
@@ -57,14 +57,6 @@ class RolloutResult:
     frozen: dict[str, str] = field(default_factory=dict)
     # Pool -> the revision its stable Deployment keeps under a freeze (what it is to serve meanwhile).
     frozen_revisions: dict[str, str] = field(default_factory=dict)
-
-
-def _template_revision(deployment: Mapping[str, Any] | None) -> str | None:
-    if deployment is None:
-        return None
-    labels = deployment.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
-    revision = labels.get(contract.LABEL_REVISION)
-    return str(revision) if revision else None
 
 
 def _k_before(decision: TuningDecision | None, pool: str, canary_k: int) -> int | None:
@@ -145,7 +137,7 @@ def stable_revision(
     """
     if previous is not None and previous.pool == pool and (previous.phase in IN_FLIGHT_PHASES or pool in rolling):
         return previous.stable_revision
-    return _template_revision(live)
+    return deployment_revision(live)
 
 
 def _stable_unrenderable(pool: DesiredPool, previous: CanaryStatus | None, rollout: Rollout) -> bool:
@@ -219,7 +211,7 @@ def _plan_rollout(inputs: RolloutInputs) -> RolloutResult:
             continue
         if rollout.strategy == "Rolling" or stable_live is None or pool.name != canary_pool:
             held = canary_pool is not None and rollout.strategy == "Canary"
-            if held and stable_live is not None and _template_revision(stable_live) != pool.revision:
+            if held and stable_live is not None and deployment_revision(stable_live) != pool.revision:
                 # Another pool is canarying (or a failed canary awaits a spec change): keep this one as it is.
                 template = stable_live["spec"]["template"]
                 result.deployments.append(_with(pool.deployment, template, pool.plan.replicas, "stable"))
@@ -246,7 +238,7 @@ def _freeze_holds(inputs: RolloutInputs, pool: DesiredPool, stable_live: Mapping
     if running is not None:
         return running.canary_revision != pool.revision
     canary_live = inputs.live.get(deployment_name(pool.name, "canary")) is not None
-    return canary_live or _template_revision(stable_live) != pool.revision
+    return canary_live or deployment_revision(stable_live) != pool.revision
 
 
 def _hold_frozen(
@@ -255,7 +247,7 @@ def _hold_frozen(
     """Leave the pool's Deployments as they run, and its route weight where it is if it has a canary."""
     canary_live = inputs.live.get(deployment_name(pool.name, "canary"))
     result.kept += [body for body in (stable_live, canary_live) if body is not None]
-    kept = _template_revision(stable_live) or pool.revision
+    kept = deployment_revision(stable_live) or pool.revision
     result.frozen_revisions[pool.name] = kept
     running = _running_canary(inputs, pool)
     if running is not None:
@@ -319,7 +311,7 @@ def _canary_pool(
     canary_ready = (
         canary_live is not None
         and not rolling_pools([canary_live], tracks=("canary",))
-        and _template_revision(canary_live) == pool.revision
+        and deployment_revision(canary_live) == pool.revision
     )
     if in_place_budget and current is not None and current.phase in IN_FLIGHT_PHASES and rollout.canary:
         # In place the canary grows a budget at a time: its step starts once it has all of the step's replicas.
@@ -343,7 +335,7 @@ def _canary_pool(
     stable_template = stable_live["spec"]["template"]
     serving = ServingReplicas(_ready_replicas(stable_live), _ready_replicas(canary_live), _size(canary_live))
     if in_place_budget and total > 0:
-        _in_place_sizes(result, pool, plan, stable_template, serving, in_place_budget, _template_revision(canary_live))
+        _in_place_sizes(result, pool, plan, stable_template, serving, in_place_budget, deployment_revision(canary_live))
     else:
         _surge_sizes(result, pool, plan, stable_template, serving, canary_live is not None)
     # The route follows the replica split, so both sides' pods carry the same load (docs/canary.md).
@@ -385,8 +377,6 @@ def _rollback_reason(verdict: Verdict | None, event: CanaryEvent | None) -> str:
     if verdict is not None and verdict.outcome == "Fail":
         return verdict.reason
     return event.reason if event is not None else ""
-
-
 
 
 def _surge_sizes(
@@ -435,7 +425,7 @@ def _in_place_sizes(
     canary_name = deployment_name(pool.name, "canary")
     desired_template = pool.deployment["spec"]["template"]
     canary_exists = canary_revision is not None
-    stable_at_desired = _template_revision({"spec": {"template": stable_template}}) == pool.revision
+    stable_at_desired = deployment_revision({"spec": {"template": stable_template}}) == pool.revision
     handing_over = not keep_canary and canary_revision == pool.revision and stable_at_desired
     if promote or handing_over:
         # The stable Deployment runs the new revision; it takes the canary's replicas back one budget at a time.

@@ -21,6 +21,7 @@ from typing import Any
 from specdec_operator.api.status import CanaryStatus
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.conditions import Finding
+from specdec_operator.render.pool import deployment_revision
 from specdec_runtime import contract
 
 # How status names the limit: the setting and the chart value that set it.
@@ -77,19 +78,13 @@ def rolls_out(
         if _track(body) == "canary":
             return True
         running = live.get(name)
-        if running is not None and _template_revision(running) != _template_revision(body):
+        if running is not None and deployment_revision(running) != deployment_revision(body):
             return True
     return any(_track(body) == "canary" or _mid_rollout(body) for body in live.values())
 
 
 def _track(deployment: Mapping[str, Any]) -> str:
     return str(deployment.get("metadata", {}).get("labels", {}).get(contract.LABEL_TRACK, "stable"))
-
-
-def _template_revision(deployment: Mapping[str, Any]) -> str | None:
-    labels = deployment.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
-    revision = labels.get(contract.LABEL_REVISION)
-    return str(revision) if revision else None
 
 
 def _mid_rollout(deployment: Mapping[str, Any]) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,6 +278,13 @@ def _annotations(spec: SpeculativeModelSpec, track: PoolTrack) -> dict[str, str]
 
 def revision_of(template: dict[str, Any]) -> str:
     return str(template["metadata"]["labels"][contract.LABEL_REVISION])
+
+
+def deployment_revision(deployment: Mapping[str, Any] | None) -> str | None:
+    """The revision a Deployment's pod template carries (live or desired); None when it has none."""
+    labels = (deployment or {}).get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+    revision = labels.get(contract.LABEL_REVISION)
+    return str(revision) if revision else None
 
 
 def rolling_strategy(max_surge: int = 1, max_unavailable: int = 0) -> dict[str, Any]:
