@@ -34,13 +34,18 @@ def hold_source(spec: SpeculativeModelSpec, fleet_frozen: bool, in_flight: Rollo
     return freeze_source(spec, fleet_frozen) or queue_source(in_flight)
 
 
-def frozen_finding(source: str | None, pools: Mapping[str, str], k_waiting: str | None) -> Finding | None:
-    """Progressing's words for a freeze: its source, then what each held pool keeps (a revision, or a canary at
-    its step) and the K change that waits; None without a freeze."""
+def frozen_finding(
+    source: str | None, pools: Mapping[str, str], k_waiting: str | None, queued: bool = False
+) -> Finding | None:
+    """Progressing's words for what holds rollouts: a freeze (RolloutsFrozen), or with `queued` the fleet's rollout
+    limit (RolloutQueued, reconcile/rollout_limit.py); its source, then what each held pool keeps (a revision, or a
+    canary at its step) and the K change that waits. None when nothing holds."""
     if source is None:
         return None
     waiting = [f"pool {pool} keeps {kept}" for pool, kept in sorted(pools.items())]
     if k_waiting is not None:
         waiting.append(k_waiting)
     detail = "; ".join(waiting) if waiting else "nothing waits"
+    if queued:
+        return Finding("RolloutQueued", f"rollouts and K changes wait for {source}: {detail}")
     return Finding("RolloutsFrozen", f"rollouts and K changes frozen by {source}: {detail}")

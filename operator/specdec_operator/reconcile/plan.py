@@ -36,10 +36,10 @@ from specdec_operator.reconcile.capacity import (
 )
 from specdec_operator.reconcile.desired import DesiredPool, desired_pools, model_service
 from specdec_operator.reconcile.events import pool_events
-from specdec_operator.reconcile.freeze import frozen_finding, hold_source
+from specdec_operator.reconcile.freeze import freeze_source, frozen_finding, hold_source
 from specdec_operator.reconcile.observed import EvaluationSettings, EventRecord, ObservedModel
 from specdec_operator.reconcile.rollout import RolloutInputs, RolloutResult, plan_rollout
-from specdec_operator.reconcile.rollout_limit import queue_source, queued_finding, rolls_out
+from specdec_operator.reconcile.rollout_limit import rolls_out
 from specdec_operator.reconcile.route_status import RouteStep, route_step, route_verdict
 from specdec_operator.reconcile.status_build import (
     StatusDecision,
@@ -226,7 +226,7 @@ class PassInputs:
     @cached_property
     def queued(self) -> bool:
         """The hold is the fleet's rollout limit, not a freeze."""
-        return self.frozen is not None and self.frozen == queue_source(self.observed.rollouts_in_flight)
+        return self.frozen is not None and freeze_source(self.spec, self.settings.freeze_rollouts) is None
 
     @cached_property
     def route(self) -> ObjectRef | None:
@@ -317,11 +317,9 @@ def _waits_for_slot(inputs: PassInputs, rollout: RolloutResult) -> bool:
 def _hold_finding(inputs: PassInputs, rollout: RolloutResult) -> Finding | None:
     """Progressing's words for what holds rollouts: a freeze always says so; the rollout limit only while it holds
     something (a model with nothing to roll out is not waiting)."""
-    if not inputs.queued:
-        return frozen_finding(inputs.frozen, rollout.frozen, inputs.k_waiting)
-    if inputs.frozen is None or not _waits_for_slot(inputs, rollout):
+    if inputs.queued and not _waits_for_slot(inputs, rollout):
         return None
-    return queued_finding(inputs.frozen, rollout.frozen, inputs.k_waiting)
+    return frozen_finding(inputs.frozen, rollout.frozen, inputs.k_waiting, queued=inputs.queued)
 
 
 def plan_route_step(observed: ObservedModel, route: ObjectRef | None, weight: int | None) -> RouteStep | None:

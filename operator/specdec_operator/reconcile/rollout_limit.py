@@ -20,7 +20,6 @@ from typing import Any
 
 from specdec_operator.api.status import CanaryStatus
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
-from specdec_operator.conditions import Finding
 from specdec_operator.render.pool import deployment_revision
 from specdec_runtime import contract
 
@@ -52,15 +51,6 @@ def queue_source(in_flight: RolloutsInFlight | None) -> str | None:
     if more > 0:
         named += f" and {more} more"
     return f"{LIMIT_SOURCE}: {len(in_flight.others)} of {in_flight.limit} in flight ({named})"
-
-
-def queued_finding(source: str, pools: Mapping[str, str], k_waiting: str | None) -> Finding:
-    """Progressing's words for a model waiting for a slot: what each held pool keeps and the K change that waits."""
-    waiting = [f"pool {pool} keeps {kept}" for pool, kept in sorted(pools.items())]
-    if k_waiting is not None:
-        waiting.append(k_waiting)
-    detail = "; ".join(waiting) if waiting else "nothing waits"
-    return Finding("RolloutQueued", f"rollouts and K changes wait for {source}: {detail}")
 
 
 def rolls_out(

@@ -1,8 +1,9 @@
 """Which models of this install have a rollout in flight, for the fleet's limit (settings.max_concurrent_rollouts).
 
-The pure side is reconcile/rollout_limit.py. Here: each pass reads a snapshot (`in_flight`) after its last await
-of gather, and says what its plan does (`record`) right after the evaluation, before its first write: no other
-pass runs in between (one event loop), so two models cannot both take the last slot. A model keeps its slot
+The pure side is reconcile/rollout_limit.py. Here: each pass reads a snapshot (`in_flight`) right after gather's
+last await (handlers/reconciler.py reconcile), and says what its plan does (`record`) right after the evaluation,
+before its first write: no other pass runs in between (one event loop), so two models cannot both take the last
+slot. A model keeps its slot
 until one of its passes plans no rollout (its Deployments all run their template, no canary) or its loop ends.
 
 This is memory, rebuilt from the watch cache when first read: after a restart the models whose Deployments are
