@@ -54,7 +54,18 @@ DEFAULT_DRAFT_RATIOS = (0.10, 0.05)
 PRIOR_FACTOR = 2.0
 # A floor for step jitter and load drift between measurement and decision.
 MIN_RELATIVE_SD = 0.01
-_PRIOR_WEIGHT = 1.0  # each prior ratio counts like one interval of data
+# What a prior ratio weighs against one interval of data: (MIN_RELATIVE_SD / 1)^2. A row's residual is its relative
+# error, about MIN_RELATIVE_SD for an interval's mean step; a prior's is its relative violation, which for a prior good
+# to a factor of two (PRIOR_FACTOR) is of order one. So the data decides every direction it reaches, even nearly
+# collinear ones, and the priors only split what it cannot (one K measured: how the batch's cost divides between
+# verification and drafts).
+PRIOR_WEIGHT = MIN_RELATIVE_SD**2
+# A prior ratio of zero (n-gram drafts cost no GPU time per token) is measured against this share of the term it is a
+# share of, so that breaking it has a finite price.
+MIN_PRIOR_RATIO = 0.01
+# Fits a prior's size is re-estimated over (see fit): the first from the priors alone, then from the data's answer.
+FIT_PASSES = 3
+_TINY_S = 1e-12
 
 
 # The shortest engine step a row may report (seconds); see StepCostModel.observe.
@@ -96,6 +107,9 @@ class StepCostModel:
         self._moment = [0.0] * _SIZE
         self._step_sum = 0.0
         self._rows = 0.0
+        # Weighted sums of each coefficient's multiplier, B*(K+1), K and K*B: with the step's sum they give the base
+        # the priors imply (see _prior_base), the scale each prior's violation is measured against.
+        self._term_sums = [0.0, 0.0, 0.0]
 
     def observe(self, at: float, k: int, batch: float, step_s: float, weight: float = 1.0) -> None:
         """One row: the mean batch and step time over an interval. `weight`: how many scrape intervals it sums, so
@@ -113,31 +127,62 @@ class StepCostModel:
                 self._gram[i][j] += weight * features[i] * features[j]
         self._step_sum += weight * step_s
         self._rows += weight
+        for index, term in enumerate((batch * (k + 1), float(k), k * batch)):
+            self._term_sums[index] += weight * term
 
     def fit(self, ratio_factors: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> StepCoefficients:
         """Coefficients in seconds. With no data the scale is arbitrary (base 1 s), the ratios are the priors.
 
         `ratio_factors` scale the three prior ratios (ridge, draft fixed, draft per token), to measure
         how much a prediction depends on them."""
-        scale = self._step_sum / self._rows if self._rows > 0 else 1.0
-        gram = [list(row) for row in self._gram]
-        moment = list(self._moment)
         ridge = self.ridge_tokens * ratio_factors[0]
         fixed_ratio, token_ratio = self.draft_ratios[0] * ratio_factors[1], self.draft_ratios[1] * ratio_factors[2]
+        # Each prior counts by its relative violation, as a data row counts by its relative error: its residual is
+        # divided by the mean of its two sides (2(x - y)/(x + y), symmetric and bounded like a log ratio, so a prior
+        # the data contradicts gives way instead of bending the fit). The sizes come from the previous fit, starting
+        # from the priors themselves. In plain seconds the per-token draft prior was a batch's worth cheaper to break
+        # than the others, and with one K measured the fit moved the batch's cost into the drafts (and predicted K=0
+        # twice as fast as it ran).
+        base = self._prior_base(ridge, fixed_ratio, token_ratio)
+        fit = StepCoefficients(base, base / ridge, fixed_ratio * base, token_ratio * base / ridge)
+        for _ in range(FIT_PASSES):
+            fit = self._fit_once(fit, ridge, fixed_ratio, token_ratio)
+        return fit
+
+    def _fit_once(
+        self, previous: StepCoefficients, ridge: float, fixed_ratio: float, token_ratio: float
+    ) -> StepCoefficients:
+        gram = [list(row) for row in self._gram]
+        moment = list(self._moment)
+        base, per_token = previous.base_s, previous.per_token_s
+        sizes = (
+            max((base + ridge * per_token) / 2, _TINY_S),
+            max((previous.draft_base_s + fixed_ratio * base) / 2, MIN_PRIOR_RATIO * base, _TINY_S),
+            max((previous.draft_per_token_s + token_ratio * per_token) / 2, MIN_PRIOR_RATIO * per_token, _TINY_S),
+        )
         priors = [
-            [1.0, -ridge, 0.0, 0.0],  # base = ridge * per_token
-            [-fixed_ratio, 0.0, 1.0, 0.0],  # draft_base = ratio * base
-            [0.0, -token_ratio, 0.0, 1.0],  # draft_per_token = ratio * per_token
+            [1.0 / sizes[0], -ridge / sizes[0], 0.0, 0.0],  # base = ridge * per_token
+            [-fixed_ratio / sizes[1], 0.0, 1.0 / sizes[1], 0.0],  # draft_base = ratio * base
+            [0.0, -token_ratio / sizes[2], 0.0, 1.0 / sizes[2]],  # draft_per_token = ratio * per_token
         ]
         if self._rows <= 0:
             priors.append([1.0, 0.0, 0.0, 0.0])  # pins the arbitrary scale: base = 1 s
-            moment[0] += _PRIOR_WEIGHT / scale
+            moment[0] += PRIOR_WEIGHT
         for prior in priors:
             for i in range(_SIZE):
                 for j in range(_SIZE):
-                    gram[i][j] += _PRIOR_WEIGHT * prior[i] * prior[j] / (scale * scale)
+                    gram[i][j] += PRIOR_WEIGHT * prior[i] * prior[j]
         base, per_token, draft_base, draft_per_token = _nonnegative_least_squares(gram, moment)
         return StepCoefficients(base, per_token, draft_base, draft_per_token)
+
+    def _prior_base(self, ridge: float, fixed_ratio: float, token_ratio: float) -> float:
+        """The base step the data implies if the priors held exactly: the mean step is linear in the coefficients,
+        base * (1 + mean B*(K+1) / ridge + fixed_ratio * mean K + token_ratio * mean K*B / ridge). 1 s with no data."""
+        if self._rows <= 0:
+            return 1.0
+        mean_tokens, mean_k, mean_draft_tokens = (total / self._rows for total in self._term_sums)
+        multiplier = 1 + mean_tokens / ridge + fixed_ratio * mean_k + token_ratio * mean_draft_tokens / ridge
+        return self._step_sum / self._rows / multiplier
 
     def predict(self, batch: float, ks: range) -> dict[int, StepPrediction]:
         """Step time at `batch` for every K in `ks`, each with its doubt from the priors' sensitivity."""
@@ -166,6 +211,7 @@ class StepCostModel:
             self._moment = [value * factor for value in self._moment]
             self._step_sum *= factor
             self._rows *= factor
+            self._term_sums = [value * factor for value in self._term_sums]
         if self._at is None or at > self._at:
             self._at = at
 
