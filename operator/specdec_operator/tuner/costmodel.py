@@ -52,6 +52,11 @@ DEFAULT_DRAFT_RATIOS = (0.10, 0.05)
 # doubt of a prediction is how far it moves when each prior ratio is pushed by this factor: large
 # where only the priors speak (K values and loads never measured), negligible where data does.
 PRIOR_FACTOR = 2.0
+# Draft methods whose draft-cost ratios are known only to a wider factor: a separate draft model may be a 1B model
+# for a 405B target or the target's own architecture (a same-size drafter costs a whole target pass per draft), so
+# its ratios are trusted to within this factor. Until two Ks are measured, a move far from the measured K is then
+# unsure and the policy explores one K step instead of jumping on the prior.
+DRAFT_PRIOR_FACTOR_BY_METHOD: dict[str, float] = {"draft_model": 8.0}
 # A floor for step jitter and load drift between measurement and decision.
 MIN_RELATIVE_SD = 0.01
 # What a prior ratio weighs against one interval of data: (MIN_RELATIVE_SD / 1)^2. A row's residual is its relative
@@ -101,6 +106,8 @@ class StepCostModel:
     def __init__(self, gfx_target: str, method: str, *, half_life_s: float = 7200.0) -> None:
         self.ridge_tokens = RIDGE_TOKENS_BY_GFX.get(gfx_target, DEFAULT_RIDGE_TOKENS)
         self.draft_ratios = DRAFT_RATIOS_BY_METHOD.get(method, DEFAULT_DRAFT_RATIOS)
+        draft_factor = DRAFT_PRIOR_FACTOR_BY_METHOD.get(method, PRIOR_FACTOR)
+        self.prior_factors = (PRIOR_FACTOR, draft_factor, draft_factor)  # ridge, draft fixed, draft per token
         self.half_life_s = half_life_s
         self._at: float | None = None
         self._gram = [[0.0] * _SIZE for _ in range(_SIZE)]
@@ -190,7 +197,7 @@ class StepCostModel:
         shifted: list[tuple[StepCoefficients, StepCoefficients]] = []
         for index in range(3):
             up, down = [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]
-            up[index], down[index] = PRIOR_FACTOR, 1 / PRIOR_FACTOR
+            up[index], down[index] = self.prior_factors[index], 1 / self.prior_factors[index]
             shifted.append((self.fit((up[0], up[1], up[2])), self.fit((down[0], down[1], down[2]))))
         predictions = {}
         for k in ks:
@@ -200,7 +207,7 @@ class StepCostModel:
             variance = 0.0
             for up_fit, down_fit in shifted:
                 swing = max(abs(up_fit.seconds(batch, k) / seconds - 1), abs(down_fit.seconds(batch, k) / seconds - 1))
-                variance += (swing / 2) ** 2  # the factor is two standard deviations
+                variance += (swing / 2) ** 2  # the trusted factor is two standard deviations
             predictions[k] = StepPrediction(seconds, math.hypot(MIN_RELATIVE_SD, math.sqrt(variance)))
         return predictions
 

@@ -138,3 +138,19 @@ def test_a_prior_ratio_of_zero_still_has_a_price() -> None:
     fit = model.fit()
     assert all(math.isfinite(value) for value in (fit.base_s, fit.per_token_s, fit.draft_base_s, fit.draft_per_token_s))
     assert fit.seconds(16, 3) == pytest.approx(TRUE.seconds(16, 3), rel=1e-3)
+
+
+def test_a_same_size_draft_model_is_inside_the_doubt_of_its_prior() -> None:
+    """A separate draft model may be the target's own size (the real-engine tests' tiny drafters are): each draft pass
+    then costs a whole target pass, eight times the prior. Measured at K=1 only, the prediction for K=4 misses by
+    about half; its stated doubt must cover the miss, so that the policy explores instead of jumping (on vLLM's CPU
+    build the tuner went 1 -> 4 at confidence 1.00 and lost a fifth of the goodput)."""
+    engine = StepCoefficients(base_s=0.004, per_token_s=0.00002, draft_base_s=0.004, draft_per_token_s=0.00002)
+    model = StepCostModel("gfx942", "draft_model")
+    for at in range(60):
+        batch = 1.0 + at % 3
+        model.observe(float(at * 10), 1, batch, engine.seconds(batch, 1))
+    prediction = model.predict(2.0, range(5))[4]
+    miss = abs(math.log(prediction.seconds / engine.seconds(2.0, 4)))
+    assert miss > 0.3  # the priors alone cannot know the drafter's size
+    assert miss <= 2 * prediction.relative_sd
