@@ -70,6 +70,7 @@ PRIOR_WEIGHT = MIN_RELATIVE_SD**2
 MIN_PRIOR_RATIO = 0.01
 # Fits a prior's size is re-estimated over (see fit): the first from the priors alone, then from the data's answer.
 FIT_PASSES = 3
+# The least size a prior is divided by (seconds): one whose two sides both fit to zero keeps a finite weight.
 _TINY_S = 1e-12
 
 

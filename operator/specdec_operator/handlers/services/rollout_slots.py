@@ -3,8 +3,8 @@
 The pure side is reconcile/rollout_limit.py. Here: each pass reads a snapshot (`in_flight`) right after gather's
 last await (handlers/reconciler.py reconcile), and says what its plan does (`record`) right after the evaluation,
 before its first write: no other pass runs in between (one event loop), so two models cannot both take the last
-slot. A model keeps its slot
-until one of its passes plans no rollout (its Deployments all run their template, no canary) or its loop ends.
+slot. A model keeps its slot until one of its passes plans no rollout (its Deployments all run their template, no
+canary) or its loop ends.
 
 This is memory, rebuilt from the watch cache when first read: after a restart the models whose Deployments are
 mid-rollout or have a canary hold their slots before any other model's pass can take one.
