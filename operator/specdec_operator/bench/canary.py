@@ -63,7 +63,8 @@ class Scenario:
 
     name: str
     healthy: bool
-    k_change: bool = True  # canary K 4 against stable K 3, predicted +10%
+    k_change: bool = True  # canary K 4 against stable K 3
+    predicted_gain: float = PREDICTED_GAIN  # what the tuner predicted for the K change
     true_gain: float = PREDICTED_GAIN  # goodput the K change really brings (healthy: what was predicted)
     canary_step_factor: float = 1.0  # canary engine steps slower by this (after the K change's own cost)
     canary_error_rate: float = BASELINE_ERROR_RATE
@@ -78,6 +79,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("A/A identical", True, k_change=False, true_gain=0.0),
     Scenario("K change", True),
     Scenario("K +8% (pred. +10%)", True, true_gain=0.08),
+    # A prediction far off in the good direction (a step model from priors that do not fit the engine): the
+    # change still gains, so rolling it back would give up a real improvement.
+    Scenario("K +25% (pred. +80%)", True, predicted_gain=0.80, true_gain=0.25),
     Scenario("load doubles", True, drift=True),
     Scenario("mix bursts", True, bursts=True),
     Scenario("counter resets", True, resets=True),
@@ -197,7 +201,7 @@ class _Trial:
         canary, _ = STEP_SETS[self.steps]
         if self.scenario.k_change:
             return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=CANARY_K,
-                              predicted_gain=PREDICTED_GAIN, replicas=self.pool)
+                              predicted_gain=self.scenario.predicted_gain, replicas=self.pool)
         return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=STABLE_K, replicas=self.pool)
 
 

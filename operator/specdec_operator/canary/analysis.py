@@ -823,9 +823,14 @@ def _goodput(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysi
     if s is None:
         return "no goodput per sequence measured on the stable revision"
     # A K change must deliver what the tuner predicted, within the tolerance; a loss it did not predict
-    # is never expected.
+    # is never expected. But the limit stops at the stable's own goodput: a change that gains less than
+    # an optimistic prediction still gains (the tuner measures the new K once it serves), and rolling it
+    # back would give up a real improvement. A prediction is most optimistic exactly where the tuner has
+    # measured least, so the limit must not grow with it.
     expected = 1.0 + max(change.predicted_gain, 0.0) if change is not None else 1.0
     limit = thresholds.min_tokens_per_second_ratio * expected
+    if change is not None:
+        limit = min(limit, max(thresholds.min_tokens_per_second_ratio, 1.0))
     metric = "goodput per sequence" if change is None else f"goodput per sequence (tuner predicted {expected:.2f}x)"
     log_limit = _limit_log(limit)
     p_value = None
