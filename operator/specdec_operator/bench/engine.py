@@ -8,6 +8,12 @@ tuner's path is run first and each K it visits is measured when its engine start
 for those Ks. It prints the goodput at the K the tuner converged to over the best static K measured in the same run,
 and the restarts the tuner took. A benchmark that prints figures.
 
+One window per K says more about the machine than about K: on a 2-core machine one K's goodput moved up to 35%
+between runs, and the best static K was 3, 4 and 0 in three idle runs. So the run ends with a confirmation: the
+converged K and the best other static Ks run as engines side by side, and rounds of windows are taken in turn
+(the order rotating each round), the load on one engine at a time. A slow drift of the machine falls on every K
+alike, and the confirmed ratio (medians over the rounds) compares like with like.
+
 The engine is our launcher exec'ing `vllm serve` on 127.0.0.1 (as the fleet driver runs a pod), serving the tiny
 checkpoints of `hack/tiny-models` (target plus a drafter of calibrated acceptance) from the engine venv of
 `hack/vllm-cpu-env`. One engine at a time (~4 GB).
@@ -19,6 +25,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -55,6 +62,10 @@ class EngineBenchOptions:
     tuner_interval_s: int = 10
     tuner_min_samples: int = 300
     tuner_budget_s: float = 900.0  # wall time for the tuner's phase, restarts included
+    confirm_ks: int = 3  # engines side by side in the confirmation: the converged K and the best others (~4 GB each)
+    confirm_rounds: int = 4
+    confirm_warmup_s: float = 5.0
+    confirm_measure_s: float = 20.0
     ready_timeout_s: float = 900.0
     work_dir: Path = field(default_factory=lambda: Path("/tmp/specdec-engine-bench"))
 
@@ -66,6 +77,18 @@ class Measured:
     start_s: float  # engine start to healthy
 
 
+@dataclass(frozen=True)
+class Confirmed:
+    """One K's goodput in each round of the confirmation (tokens/s), windows taken in turn with the other Ks'."""
+
+    k: int
+    windows: tuple[float, ...]
+
+    @property
+    def goodput(self) -> float:
+        return statistics.median(self.windows)
+
+
 @dataclass
 class EngineBenchResult:
     static: list[Measured]
@@ -73,6 +96,7 @@ class EngineBenchResult:
     tuner_restarts: int
     tuner_final: Measured | None
     decisions: list[str]
+    confirmed: list[Confirmed] = field(default_factory=list)
 
     @property
     def best_static(self) -> Measured:
@@ -84,11 +108,22 @@ class EngineBenchResult:
             return None
         return self.tuner_final.goodput / self.best_static.goodput
 
+    @property
+    def confirmed_ratio(self) -> float | None:
+        """The converged K's median over the best confirmed K's median: 1.0 when the tuner's K is the best."""
+        final = next((c for c in self.confirmed if self.tuner_final and c.k == self.tuner_final.k), None)
+        best = max(self.confirmed, key=lambda c: c.goodput, default=None)
+        if final is None or best is None or best.goodput <= 0:
+            return None
+        return final.goodput / best.goodput
+
     def to_json(self) -> dict[str, Any]:
         return {"static": [m.__dict__ for m in self.static], "best_static_k": self.best_static.k,
                 "tuner_path": self.tuner_path, "tuner_restarts": self.tuner_restarts,
                 "tuner_final": self.tuner_final.__dict__ if self.tuner_final else None, "ratio": self.ratio,
-                "decisions": self.decisions}
+                "decisions": self.decisions,
+                "confirmed": [{"k": c.k, "windows": list(c.windows), "goodput": c.goodput} for c in self.confirmed],
+                "confirmed_ratio": self.confirmed_ratio}
 
 
 def _free_port() -> int:
@@ -205,6 +240,44 @@ def measure(engine: Engine, options: EngineBenchOptions, start_s: float) -> Meas
     return Measured(engine.k, (after - before) / (t1 - t0), start_s)
 
 
+def window(engine: Engine, options: EngineBenchOptions) -> float:
+    """Generated tokens/s over one confirmation window under the closed loop, after a short warm-up."""
+    load = ClosedLoop(engine.url, options)
+    try:
+        time.sleep(options.confirm_warmup_s)
+        before, t0 = engine.generated(), time.monotonic()
+        time.sleep(options.confirm_measure_s)
+        after, t1 = engine.generated(), time.monotonic()
+    finally:
+        load.stop()
+    return (after - before) / (t1 - t0)
+
+
+def confirmation_ks(static: list[Measured], converged: int, count: int) -> list[int]:
+    """The converged K and the best other static Ks by their single windows, `count` in all."""
+    others = [m.k for m in sorted(static, key=lambda m: m.goodput, reverse=True) if m.k != converged]
+    return [converged, *others[:max(count - 1, 0)]]
+
+
+def confirm(ks: list[int], options: EngineBenchOptions, log: Any) -> list[Confirmed]:
+    """Engines at `ks` side by side; `confirm_rounds` rounds of one window each, the order rotating by round."""
+    engines = [Engine(k, options) for k in ks]
+    try:
+        for engine in engines:
+            engine.wait_healthy(options.ready_timeout_s)
+        windows: dict[int, list[float]] = {k: [] for k in ks}
+        for round_index in range(options.confirm_rounds):
+            shift = round_index % len(engines)
+            for engine in engines[shift:] + engines[:shift]:
+                windows[engine.k].append(window(engine, options))
+            log("confirmation round " + str(round_index + 1) + ": " +
+                ", ".join(f"K={k} {values[-1]:.1f}" for k, values in windows.items()))
+        return [Confirmed(k, tuple(windows[k])) for k in ks]
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
 def _scrape(engine: Engine, restarts: int, now: float) -> list[ScrapeResult]:
     target = ScrapeTarget(pod="bench/engine-0", uid=f"engine-{restarts}", ip="127.0.0.1", port=engine.port,
                           pool=POOL, revision=f"k{engine.k}", k=engine.k, restart_count=restarts)
@@ -297,7 +370,9 @@ def run_engine_bench(options: EngineBenchOptions, log: Any = print) -> EngineBen
         if k not in measured:
             at(k, None)
     static = [measured[k] for k in sorted(measured)]
-    return EngineBenchResult(static, path, tuner.restarts, measured[path[-1]], tuner.reasons)
+    ks = confirmation_ks(static, path[-1], options.confirm_ks)
+    confirmed = confirm(ks, options, log) if len(ks) > 1 and options.confirm_rounds > 0 else []
+    return EngineBenchResult(static, path, tuner.restarts, measured[path[-1]], tuner.reasons, confirmed)
 
 
 def format_result(result: EngineBenchResult, options: EngineBenchOptions) -> str:
@@ -312,7 +387,13 @@ def format_result(result: EngineBenchResult, options: EngineBenchOptions) -> str
     if final is not None:
         lines.append(f"tuner from K={options.initial_k}: path {' -> '.join(map(str, result.tuner_path))}, "
                      f"{result.tuner_restarts} restart(s), converged K={final.k}: {final.goodput:.1f} tokens/s")
-        lines.append(f"ratio to the best static K: {result.ratio:.3f}")
+        lines.append(f"ratio to the best static K: {result.ratio:.3f} (one window each)")
+    if result.confirmed:
+        lines.append(f"confirmation: {len(result.confirmed)} engines side by side, {options.confirm_rounds} rounds of "
+                     f"{options.confirm_measure_s:.0f} s windows in turn (median, min-max)")
+        lines += [f"{c.k:>3} {c.goodput:>14.1f}   {min(c.windows):.1f}-{max(c.windows):.1f}" for c in result.confirmed]
+        if result.confirmed_ratio is not None:
+            lines.append(f"confirmed ratio to the best static K: {result.confirmed_ratio:.3f}")
     return "\n".join(lines) + "\n"
 
 
