@@ -8,7 +8,7 @@ last log lines. Everything the operator reads here comes from vLLM's own counter
 
 Run alone: `pytest -m real_engine tests/e2e/test_real_engine.py` (with SPECDEC_CLUSTER_PORT_BASE set as for any e2e
 test); the session's cluster must have no simulator fleet driver (one kubelet per cluster), so hack/test runs this
-file on a cluster of its own. Each engine costs ~4 GB and 1-3 minutes to start on a busy 2-core machine: the driver
+file on a cluster of its own. Each engine costs ~3 GB and 35 s to 2 minutes to start on a 2-core machine: the driver
 runs at most two at once, and the tests wait on events (Ready, a status field, a condition), never on sleeps.
 """
 
