@@ -228,29 +228,21 @@ class ClosedLoop:
             thread.join(330)
 
 
-def measure(engine: Engine, options: EngineBenchOptions, start_s: float) -> Measured:
+def goodput_over(engine: Engine, options: EngineBenchOptions, warmup_s: float, measure_s: float) -> float:
+    """Generated tokens/s over `measure_s` under the closed loop, after `warmup_s` of it."""
     load = ClosedLoop(engine.url, options)
     try:
-        time.sleep(options.warmup_s)
+        time.sleep(warmup_s)
         before, t0 = engine.generated(), time.monotonic()
-        time.sleep(options.measure_s)
-        after, t1 = engine.generated(), time.monotonic()
-    finally:
-        load.stop()
-    return Measured(engine.k, (after - before) / (t1 - t0), start_s)
-
-
-def window(engine: Engine, options: EngineBenchOptions) -> float:
-    """Generated tokens/s over one confirmation window under the closed loop, after a short warm-up."""
-    load = ClosedLoop(engine.url, options)
-    try:
-        time.sleep(options.confirm_warmup_s)
-        before, t0 = engine.generated(), time.monotonic()
-        time.sleep(options.confirm_measure_s)
+        time.sleep(measure_s)
         after, t1 = engine.generated(), time.monotonic()
     finally:
         load.stop()
     return (after - before) / (t1 - t0)
+
+
+def measure(engine: Engine, options: EngineBenchOptions, start_s: float) -> Measured:
+    return Measured(engine.k, goodput_over(engine, options, options.warmup_s, options.measure_s), start_s)
 
 
 def confirmation_ks(static: list[Measured], converged: int, count: int) -> list[int]:
@@ -269,7 +261,8 @@ def confirm(ks: list[int], options: EngineBenchOptions, log: Any) -> list[Confir
         for round_index in range(options.confirm_rounds):
             shift = round_index % len(engines)
             for engine in engines[shift:] + engines[:shift]:
-                windows[engine.k].append(window(engine, options))
+                windows[engine.k].append(
+                    goodput_over(engine, options, options.confirm_warmup_s, options.confirm_measure_s))
             log("confirmation round " + str(round_index + 1) + ": " +
                 ", ".join(f"K={k} {values[-1]:.1f}" for k, values in windows.items()))
         return [Confirmed(k, tuple(windows[k])) for k in ks]
