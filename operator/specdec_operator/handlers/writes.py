@@ -175,7 +175,7 @@ async def apply_owned(
         try:
             await ctx.api.apply_owned(obj, uid, (obj["kind"], obj["metadata"]["name"]) in owned)
         except NotOwnedError as error:
-            wait = refusals.backoff.refused(attempt, now)
+            wait = refusals.backoff.refused(attempt, ctx.clock())
             refusals.messages.pop(name, None)
             if refusals.not_owned.get(name) != str(error):
                 logger.warning("%s", error)
@@ -185,7 +185,8 @@ async def apply_owned(
         except KubeApiError as error:
             if not error.refused or error.status == 409 or TERMINATING in error.message:
                 raise  # not about this object: a conflict, or its namespace is going away with the model
-            wait = refusals.backoff.refused(attempt, now)
+            # The wait counts from the refusal, not from the pass's start: a slow answer must not shorten it.
+            wait = refusals.backoff.refused(attempt, ctx.clock())
             refusals.messages[name] = error.message
             failures = refusals.backoff.failures(attempt)
             logger.warning("%s refused by the API server (%d in a row, next try in %.1fs): %s",

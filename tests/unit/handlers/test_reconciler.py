@@ -347,6 +347,38 @@ async def test_a_refused_owned_object_is_reported_and_retried_with_backoff(
     assert degraded["status"] == "False"
 
 
+async def test_a_refused_objects_backoff_counts_from_the_refusal_not_from_the_passs_start(
+    http: aiohttp.ClientSession, events: PostedEvents
+) -> None:
+    # On a loaded machine the refusal can come back long after the pass began; counting the wait from the pass's
+    # start would send the next try early (a 4 s wait seen as 3.1 s on the server), so the backoff would not double.
+    api = FakeKubeApi()
+    ctx = context(api, http)  # backoff 0.2 s, doubling
+    clock = stepped(ctx)
+
+    def slow_refusal(_: Any) -> KubeApiError:
+        clock.advance(0.3)  # the API server answers 0.3 s after the request left
+        return KubeApiError(422, "Invalid", "spec.template: refused")
+
+    api.refuse[("apply", "Deployment")] = slow_refusal
+    await reconcile(ctx, model_body(api), FLEET, LOG)
+    refused_at = clock.now
+    assert len(api.writes("apply", "Deployment")) == 1
+    clock.advance(0.15)  # 0.45 s after the pass began, 0.15 s after the refusal: not yet
+    await reconcile(ctx, await current(api), FLEET, LOG)
+    assert len(api.writes("apply", "Deployment")) == 1
+    clock.now = refused_at + 0.2
+    await reconcile(ctx, await current(api), FLEET, LOG)
+    assert len(api.writes("apply", "Deployment")) == 2
+    second_refusal_at = clock.now
+    clock.now = second_refusal_at + 0.39  # the second wait is 0.4 s from the second refusal
+    await reconcile(ctx, await current(api), FLEET, LOG)
+    assert len(api.writes("apply", "Deployment")) == 2
+    clock.now = second_refusal_at + 0.4
+    await reconcile(ctx, await current(api), FLEET, LOG)
+    assert len(api.writes("apply", "Deployment")) == 3
+
+
 async def test_live_statistics_reach_status_at_a_bounded_rate(
     http: aiohttp.ClientSession, events: PostedEvents
 ) -> None:
