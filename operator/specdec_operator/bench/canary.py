@@ -392,7 +392,7 @@ def _calibrate(windows: list[tuple[WindowStats, WindowStats]], tally: dict[str, 
     from specdec_operator.canary.analysis import analyse
 
     for canary, stable in windows:
-        stats = calibration_statistics(canary, stable)
+        stats = calibration_statistics(canary, stable, CALIBRATION_LEVEL)
         verdict = analyse(canary, stable, thresholds)
         failed_metrics = {item.metric for item in verdict.comparisons if item.failed}
         for gate in GATES:

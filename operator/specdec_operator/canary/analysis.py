@@ -18,50 +18,24 @@ this module only compares them. The method (docs/canary.md) in short:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from specdec_operator.api.spec import CanaryAnalysis
+from specdec_operator.canary.histogram import (
+    Buckets,
+    count_at_or_below,
+    histogram_total,
+    merge_histograms,
+    monotone_points,
+    quantile_of,
+    rebin,
+)
 
 Outcome = Literal["Pass", "Fail", "Inconclusive"]
-
-# (upper bound in seconds, cumulative count), as in Prometheus `le` buckets; the last bound is +Inf.
-Buckets = tuple[tuple[float, float], ...]
-
-
-def histogram_quantile(quantile: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """The `quantile` of a cumulative histogram, interpolated linearly inside a bucket as PromQL's
-    histogram_quantile does, so the numbers in a verdict match what a dashboard shows.
-
-    None when the histogram is empty, has no +Inf bucket or has fewer than two buckets.
-    """
-    if not 0 < quantile < 1:
-        raise ValueError(f"quantile must lie strictly between 0 and 1, got {quantile}")
-    ordered = sorted(buckets)
-    if len(ordered) < 2 or ordered[-1][0] != math.inf:
-        return None
-    # Deltas of two scrapes taken while requests finish can dip by a count between buckets; a
-    # running maximum restores the monotonicity interpolation relies on.
-    monotone: list[tuple[float, float]] = []
-    highest = 0.0
-    for bound, count in ordered:
-        highest = max(highest, count)
-        monotone.append((bound, highest))
-    total = monotone[-1][1]
-    if total <= 0:
-        return None
-    rank = quantile * total
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in monotone:
-        if count >= rank:
-            if bound == math.inf:
-                # Nothing is known above the highest finite bound; report that bound.
-                return lower_bound
-            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
-        lower_bound, lower_count = bound, count
-    return None
 
 
 @dataclass(frozen=True)
@@ -194,7 +168,7 @@ class WindowStats:
         return self.errors / self.requests if self.requests > 0 else None
 
     def tpot_ms(self, quantile: float) -> float | None:
-        seconds = histogram_quantile(quantile, self.tpot_buckets)
+        seconds = quantile_of(quantile, self.tpot_buckets)
         return None if seconds is None else seconds * 1000.0
 
     @property
@@ -310,6 +284,8 @@ class Verdict:
     stable_load: float | None = None
     # The 95% upper confidence bound of the canary's error rate (overdispersion-corrected).
     error_rate_bound: float | None = None
+    # Failed requests on the canary side: a quiet model's hold promotes at its end only with none.
+    canary_errors: int = 0
 
 
 # Always-valid level of every gated difference (goodput, TPOT p90, TPOT p99, acceptance; a Bonferroni
@@ -467,92 +443,39 @@ def sequential_p(shortfall: float, variance: float, scale: float) -> float:
     return 1.0 if log_ratio <= 0 else math.exp(-log_ratio)
 
 
-# One-sided Student t quantiles at SIGNIFICANCE (0.001) for 1-10 degrees of freedom; past 10 the
-# Cornish-Fisher expansion of the t quantile is within 1%.
-_T_AT_SIGNIFICANCE = (318.31, 22.327, 10.215, 7.173, 5.893, 5.208, 4.785, 4.501, 4.297, 4.144)
-_Z_AT_SIGNIFICANCE = 3.090232306167813
+# One-sided Student t quantiles for 1-10 degrees of freedom, at the gates' SIGNIFICANCE (0.001) and at the 5%
+# of the bench's fixed-sample calibration; past 10 the Cornish-Fisher expansion is within 1%.
+_T_ONE_SIDED = {
+    0.001: (318.31, 22.327, 10.215, 7.173, 5.893, 5.208, 4.785, 4.501, 4.297, 4.144),
+    0.05: (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812),
+}
+@functools.cache
+def _z_one_sided(level: float) -> float:
+    return -_normal_quantile_low(level)
 
 
-def _t_at_significance(freedom: int) -> float:
-    if freedom <= len(_T_AT_SIGNIFICANCE):
-        return _T_AT_SIGNIFICANCE[max(freedom, 1) - 1]
-    z = _Z_AT_SIGNIFICANCE
+def _t_one_sided(level: float, freedom: int) -> float:
+    table = _T_ONE_SIDED[level]
+    if freedom <= len(table):
+        return table[max(freedom, 1) - 1]
+    z = _z_one_sided(level)
     return z + (z**3 + z) / (4 * freedom) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * freedom**2)
 
 
-def few_units_penalty(canary: WindowStats, stable: WindowStats) -> float:
+def few_units_penalty(canary: WindowStats, stable: WindowStats, level: float = SIGNIFICANCE) -> float:
     """What a significance test multiplies its variance by when the variance was estimated from few units.
 
     Standard errors come from the spread between cells (pods x intervals); one canary pod over four scrape
     intervals is four cells, and a variance estimated from four values is itself so uncertain that a normal
     test on it fails healthy canaries far more often than its level (a K change failed on acceptance after
-    40 s, p=0.0007 from 4 cells). As a t test would, the variance is scaled by (t / z)^2 at SIGNIFICANCE with
-    the smaller side's cells less one as degrees of freedom: x10.9 from 4 cells, x1.8 from 11, x1.2 from 31.
-    Only the tests for failing take it; the benefit of the doubt (`Comparison.beyond_z`) does not need it."""
+    40 s, p=0.0007 from 4 cells). As a t test would, the variance is scaled by (t / z)^2 at the test's level
+    with the smaller side's cells less one as degrees of freedom: at SIGNIFICANCE x10.9 from 4 cells, x1.8 from
+    11, x1.2 from 31. Only the tests for failing take it; the benefit of the doubt (`Comparison.beyond_z`)
+    does not need it."""
     units = min(sum(1 for cell in side.cells if cell.requests > 0 or cell.drafts > 0) for side in (canary, stable))
     if units <= 1:
         return 1.0  # no spread measured: the per-request or per-draft floors alone size the variance
-    return (_t_at_significance(units - 1) / _Z_AT_SIGNIFICANCE) ** 2
-
-
-def _points(buckets: Buckets) -> list[tuple[float, float]]:
-    """Sorted (bound, cumulative) made monotone: scrape races can dip a count between buckets."""
-    ordered = buckets if all(buckets[i][0] < buckets[i + 1][0] for i in range(len(buckets) - 1)) \
-        else tuple(sorted(buckets))
-    monotone: list[tuple[float, float]] = []
-    highest = 0.0
-    for bound, count in ordered:
-        if count > highest:
-            highest = count
-        monotone.append((bound, highest))
-    return monotone
-
-
-def count_at_or_below(buckets: Buckets, value: float) -> float:
-    """Observations at or below `value`, interpolated linearly inside its bucket (as histogram_quantile
-    does); what lies in the +Inf bucket counts as above any finite value."""
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in _points(buckets):
-        if value <= bound:
-            if math.isinf(bound):
-                return lower_count
-            if bound <= lower_bound:
-                return count
-            return lower_count + (count - lower_count) * max(0.0, value - lower_bound) / (bound - lower_bound)
-        lower_bound, lower_count = bound, count
-    return lower_count
-
-
-def histogram_total(buckets: Buckets) -> float:
-    return max((count for _, count in buckets), default=0.0)
-
-
-def rebin(buckets: Buckets, bounds: Sequence[float]) -> Buckets:
-    """The histogram re-expressed on other bucket bounds (ending at +Inf), interpolating inside buckets."""
-    total = histogram_total(buckets)
-    return tuple((bound, total if math.isinf(bound) else count_at_or_below(buckets, bound)) for bound in bounds)
-
-
-def merge_histograms(histograms: Sequence[Buckets]) -> Buckets:
-    """The sum of cumulative histograms; layouts that differ (vLLM versions, a pod set up otherwise) are
-    first rebinned onto the union of their bounds, so no side is judged on a layout artefact."""
-    present = [item for item in histograms if item]
-    if not present:
-        return ()
-    layouts = {tuple(bound for bound, _ in sorted(item)) for item in present}
-    if len(layouts) == 1:
-        bounds = next(iter(layouts))
-        sums = [0.0] * len(bounds)
-        for item in present:
-            for index, (_, count) in enumerate(_points(item)):
-                sums[index] += count
-        return tuple(zip(bounds, sums, strict=True))
-    union = sorted({bound for layout in layouts for bound in layout} | {math.inf})
-    sums = [0.0] * len(union)
-    for item in present:
-        for index, (_, count) in enumerate(rebin(item, union)):
-            sums[index] += count
-    return tuple(zip(union, sums, strict=True))
+    return (_t_one_sided(level, units - 1) / _z_one_sided(level)) ** 2
 
 
 def _ratio(pairs: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
@@ -577,7 +500,7 @@ def _bucket_counts(buckets: Buckets) -> tuple[list[tuple[float, float]], float]:
     """Per-bucket (upper bound, count) from cumulative buckets, made monotone, and the total."""
     counts: list[tuple[float, float]] = []
     previous = 0.0
-    for bound, cumulative in _points(buckets):
+    for bound, cumulative in monotone_points(buckets):
         counts.append((bound, cumulative - previous))
         previous = cumulative
     return counts, previous
@@ -738,7 +661,7 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
     stable's share above that quantile. At most 0 when the canary's quantile is within `limit` x the stable's,
     whatever the shapes: the quantile comparison as a comparison of shares, with standard errors from pods
     and intervals. Works across bucket layouts (each side interpolates its own)."""
-    q = histogram_quantile(quantile, stable.tpot_buckets)
+    q = quantile_of(quantile, stable.tpot_buckets)
     if q is None or q <= 0:
         return None
     canary_share = _share_above(canary, limit * q)
@@ -957,7 +880,7 @@ def traffic_mismatches(canary: WindowStats, stable: WindowStats, expected_share:
     for name, c_hist, s_hist in (("prompt", canary.prompt_buckets, stable.prompt_buckets),
                                  ("output", canary.output_buckets, stable.output_buckets)):
         p_value = rank_test_shifted(c_hist, s_hist)
-        c_median, s_median = histogram_quantile(0.5, c_hist), histogram_quantile(0.5, s_hist)
+        c_median, s_median = quantile_of(0.5, c_hist), quantile_of(0.5, s_hist)
         if p_value is None or not c_median or not s_median:
             continue
         if abs(math.log(c_median / s_median)) > math.log(LENGTH_TOLERANCE) and p_value < MIX_SIGNIFICANCE:
@@ -999,7 +922,8 @@ def _verdict(outcome: Outcome, reason: str, message: str, canary: WindowStats, s
                    stable_requests=round(stable.requests) if stable is not None else 0,
                    canary_load=canary.requests_per_pod_second,
                    stable_load=stable.requests_per_pod_second if stable is not None else None,
-                   error_rate_bound=error_rate_bound(canary)[1] if canary.requests > 0 else None)
+                   error_rate_bound=error_rate_bound(canary)[1] if canary.requests > 0 else None,
+                   canary_errors=round(canary.errors))
 
 
 def _error_pass(canary: WindowStats, stable: WindowStats | None, thresholds: CanaryAnalysis) -> str | None:
@@ -1125,27 +1049,30 @@ def _judged_against_stable(
     return _verdict("Pass", "ThresholdsMet", message, canary, stable, comparisons)
 
 
-def calibration_statistics(canary: WindowStats, stable: WindowStats) -> dict[str, float | None]:
+def calibration_statistics(canary: WindowStats, stable: WindowStats, level: float) -> dict[str, float | None]:
     """Fixed-sample test statistics of EQUALITY per gate (one window, one look), for the bench's A/A
     calibration: z in the gate's bad direction for goodput, TPOT p90 and p99 shares, acceptance at
     position 1 and the error rate; two-sided p-values for per-pod load and the length mix. Identical
-    revisions should exceed a level's critical value at about that level if the standard errors are right."""
+    revisions should exceed a level's critical value at about that level if the standard errors are right.
+    Where a gate scales its variance for few cells (`few_units_penalty`), so does its statistic here, at
+    `level`: what is calibrated is the test the gate runs."""
     found: dict[str, float | None] = {"goodput": None, "tpot_p90": None, "tpot_p99": None, "acceptance": None,
                                       "errors": None, "load": None, "lengths": None}
+    scale = math.sqrt(few_units_penalty(canary, stable, level))
     z = goodput_z(canary, stable)
-    found["goodput"] = -z if z is not None else None
+    found["goodput"] = -z / scale if z is not None else None
     canary_tpot, stable_tpot = shared_tpot_layout(canary, stable)
     for name, quantile in (("tpot_p90", 0.9), ("tpot_p99", 0.99)):
         tail = tail_shortfall(canary_tpot, stable_tpot, quantile, 1.0)
         if tail is not None and tail[1] > 0:
-            found[name] = tail[0] / math.sqrt(tail[1])
+            found[name] = tail[0] / math.sqrt(tail[1]) / scale
     c, s = canary.position_acceptance(0), stable.position_acceptance(0)
     if c and s:
         variance = sum(
             _acceptance_log_variance(side, [(cell.accepted_per_position[0], cell.drafts) for cell in side.cells
                                             if cell.accepted_per_position], share, side.drafts)
             for side, share in ((canary, c), (stable, s)))
-        found["acceptance"] = -math.log(c / s) / math.sqrt(variance)
+        found["acceptance"] = -math.log(c / s) / math.sqrt(variance) / scale
     if canary.requests > 0 and stable.requests > 0:
         c_errors, c_requests = error_counts(canary)
         s_errors, s_requests = error_counts(stable)

@@ -29,7 +29,8 @@ from typing import Any
 
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.api.status import CanaryStatus, TuningDecision
-from specdec_operator.canary.analysis import Buckets, Cell, KChange, Verdict, WindowStats, analyse, merge_histograms
+from specdec_operator.canary.analysis import Cell, KChange, Verdict, WindowStats, analyse
+from specdec_operator.canary.histogram import Buckets, merge_histograms
 from specdec_operator.canary.plan import IN_FLIGHT_PHASES
 from specdec_operator.timestamps import format_stamp, stamp_seconds
 from specdec_operator.tuner.samples import HistogramSnapshot, ScrapeResult, ScrapeTarget

@@ -24,7 +24,8 @@ from typing import Literal, cast, get_args
 from specdec_operator import GROUP
 from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, Rollout
 from specdec_operator.api.status import CanaryStatus
-from specdec_operator.canary.analysis import SIGNIFICANCE, Verdict, WindowStats, histogram_quantile
+from specdec_operator.canary.analysis import SIGNIFICANCE, Verdict, WindowStats
+from specdec_operator.canary.histogram import quantile_of
 from specdec_operator.canary.plan import (
     FULL_WEIGHT,
     IN_FLIGHT_PHASES,
@@ -39,7 +40,8 @@ ManualAction = Literal["pause", "resume", "abort", "promote"]
 MANUAL_ACTIONS: tuple[str, ...] = get_args(ManualAction)
 CANARY_ACTION_ANNOTATION = f"{GROUP}/canary-action"
 # `analyse` says InsufficientSamples when a side has fewer than minRequests finished requests; `judge_step`
-# makes it InsufficientTraffic when the canary's window is also clean (no error, failed probe or restart).
+# makes it InsufficientTraffic when the canary is also healthy (no failed probe or restart) with errors, if
+# any, at a rate within the limit; the same for a window past minRequests that lacks only requests.
 INSUFFICIENT_SAMPLES = "InsufficientSamples"
 INSUFFICIENT_TRAFFIC = "InsufficientTraffic"
 DIFFERENCE_UNCERTAIN = "DifferenceUncertain"
@@ -301,19 +303,22 @@ def _quiet(
     `insufficientTraffic.maxWaitSeconds`, then promote a clean canary or roll back (the spec says which)."""
     policy = settings.insufficient_traffic
     detail = verdict.message if verdict is not None else "no measurements"
+    # A window's failed requests stay in it: one that has any can only be rolled back when the hold ends.
+    failed_requests = verdict is not None and verdict.canary_errors > 0
+    clean = verdict is not None and verdict.reason == INSUFFICIENT_TRAFFIC and not failed_requests
+    then = "RollBack, as its window has failed requests" if failed_requests else policy.action
     if elapsed < policy.max_wait_seconds:
         held = _with_verdict(status, verdict, hold_reason=INSUFFICIENT_TRAFFIC)
         held = held.model_copy(update={"message": f"{INSUFFICIENT_TRAFFIC}: {label} holds for requests "
                                                   f"({elapsed:.0f} s of at most {policy.max_wait_seconds} s, then "
-                                                  f"{policy.action}): {detail}"})
+                                                  f"{then}): {detail}"})
         if status.hold_reason == INSUFFICIENT_TRAFFIC:
             return CanaryProgress(held, plan)
         event = CanaryEvent("Normal", "CanaryInsufficientTraffic",
                             f"{label} has too few requests to judge after {elapsed:.0f} s; it holds and carries "
-                            f"on when traffic comes (at most {policy.max_wait_seconds} s, then {policy.action}): "
+                            f"on when traffic comes (at most {policy.max_wait_seconds} s, then {then}): "
                             f"{detail}")
         return CanaryProgress(held, plan, event)
-    clean = verdict is not None and verdict.reason == INSUFFICIENT_TRAFFIC
     if policy.action == "Promote" and clean:
         event = CanaryEvent(
             "Normal", "CanaryPromoted",
@@ -431,8 +436,8 @@ def _slower_than(canary: WindowStats, limit_s: float) -> tuple[int, int]:
 
 
 def _underpowered(verdict: Verdict) -> bool:
-    """Inconclusive only for want of requests: no failed request (the caller checks the window is clean) and
-    every comparison still open has its estimate within the limit, a bound that more requests would tighten
+    """Inconclusive only for want of requests: every comparison still open has its estimate within the limit
+    (the caller checks the error rate's), a bound that more requests would tighten
     (a p99 or a 1% error rate needs a few hundred requests to be known). Such a step is a quiet model's, held
     as `InsufficientTraffic`, never rolled back for lack of requests alone. An estimate beyond its limit
     without significance (a suspect regression) is not this: it stays `DifferenceUncertain`."""
@@ -451,8 +456,9 @@ def judge_step(
 ) -> Verdict | None:
     """What the step machine needs on top of `analyse`'s verdict; pure, the handler (and a replay) call it.
 
-    - A window short of requests whose canary side is clean (no failed request, health check or restart) is
-      `InsufficientTraffic`: a quiet model, which `advance` holds rather than rolls back.
+    - A window that lacks only requests, on a canary with no failed health check or restart and failed
+      requests (if any) at a rate within `maxErrorRate`, is `InsufficientTraffic`: a quiet model, which
+      `advance` holds rather than rolls back (and promotes at the hold's end only if no request failed).
     - At 100% the stable serves nothing; `analyse(canary, None, ...)` judged health, restarts and errors over
       `minRequests`. TPOT is judged here against the stable's p90 recorded from the previous step
       (`status.stableTpotP90Ms`): it fails when significantly more than 10% of the canary's requests are
@@ -461,8 +467,12 @@ def judge_step(
     """
     if verdict is None or canary is None or status is None or thresholds is None:
         return verdict
-    clean = canary.errors == 0 and canary.health_failures == 0 and canary.restarts == 0
-    if verdict.outcome == "Inconclusive" and clean and (
+    # Failed requests at a rate within the limit are not a reason to give up on a step that lacks only
+    # requests: a healthy canary's 4 errors in 900 requests (0.44%) cannot yet bound the rate below 1%, and
+    # more requests will (or will prove it above). Only a clean window may be promoted when the hold ends.
+    errors_within = canary.errors == 0 or (canary.error_rate or 0.0) <= thresholds.max_error_rate
+    healthy = canary.health_failures == 0 and canary.restarts == 0
+    if verdict.outcome == "Inconclusive" and healthy and errors_within and (
             verdict.reason == INSUFFICIENT_SAMPLES or _underpowered(verdict)):
         return replace(verdict, reason=INSUFFICIENT_TRAFFIC)
     reference = status.stable_tpot_p90_ms
@@ -470,7 +480,7 @@ def judge_step(
         return verdict
     limit_ms = reference * thresholds.max_tpot_ratio
     slower, requests = _slower_than(canary, limit_ms / 1000)
-    p90_s = histogram_quantile(0.9, canary.tpot_buckets)
+    p90_s = quantile_of(0.9, canary.tpot_buckets)
     if requests <= 0 or p90_s is None:
         return verdict
     p90_ms = p90_s * 1000

@@ -10,7 +10,8 @@ from typing import Any
 
 from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, Rollout
 from specdec_operator.api.status import CanaryStatus
-from specdec_operator.canary.analysis import Buckets, Verdict, WindowStats
+from specdec_operator.canary.analysis import Verdict, WindowStats
+from specdec_operator.canary.histogram import Buckets
 from specdec_operator.canary.plan import CanaryTarget
 from tests.unit.canary.exposition import evidence_window
 

@@ -18,8 +18,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from specdec_operator.canary.analysis import Buckets, WindowStats
+from specdec_operator.canary.analysis import WindowStats
 from specdec_operator.canary.evidence import FAILURES_IN_A_ROW, CanaryWindows
+from specdec_operator.canary.histogram import Buckets
 from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget, parse_metrics
 from specdec_operator.tuner.window import CounterWindows
 

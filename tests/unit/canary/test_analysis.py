@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec_operator.canary.analysis import WindowStats, analyse, errors_exceed, histogram_quantile
+from specdec_operator.canary.analysis import WindowStats, analyse, errors_exceed
+from specdec_operator.canary.histogram import quantile_of
 from tests.unit.canary.canaryfactories import buckets, thresholds, tpot_spread, window
 
 INF = math.inf
@@ -18,11 +19,12 @@ INF = math.inf
 @pytest.mark.parametrize(
     ("quantile", "histogram", "expected"),
     [
-        (0.5, [(0.1, 10), (0.2, 20), (INF, 20)], 0.1),
-        (0.75, [(0.1, 10), (0.2, 20), (INF, 20)], 0.15),
-        (0.25, [(0.1, 10), (0.2, 20), (INF, 20)], 0.05),
-        (0.9, [(0.1, 0), (0.2, 10), (INF, 10)], 0.19),
-        # Everything above the highest finite bound: that bound is all PromQL can say.
+        (0.5, [(0.1, 10), (0.2, 20), (INF, 20)], 0.1),  # exact at a bound
+        # Between two bounds with no neighbour to shape it: evenly over log(bound), 0.1 * 2 ** 0.5.
+        (0.75, [(0.1, 10), (0.2, 20), (INF, 20)], 0.1 * 2 ** 0.5),
+        (0.25, [(0.1, 10), (0.2, 20), (INF, 20)], 0.05),  # below the first bound: linear from 0
+        (0.9, [(0.1, 0), (0.2, 10), (INF, 10)], 0.1 * 2 ** 0.9),
+        # Everything above the highest finite bound: that bound is all a histogram can say.
         (0.9, [(0.1, 0), (0.2, 0), (INF, 5)], 0.2),
         # Unsorted input and a count that dips between buckets (a scrape race) are tolerated.
         (0.5, [(INF, 10), (0.1, 10), (0.2, 9)], 0.05),
@@ -32,8 +34,8 @@ INF = math.inf
         (0.5, [], None),
     ],
 )
-def test_histogram_quantile(quantile: float, histogram: list[tuple[float, float]], expected: float | None) -> None:
-    result = histogram_quantile(quantile, histogram)
+def test_quantile_of(quantile: float, histogram: list[tuple[float, float]], expected: float | None) -> None:
+    result = quantile_of(quantile, histogram)
     if expected is None:
         assert result is None
     else:
@@ -43,7 +45,7 @@ def test_histogram_quantile(quantile: float, histogram: list[tuple[float, float]
 @pytest.mark.parametrize("quantile", [0.0, 1.0, -0.1, 1.5])
 def test_histogram_quantile_rejects_quantiles_outside_the_open_interval(quantile: float) -> None:
     with pytest.raises(ValueError, match="quantile"):
-        histogram_quantile(quantile, [(0.1, 1), (INF, 1)])
+        quantile_of(quantile, [(0.1, 1), (INF, 1)])
 
 
 @given(
@@ -54,7 +56,7 @@ def test_histogram_quantile_rejects_quantiles_outside_the_open_interval(quantile
 def test_histogram_quantile_is_monotone_and_bounded(observations: list[float], low: float, gap: float) -> None:
     histogram = buckets(observations)
     high = min(low + gap, 0.99)
-    lower, upper = histogram_quantile(low, histogram), histogram_quantile(high, histogram)
+    lower, upper = quantile_of(low, histogram), quantile_of(high, histogram)
     assert lower is not None and upper is not None
     assert 0 <= lower <= upper <= 80.0
 
@@ -332,12 +334,12 @@ def test_failed_checks_lead_the_message() -> None:
     assert [item.failed for item in verdict.comparisons][:6] == [False] * 5 + [True]
 
 
-def test_tpot_figures_match_histogram_quantile() -> None:
+def test_tpot_figures_match_quantile_of() -> None:
     canary, stable = window(tpot_buckets=tpot_spread(0.090)), window()
     verdict = analyse(canary, stable, thresholds())
     p90 = next(item for item in verdict.comparisons if item.metric == "TPOT p90")
-    assert p90.canary == pytest.approx(1000 * histogram_quantile(0.9, canary.tpot_buckets))  # type: ignore[operator]
-    assert p90.stable == pytest.approx(1000 * histogram_quantile(0.9, stable.tpot_buckets))  # type: ignore[operator]
+    assert p90.canary == pytest.approx(1000 * quantile_of(0.9, canary.tpot_buckets))  # type: ignore[operator]
+    assert p90.stable == pytest.approx(1000 * quantile_of(0.9, stable.tpot_buckets))  # type: ignore[operator]
     expected = f"TPOT p90 {p90.canary:.1f} ms vs stable {p90.stable:.1f} ms (ratio {p90.ratio:.2f} > 1.15, p="
     assert expected in verdict.message
 

@@ -59,7 +59,7 @@ def test_a_canary_with_1_5x_the_step_time_fails_on_tpot_alone() -> None:
     failed = [item for item in verdict.comparisons if item.failed]
     assert [item.metric for item in failed] == ["TPOT p90"]
     assert failed[0].ratio == pytest.approx(1.5, abs=0.1)
-    assert verdict.message.startswith("TPOT p90 72.5 ms vs stable 47.5 ms (ratio 1.53 > 1.15, p=")
+    assert verdict.message.startswith("TPOT p90 69.3 ms vs stable 43.7 ms (ratio 1.59 > 1.15, p=")
 
 
 def test_a_canary_failing_5_percent_of_requests_fails_on_the_error_rate() -> None:

@@ -11,8 +11,9 @@ import pytest
 
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.api.status import CanaryStatus, TuningDecision
-from specdec_operator.canary.analysis import Buckets, Verdict
+from specdec_operator.canary.analysis import Verdict
 from specdec_operator.canary.evidence import CanaryWindows, VerdictInputs, canary_verdicts
+from specdec_operator.canary.histogram import Buckets
 from specdec_operator.tuner.samples import RequestCounters
 from specdec_operator.tuner.window import WindowDelta
 from tests.unit.canary.canaryfactories import buckets, canary_status

@@ -166,6 +166,41 @@ def test_a_small_window_with_a_failed_request_is_not_a_quiet_model() -> None:
     assert step(canary_status(), verdict, 901).status.phase == "RolledBack"
 
 
+def errors_verdict(errors: float, requests: int = 900) -> Verdict | None:
+    """One canary pod's 15 minutes at 1 request/s, with `errors` failed requests; the stable likewise, clean."""
+    limits = thresholds(min_requests=100)
+    stats = window(requests=float(requests), errors=errors, tpot_buckets=tpot_spread(0.040, requests))
+    stable = window(requests=float(requests), tpot_buckets=tpot_spread(0.040, requests))
+    return judge_step(analyse(stats, stable, limits), stats, canary_status(), limits)
+
+
+def test_errors_at_a_rate_within_the_limit_that_cannot_yet_bound_it_hold_instead_of_rolling_back() -> None:
+    """6 failed requests in 900 (0.67%, limit 1%): the 95% bound (1.3%) is still above 1%, and only more requests
+    can bring it below. It was rolled back at the timeout; a healthy K change in the bench was lost that way."""
+    verdict = errors_verdict(6.0)
+    assert verdict is not None and (verdict.outcome, verdict.reason) == ("Inconclusive", "InsufficientTraffic"), \
+        verdict.message
+    assert "upper bound" in verdict.message and verdict.canary_errors == 6
+    held = step(canary_status(), verdict, 901)
+    assert held.status.phase == "Progressing" and held.status.hold_reason == "InsufficientTraffic"
+    assert "then RollBack, as its window has failed requests" in held.event.message
+    moved = step(held.status, PASS, 1500)  # the bound fell below the limit with more requests
+    assert moved.event.reason == "CanaryStepPassed"
+
+
+def test_a_held_window_with_failed_requests_is_never_promoted_when_the_hold_ends() -> None:
+    verdict = errors_verdict(6.0)
+    result = step(canary_status(), verdict, 3600)
+    assert result.status.phase == "RolledBack" and result.event.reason == "CanaryTimedOut"
+
+
+def test_errors_above_the_limit_not_yet_proven_still_time_out() -> None:
+    verdict = errors_verdict(12.0)  # 1.33%: above the limit, not significantly
+    assert verdict is not None and verdict.outcome == "Inconclusive" and verdict.reason != "InsufficientTraffic", \
+        verdict.message
+    assert step(canary_status(), verdict, 901).status.phase == "RolledBack"
+
+
 def test_a_small_window_whose_estimate_is_beyond_its_limit_still_times_out() -> None:
     """A suspect regression (TPOT p90 estimate 1.3x the stable's, not yet significant) is not want of requests."""
     verdict = small_window_verdict(seconds_per_token=0.052)

@@ -60,7 +60,7 @@ def test_a_spec_file_overrides_the_header(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert out.startswith("step 1/2 (10%) Unfinished after ")
     assert "need 5000 finished requests each" in out
-    assert "outcome: Unfinished (InsufficientSamples)" in out
+    assert "outcome: Unfinished (InsufficientTraffic)" in out  # its few errors are within the limit: it holds
 
 
 @pytest.mark.parametrize(
