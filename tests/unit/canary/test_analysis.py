@@ -388,3 +388,19 @@ def test_window_stats_is_frozen() -> None:
 )
 def test_errors_exceed_is_a_one_sided_binomial_test(errors: int, requests: int, limit: float, exceeded: bool) -> None:
     assert errors_exceed(errors, requests, limit) is exceeded
+
+
+def test_a_tail_beyond_its_limit_gets_no_benefit_of_the_doubt() -> None:
+    """A p99 rests on a handful of requests: 3% of requests stalled 5x read 2.05-2.2x against a limit of 2, within
+    the noise of one look, and passed as noise (the bench's promoted "p99 x3" canaries). A p90 beyond its limit by
+    as little still passes: its estimate rests on a tenth of the requests."""
+    from specdec_operator.canary.analysis import Comparison
+
+    p90 = Comparison("TPOT p90", 47.0, 40.0, 1.15, False, " ms", 1, 1.0, None, 0.5)
+    p99 = Comparison("TPOT p99", 86.0, 40.0, 2.0, False, " ms", 1, 1.0, 0.004, 0.5)
+    assert p90.passed and not p90.uncertain
+    assert not p99.passed and p99.uncertain and not p99.failed
+    within = Comparison("TPOT p99", 78.0, 40.0, 2.0, False, " ms", 1, 1.0, 0.004, -0.3)
+    assert within.passed
+    unknown = Comparison("TPOT p99", 78.0, 40.0, 2.0, False, " ms", 1, 1.0, 0.02, -0.3)
+    assert not unknown.passed  # within its limit, but not yet known
