@@ -641,22 +641,48 @@ def goodput_z(canary: WindowStats, stable: WindowStats) -> float | None:
     return math.log(c / s) / math.sqrt(_goodput_log_variance(canary, pods) + _goodput_log_variance(stable, pods))
 
 
-def _share_above(window: WindowStats, threshold: float) -> tuple[float, float] | None:
-    """(share of the side's requests with TPOT above `threshold`, its variance) over pods and intervals,
-    never below the binomial variance of that many requests."""
+@dataclass(frozen=True)
+class _Share:
+    """One side's share of requests with TPOT above a threshold: over all its requests, its variance from the
+    cells (pods x intervals, never below the binomial variance of that many requests), and per pod."""
+
+    share: float
+    variance: float
+    per_pod: tuple[float, ...]
+
+
+def _share_above(window: WindowStats, threshold: float) -> _Share | None:
     total = histogram_total(window.tpot_buckets)
     if total <= 0:
         return None
-    above = total - count_at_or_below(window.tpot_buckets, threshold)
-    share = above / total
+    share = (total - count_at_or_below(window.tpot_buckets, threshold)) / total
     floor = max(share * (1 - share), 0.25 / total) / total
     pairs = []
+    per_pod: dict[str, list[float]] = {}
     for cell in _cells(window):
         if cell.tpot_buckets:
             cell_total = histogram_total(cell.tpot_buckets)
-            pairs.append((cell_total - count_at_or_below(cell.tpot_buckets, threshold), cell_total))
+            above = cell_total - count_at_or_below(cell.tpot_buckets, threshold)
+            pairs.append((above, cell_total))
+            sums = per_pod.setdefault(cell.pod, [0.0, 0.0])
+            sums[0] += above
+            sums[1] += cell_total
     _, variance = _ratio(pairs)
-    return share, _with_floor(variance, floor)
+    shares = tuple(above / requests for above, requests in per_pod.values() if requests > 0)
+    return _Share(share, _with_floor(variance, floor), shares)
+
+
+def _pod_share_variance(*sides: _Share) -> float:
+    """Between-pod variance of the share within each side, pooled over both sides: how much pods of one
+    revision differ from each other (a pod's hardware stays as fast or slow all window, so its intervals are
+    not independent of each other). 0 without two pods on a side."""
+    squares, freedom = 0.0, 0
+    for side in sides:
+        if len(side.per_pod) >= 2:
+            mean = sum(side.per_pod) / len(side.per_pod)
+            squares += sum((value - mean) ** 2 for value in side.per_pod)
+            freedom += len(side.per_pod) - 1
+    return squares / freedom if freedom else 0.0
 
 
 def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
@@ -664,7 +690,8 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
     """(excess, variance): the share of canary requests slower than `limit` x the stable's quantile, minus the
     stable's share above that quantile. At most 0 when the canary's quantile is within `limit` x the stable's,
     whatever the shapes: the quantile comparison as a comparison of shares, with standard errors from pods
-    and intervals. Works across bucket layouts (each side interpolates its own)."""
+    and intervals (each side's never below the spread between its revision's pods over its pods, as for
+    goodput). Works across bucket layouts (each side interpolates its own)."""
     q = quantile_of(quantile, stable.tpot_buckets)
     if q is None or q <= 0:
         return None
@@ -672,7 +699,9 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
     stable_share = _share_above(stable, q)
     if canary_share is None or stable_share is None:
         return None
-    return canary_share[0] - stable_share[0], canary_share[1] + stable_share[1]
+    pods = _pod_share_variance(canary_share, stable_share)
+    variance = sum(max(side.variance, pods / max(len(side.per_pod), 1)) for side in (canary_share, stable_share))
+    return canary_share.share - stable_share.share, variance
 
 
 def _layout(buckets: Buckets) -> frozenset[float]:

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec_operator.canary.analysis import SIGNIFICANCE, few_units_penalty
-from specdec_operator.canary.histogram import Buckets, count_at_or_below, quantile_of, rebin
+from specdec_operator.canary.analysis import SIGNIFICANCE, Cell, WindowStats, few_units_penalty, tail_shortfall
+from specdec_operator.canary.histogram import Buckets, count_at_or_below, merge_histograms, quantile_of, rebin
 from tests.unit.canary.canaryfactories import window
 
 # vLLM's request_time_per_output_token_seconds buckets (0.33).
@@ -131,10 +131,35 @@ def test_the_quantile_inverts_the_count(q: float, sigma: float, median: float) -
 def test_the_few_cells_penalty_is_a_t_tests_at_its_level() -> None:
     from dataclasses import replace
 
-    from specdec_operator.canary.analysis import Cell
-
     four = replace(window(), cells=tuple(Cell(pod="p", seconds=10, requests=5) for _ in range(4)))
     # 3 degrees of freedom: t 10.215 over z 3.090 at 0.001, t 2.353 over z 1.645 at 5%.
     assert few_units_penalty(four, four) == pytest.approx((10.215 / 3.0902) ** 2, rel=1e-3)
     assert few_units_penalty(four, four, SIGNIFICANCE) == few_units_penalty(four, four)
     assert few_units_penalty(four, four, 0.05) == pytest.approx((2.353 / 1.6449) ** 2, rel=1e-3)
+
+
+def _side(pod_shares: list[float], intervals: int = 12, per_interval: int = 50) -> WindowStats:
+    """Pods whose share of requests slower than 50 ms stays at their own level every interval: a pod's hardware
+    keeps it as fast or slow all window."""
+    cells = []
+    for index, share in enumerate(pod_shares):
+        slow = round(share * per_interval)
+        for _ in range(intervals):
+            cells.append(Cell(pod=f"pod-{index}", seconds=10, requests=per_interval,
+                              tpot_buckets=((0.025, per_interval - slow), (0.1, float(per_interval)),
+                                            (math.inf, float(per_interval)))))
+    total = merge_histograms([cell.tpot_buckets for cell in cells])
+    return WindowStats(seconds=10.0 * intervals * len(pod_shares), gpus=1, k=3, tpot_buckets=total,
+                       requests=float(per_interval * intervals * len(pod_shares)), cells=tuple(cells),
+                       pods=len(pod_shares))
+
+
+def test_a_tail_shares_standard_error_counts_pods_not_only_intervals() -> None:
+    # Three pods a side whose tail shares differ (8%, 12%, 16%) but never move between intervals: the intervals
+    # alone show no spread, yet which pods a side drew decides its share. The variance must be at least the
+    # spread between pods over the pods, as goodput's is.
+    canary, stable = _side([0.10, 0.14, 0.18]), _side([0.08, 0.12, 0.16])
+    tail = tail_shortfall(canary, stable, 0.88, 1.0)  # the stable's p88 is the 25 ms bound: exact counts
+    assert tail is not None and tail[0] == pytest.approx(0.02)
+    pod_variance = 0.04**2  # the sample variance of (8, 12, 16)% and of (10, 14, 18)%
+    assert tail[1] >= 2 * pod_variance / 3 * 0.99, tail
