@@ -27,7 +27,7 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep
@@ -70,6 +70,7 @@ class Scenario:
     canary_error_rate: float = BASELINE_ERROR_RATE
     canary_acceptance_factor: float = 1.0
     canary_stall_share: float = 0.0  # share of canary requests that stall (TPOT x5): a tail regression
+    full_step_error_rate: float | None = None  # the canary's error rate once it has all the traffic (100% step)
     drift: bool = False  # offered load doubles over the canary
     bursts: bool = False  # long-prompt/long-output bursts on both sides
     resets: bool = False  # stable pods restart (counter resets) and scrapes go missing
@@ -91,6 +92,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     # A K change predicted +10% that delivers 10% less goodput than the stable: 9% below its limit.
     Scenario("goodput -10%", False, true_gain=-0.10),
     Scenario("p99 x3", False, k_change=False, true_gain=0.0, canary_stall_share=0.03),
+    # Healthy through every analysed step, failing once the stable no longer serves (a dependency only the full
+    # load reaches): the last step must judge its own window.
+    Scenario("errors 5% at 100%", False, k_change=False, true_gain=0.0, full_step_error_rate=0.05),
 )
 
 EXAMPLE_ANALYSIS = CanaryAnalysis(min_accepted_length_ratio=0.9, max_tpot_ratio=1.15, max_error_rate=0.01,
@@ -260,6 +264,9 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
             ("canary", n_canary, canary_side),
             ("stable", n_stable, stable_side),
         )
+        if scenario.full_step_error_rate is not None and weight >= 100:
+            roles = (("canary", n_canary, replace(canary_side, error_rate=scenario.full_step_error_rate)),
+                     roles[1])
         for role, count, side in roles:
             for index in range(count):
                 name = f"{role}-{index}"

@@ -72,3 +72,13 @@ def test_a_routed_step_passes_on_the_route_its_replica_split_asks_for(pool: int)
     identical = next(scenario for scenario in SCENARIOS if scenario.name == "A/A identical")
     outcome, reason, _, _ = run_trial(_Trial(identical, "example", pool, 4.0, seed=7, interval=10.0))
     assert (outcome, reason) == ("Promoted", "CanaryPromoted")
+
+
+def test_a_canary_that_fails_only_at_the_100_percent_step_is_a_bad_class_the_last_step_catches() -> None:
+    from specdec_operator.bench.canary import _Trial, run_trial
+
+    scenario = next(item for item in SCENARIOS if item.name == "errors 5% at 100%")
+    assert not scenario.healthy
+    outcome, reason, seconds, _ = run_trial(_Trial(scenario, "default", 2, 3.0, 11, 10.0))
+    assert (outcome, reason) == ("RolledBack", "CanaryFailed/ErrorRateExceeded")
+    assert seconds >= 240  # after both analysed steps' pauses: only the 100% step sees the errors
