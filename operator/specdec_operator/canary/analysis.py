@@ -854,7 +854,14 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
         p_value = beyond = None
         if log_limit is not None:
             if c <= 0:
-                p_value = 0.0 if canary.drafts >= thresholds.min_drafts else 1.0
+                # No draft accepted here: no log ratio and no spread between cells to measure. The chance of
+                # none in n drafts at the limit's rate is (1 - limit x s)^n; drafts of one request are not
+                # independent, so n counts them as few cells do (few_units_penalty). Whichever look first sees
+                # it this small, every earlier look saw none as well: the chance holds over every look. A rate
+                # of 1% at the stable gave p=0 from 11 requests here and rolled back a K change on the engine.
+                none_at_limit = (1 - min(1.0, limit * s)) ** (canary.drafts / penalty)
+                p_value = min(1.0, shared * none_at_limit)
+                beyond = -_normal_quantile_low(max(none_at_limit, 1e-300))
             else:
                 variance = sum(
                     _acceptance_log_variance(

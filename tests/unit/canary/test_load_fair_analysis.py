@@ -195,3 +195,22 @@ def test_without_per_position_counters_a_k_change_is_judged_on_goodput_not_held_
     verdict = verdict_of(bare[0], bare[1], canary_status(canary_k=4), canary_k=4, stable_k=2)
     assert verdict.outcome == "Pass", verdict.message
     assert "acceptance at position" not in verdict.message
+
+
+def test_no_draft_accepted_at_a_position_the_stable_rarely_accepts_is_noise_not_proof() -> None:
+    # The real engine's K change: position 2 accepted 1% of drafts on the stable and none of the canary's few
+    # hundred. The gate said p=0 (a log ratio of -inf) and rolled back the K change. At the limit's rate, none
+    # accepted in 1200 drafts happens 35% of the time.
+    canary = delta(pods=1, batch=0.4, k=2, positions=(0.3, 0.0), requests=400.0)
+    stable = delta(pods=1, batch=0.4, k=2, positions=(0.3, 0.001), requests=400.0)
+    verdict = verdict_of(canary, stable, canary_k=2, stable_k=2)
+    [position_2] = [item for item in verdict.comparisons if item.metric == "acceptance at position 2"]
+    assert not position_2.failed and position_2.passed, verdict.message
+    assert verdict.outcome != "Fail", verdict.message
+
+
+def test_no_draft_accepted_where_the_stable_accepts_half_still_fails() -> None:
+    canary = delta(pods=1, batch=0.4, k=2, positions=(0.3, 0.0), requests=400.0)
+    stable = delta(pods=1, batch=0.4, k=2, positions=(0.3, 0.5), requests=400.0)
+    verdict = verdict_of(canary, stable, canary_k=2, stable_k=2)
+    assert (verdict.outcome, verdict.reason) == ("Fail", "AcceptanceDropped"), verdict.message
