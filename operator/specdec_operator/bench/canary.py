@@ -260,13 +260,13 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
             burst_until = at + rng.uniform(30, 90)
         burst = at <= burst_until
         records = []
+        canary_now = canary_side
+        if scenario.full_step_error_rate is not None and weight >= 100:
+            canary_now = replace(canary_side, error_rate=scenario.full_step_error_rate)
         roles: tuple[tuple[Role, int, _Side], ...] = (
-            ("canary", n_canary, canary_side),
+            ("canary", n_canary, canary_now),
             ("stable", n_stable, stable_side),
         )
-        if scenario.full_step_error_rate is not None and weight >= 100:
-            roles = (("canary", n_canary, replace(canary_side, error_rate=scenario.full_step_error_rate)),
-                     roles[1])
         for role, count, side in roles:
             for index in range(count):
                 name = f"{role}-{index}"

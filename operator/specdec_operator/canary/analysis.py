@@ -453,6 +453,8 @@ _T_ONE_SIDED = {
     0.001: (318.31, 22.327, 10.215, 7.173, 5.893, 5.208, 4.785, 4.501, 4.297, 4.144),
     0.05: (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812),
 }
+
+
 @functools.cache
 def _z_one_sided(level: float) -> float:
     return -_normal_quantile_low(level)
@@ -613,22 +615,29 @@ def _pod_count(window: WindowStats) -> int:
     return len({cell.pod for cell in window.cells}) or window.pods
 
 
-def _pod_goodput_variance(*windows: WindowStats) -> float:
-    """Between-pod variance of log goodput per sequence within each side, pooled over both sides: how much
-    pods of one revision differ from each other. 0 without two pods on a side."""
+def _pooled_between_pod_variance(sides: Sequence[Sequence[float]]) -> float:
+    """Variance between the pods of each side (one value per pod), pooled over the sides: how much pods of one
+    revision differ from each other. 0 without two pods on a side."""
     squares, freedom = 0.0, 0
+    for values in sides:
+        if len(values) >= 2:
+            mean = sum(values) / len(values)
+            squares += sum((value - mean) ** 2 for value in values)
+            freedom += len(values) - 1
+    return squares / freedom if freedom else 0.0
+
+
+def _pod_goodput_variance(*windows: WindowStats) -> float:
+    """Between-pod variance of log goodput per sequence within each side, pooled over both sides."""
+    sides = []
     for window in windows:
         per_pod: dict[str, list[float]] = {}
         for cell in window.cells:
             sums = per_pod.setdefault(cell.pod, [0.0, 0.0])
             sums[0] += cell.generation_tokens
             sums[1] += cell.busy_seconds
-        logs = [math.log(tokens / busy) for tokens, busy in per_pod.values() if tokens > 0 and busy > 0]
-        if len(logs) >= 2:
-            mean = sum(logs) / len(logs)
-            squares += sum((value - mean) ** 2 for value in logs)
-            freedom += len(logs) - 1
-    return squares / freedom if freedom else 0.0
+        sides.append([math.log(tokens / busy) for tokens, busy in per_pod.values() if tokens > 0 and busy > 0])
+    return _pooled_between_pod_variance(sides)
 
 
 def goodput_z(canary: WindowStats, stable: WindowStats) -> float | None:
@@ -672,19 +681,6 @@ def _share_above(window: WindowStats, threshold: float) -> _Share | None:
     return _Share(share, _with_floor(variance, floor), shares)
 
 
-def _pod_share_variance(*sides: _Share) -> float:
-    """Between-pod variance of the share within each side, pooled over both sides: how much pods of one
-    revision differ from each other (a pod's hardware stays as fast or slow all window, so its intervals are
-    not independent of each other). 0 without two pods on a side."""
-    squares, freedom = 0.0, 0
-    for side in sides:
-        if len(side.per_pod) >= 2:
-            mean = sum(side.per_pod) / len(side.per_pod)
-            squares += sum((value - mean) ** 2 for value in side.per_pod)
-            freedom += len(side.per_pod) - 1
-    return squares / freedom if freedom else 0.0
-
-
 def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
                    limit: float) -> tuple[float, float] | None:
     """(excess, variance): the share of canary requests slower than `limit` x the stable's quantile, minus the
@@ -699,7 +695,8 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
     stable_share = _share_above(stable, q)
     if canary_share is None or stable_share is None:
         return None
-    pods = _pod_share_variance(canary_share, stable_share)
+    # A pod's hardware keeps it as fast or slow all window: its intervals are not independent of each other.
+    pods = _pooled_between_pod_variance([canary_share.per_pod, stable_share.per_pod])
     variance = sum(max(side.variance, pods / max(len(side.per_pod), 1)) for side in (canary_share, stable_share))
     return canary_share.share - stable_share.share, variance
 
