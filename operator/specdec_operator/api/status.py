@@ -213,6 +213,10 @@ class CanaryStatus(ApiModel):
     stable_reference_step: int | None = Field(
         default=None, description="The step (index) whose window stableTpotP90Ms comes from."
     )
+    stable_reference_requests: int | None = Field(
+        default=None, description="The stable's finished requests in that window: how precisely stableTpotP90Ms "
+        "is known (its sampling noise is added to the 100% step's).",
+    )
 
 
 class Summary(ApiModel):

@@ -701,6 +701,32 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
     return canary_share.share - stable_share.share, variance
 
 
+# The stable's share of requests above its own p90: what the 100% step compares the canary's share with.
+P90_TAIL_SHARE = 0.10
+
+
+def tpot_against_reference(canary: WindowStats, reference_ms: float, reference_requests: int | None,
+                           limit: float) -> Comparison | None:
+    """The 100% step's TPOT p90, where the stable serves nothing: the canary against the stable's p90 recorded
+    at the previous step, by the rules every other step's p90 follows (`tail_shortfall`, `Comparison`). The
+    canary's share of requests slower than `limit` x that p90 is compared with the 10% the stable had above
+    it; its variance adds the reference's own sampling noise (a binomial share over the `reference_requests`
+    it was read from; 0 when unknown), and an estimate beyond the limit by less than the noise of one look
+    passes. None without a canary p90."""
+    p90 = canary.tpot_ms(0.9)
+    share = _share_above(canary, limit * reference_ms / 1000.0)
+    if p90 is None or share is None or reference_ms <= 0:
+        return None
+    pods = _pooled_between_pod_variance([share.per_pod])
+    variance = max(share.variance, pods / max(len(share.per_pod), 1))
+    if reference_requests:
+        variance += P90_TAIL_SHARE * (1 - P90_TAIL_SHARE) / reference_requests
+    excess = share.share - P90_TAIL_SHARE
+    p_value = sequential_p(excess, variance * few_units_penalty(canary, canary), P90_SHARE_SCALE)
+    beyond = excess / math.sqrt(variance) if variance > 0 else None
+    return Comparison("TPOT p90", p90, reference_ms, limit, False, " ms", 1, p_value, beyond_z=beyond)
+
+
 def _layout(buckets: Buckets) -> frozenset[float]:
     return frozenset(bound for bound, _ in buckets)
 

@@ -15,7 +15,6 @@ from there, so a failover delays a step's end but never turns into a timeout or 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -24,8 +23,7 @@ from typing import Literal, cast, get_args
 from specdec_operator import GROUP
 from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, Rollout
 from specdec_operator.api.status import CanaryStatus
-from specdec_operator.canary.analysis import SIGNIFICANCE, Verdict, WindowStats
-from specdec_operator.canary.histogram import quantile_of
+from specdec_operator.canary.analysis import Verdict, WindowStats, tpot_against_reference
 from specdec_operator.canary.plan import (
     FULL_WEIGHT,
     IN_FLIGHT_PHASES,
@@ -46,9 +44,6 @@ INSUFFICIENT_SAMPLES = "InsufficientSamples"
 INSUFFICIENT_TRAFFIC = "InsufficientTraffic"
 DIFFERENCE_UNCERTAIN = "DifferenceUncertain"
 ERROR_RATE_UNCERTAIN = "ErrorRateUncertain"
-# The 100% step's TPOT gate: if the canary were no slower than the stable, at most this share of its
-# requests would be slower than the stable's p90 times maxTpotRatio.
-_TAIL_SHARE = 0.10
 
 
 def manual_action(annotations: Mapping[str, str] | None) -> ManualAction | None:
@@ -389,7 +384,9 @@ def _pass_step(
         return _finish(status, "Promoted", event, verdict=verdict, clear_action=clear_action)
     following = steps[status.step + 1]
     reference = _stable_tpot_p90(verdict)
-    recorded = {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step} if reference else {}
+    recorded = {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step,
+                "stable_reference_requests": verdict.stable_requests if verdict is not None else None,
+                } if reference else {}
     moved = _with_verdict(
         status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_stamp(now),
         evidence_since=None, hold_reason="", **recorded,
@@ -410,29 +407,6 @@ def _stable_tpot_p90(verdict: Verdict | None) -> float | None:
         if comparison.metric == "TPOT p90" and comparison.stable > 0:
             return comparison.stable
     return None
-
-
-def _binomial_tail(successes: int, trials: int, p: float) -> float:
-    """P(X >= successes) for X ~ Binomial(trials, p), summed in log space."""
-    if successes <= 0:
-        return 1.0
-    total = 0.0
-    for k in range(successes, trials + 1):
-        log_term = (math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1)
-                    + k * math.log(p) + (trials - k) * math.log1p(-p))
-        total += math.exp(log_term)
-    return min(1.0, total)
-
-
-def _slower_than(canary: WindowStats, limit_s: float) -> tuple[int, int]:
-    """(requests certainly slower than `limit_s`, all requests) from the canary's TPOT histogram: a bucket
-    counts only when its lower bound is at or above the limit, so rebinning never manufactures a failure."""
-    previous_bound, previous_count, slower = 0.0, 0.0, 0.0
-    for bound, count in canary.tpot_buckets:
-        if previous_bound >= limit_s:
-            slower += count - previous_count
-        previous_bound, previous_count = bound, count
-    return round(slower), round(previous_count)
 
 
 def _underpowered(verdict: Verdict) -> bool:
@@ -461,9 +435,11 @@ def judge_step(
       `advance` holds rather than rolls back (and promotes at the hold's end only if no request failed).
     - At 100% the stable serves nothing; `analyse(canary, None, ...)` judged health, restarts and errors over
       `minRequests`. TPOT is judged here against the stable's p90 recorded from the previous step
-      (`status.stableTpotP90Ms`): it fails when significantly more than 10% of the canary's requests are
-      slower than that p90 times `maxTpotRatio` (one-sided binomial, p < SIGNIFICANCE), and holds as
-      `DifferenceUncertain` when its own p90 is beyond the limit without significance.
+      (`status.stableTpotP90Ms`, read from `stableReferenceRequests` requests) by the rules of every other
+      step's p90 (`tpot_against_reference`): the canary's share of requests slower than that p90 times
+      `maxTpotRatio` against 10%, read between bucket bounds as they are everywhere. It fails when that share
+      is significantly above 10% (always valid, p < SIGNIFICANCE), passes within the noise of one look, and
+      holds as `DifferenceUncertain` in between.
     """
     if verdict is None or canary is None or status is None or thresholds is None:
         return verdict
@@ -478,23 +454,20 @@ def judge_step(
     reference = status.stable_tpot_p90_ms
     if status.weight != FULL_WEIGHT or verdict.outcome != "Pass" or not reference or not canary.tpot_buckets:
         return verdict
-    limit_ms = reference * thresholds.max_tpot_ratio
-    slower, requests = _slower_than(canary, limit_ms / 1000)
-    p90_s = quantile_of(0.9, canary.tpot_buckets)
-    if requests <= 0 or p90_s is None:
+    tpot = tpot_against_reference(canary, reference, status.stable_reference_requests, thresholds.max_tpot_ratio)
+    if tpot is None:
         return verdict
-    p90_ms = p90_s * 1000
-    p_value = _binomial_tail(slower, requests, _TAIL_SHARE)
     recorded_at = (status.stable_reference_step or 0) + 1
-    text = (f"TPOT p90 {p90_ms:.1f} ms vs stable {reference:.1f} ms recorded at step {recorded_at} "
-            f"(ratio {p90_ms / reference:.2f}, limit {thresholds.max_tpot_ratio:.2f}; {slower} of {requests} "
-            f"requests slower than {limit_ms:.1f} ms, p={p_value:.2g})")
-    if p90_ms <= limit_ms:
-        return replace(verdict, message=f"{verdict.message}; {text}")
-    if p_value < SIGNIFICANCE:
-        return replace(verdict, outcome="Fail", reason="TPOTExceeded", message=f"{text}; {verdict.message}")
+    source = f" from {status.stable_reference_requests} requests" if status.stable_reference_requests else ""
+    text = f"{tpot.describe()}, against the stable's recorded at step {recorded_at}{source}"
+    if tpot.passed:
+        return replace(verdict, message=f"{verdict.message}; {text}", comparisons=(*verdict.comparisons, tpot))
+    if tpot.failed:
+        return replace(verdict, outcome="Fail", reason="TPOTExceeded", message=f"{text}; {verdict.message}",
+                       comparisons=(*verdict.comparisons, tpot))
     return replace(verdict, outcome="Inconclusive", reason=DIFFERENCE_UNCERTAIN,
-                   message=f"{text}, not yet significant; {verdict.message}")
+                   message=f"{text}, not yet significant; {verdict.message}",
+                   comparisons=(*verdict.comparisons, tpot))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from specdec_operator.canary.progress import StepObservation, advance, judge_ste
 from tests.unit.canary.canaryfactories import (
     PASS,
     at,
+    buckets,
     canary_status,
     target,
     thresholds,
@@ -86,6 +87,38 @@ def test_the_full_step_passes_a_canary_as_fast_as_the_stable_was() -> None:
     verdict = judge_step(analyse(same, None, thresholds()), same, status, thresholds())
     assert verdict is not None and verdict.outcome == "Pass"
     assert step(status, verdict, 5).status.phase == "Promoted"
+
+
+def full_step_verdict(observations_s: list[float], reference_ms: float, reference_requests: int) -> Verdict | None:
+    status = canary_status(step=2, weight=100, stable_tpot_p90_ms=reference_ms, stable_reference_step=1,
+                           stable_reference_requests=reference_requests)
+    stats = window(requests=float(len(observations_s)), tpot_buckets=buckets(observations_s))
+    return judge_step(analyse(stats, None, thresholds()), stats, status, thresholds())
+
+
+def test_the_full_step_proves_a_slower_canary_whose_requests_share_a_bucket_with_the_limit() -> None:
+    # Every request takes 22-25 ms against a limit of 17.25 ms (15 ms x 1.15), all in vLLM's 10-25 ms bucket.
+    # Counting only the buckets wholly above the limit found none slower, so the step could only time out.
+    slow = [0.022 + 0.0029 * i / 399 for i in range(400)]
+    verdict = full_step_verdict(slow, 15.0, 400)
+    assert verdict is not None and (verdict.outcome, verdict.reason) == ("Fail", "TPOTExceeded"), verdict
+
+
+def test_the_full_step_gives_a_p90_just_past_its_limit_the_benefit_of_the_doubt_as_other_steps_do() -> None:
+    # 18 of 300 requests (6%) are slower than the limit, against the 10% a canary as fast as the stable would
+    # have: the p90 reads 1.17x only where interpolation puts it inside a 2.5x-wide bucket. The steps before
+    # pass such a read as noise; the 100% step held it until the timeout rolled a healthy canary back.
+    near = [0.0425 * (0.8 + 0.4 * i / 299) for i in range(300)]
+    verdict = full_step_verdict(near, 40.0, 300)
+    assert verdict is not None and verdict.outcome == "Pass", verdict
+    assert "within noise" in verdict.message and "from 300 requests" in verdict.message
+
+
+def test_a_passed_step_records_how_many_stable_requests_its_tpot_reference_came_from() -> None:
+    comparison = Comparison("TPOT p90", 41.0, 40.0, 1.15, False, " ms", 1, 0.4)
+    passing = Verdict("Pass", "ThresholdsMet", "fine", (comparison,), stable_requests=812)
+    result = step(canary_status(step=1, weight=50), passing, 61)
+    assert result.status.stable_reference_requests == 812
 
 
 def test_the_full_step_fails_on_errors_without_a_baseline() -> None:
