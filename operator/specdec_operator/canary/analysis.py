@@ -681,6 +681,12 @@ def _share_above(window: WindowStats, threshold: float) -> _Share | None:
     return _Share(share, _with_floor(variance, floor), shares)
 
 
+def _pod_floored_variance(side: _Share, pods: float) -> float:
+    """A side's share variance, never below the spread between its revision's pods (`pods`, per pod) over its
+    pods: a pod's hardware keeps it as fast or slow all window, so its intervals are not independent."""
+    return max(side.variance, pods / max(len(side.per_pod), 1))
+
+
 def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
                    limit: float) -> tuple[float, float] | None:
     """(excess, variance): the share of canary requests slower than `limit` x the stable's quantile, minus the
@@ -695,9 +701,8 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
     stable_share = _share_above(stable, q)
     if canary_share is None or stable_share is None:
         return None
-    # A pod's hardware keeps it as fast or slow all window: its intervals are not independent of each other.
     pods = _pooled_between_pod_variance([canary_share.per_pod, stable_share.per_pod])
-    variance = sum(max(side.variance, pods / max(len(side.per_pod), 1)) for side in (canary_share, stable_share))
+    variance = sum(_pod_floored_variance(side, pods) for side in (canary_share, stable_share))
     return canary_share.share - stable_share.share, variance
 
 
@@ -717,8 +722,7 @@ def tpot_against_reference(canary: WindowStats, reference_ms: float, reference_r
     share = _share_above(canary, limit * reference_ms / 1000.0)
     if p90 is None or share is None or reference_ms <= 0:
         return None
-    pods = _pooled_between_pod_variance([share.per_pod])
-    variance = max(share.variance, pods / max(len(share.per_pod), 1))
+    variance = _pod_floored_variance(share, _pooled_between_pod_variance([share.per_pod]))
     if reference_requests:
         variance += P90_TAIL_SHARE * (1 - P90_TAIL_SHARE) / reference_requests
     excess = share.share - P90_TAIL_SHARE

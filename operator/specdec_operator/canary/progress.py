@@ -385,8 +385,7 @@ def _pass_step(
     following = steps[status.step + 1]
     reference = _stable_tpot_p90(verdict)
     recorded = {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step,
-                "stable_reference_requests": verdict.stable_requests if verdict is not None else None,
-                } if reference else {}
+                "stable_reference_requests": verdict.stable_requests} if reference and verdict is not None else {}
     moved = _with_verdict(
         status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_stamp(now),
         evidence_since=None, hold_reason="", **recorded,
@@ -460,14 +459,13 @@ def judge_step(
     recorded_at = (status.stable_reference_step or 0) + 1
     source = f" from {status.stable_reference_requests} requests" if status.stable_reference_requests else ""
     text = f"{tpot.describe()}, against the stable's recorded at step {recorded_at}{source}"
+    judged = replace(verdict, comparisons=(*verdict.comparisons, tpot))
     if tpot.passed:
-        return replace(verdict, message=f"{verdict.message}; {text}", comparisons=(*verdict.comparisons, tpot))
+        return replace(judged, message=f"{verdict.message}; {text}")
     if tpot.failed:
-        return replace(verdict, outcome="Fail", reason="TPOTExceeded", message=f"{text}; {verdict.message}",
-                       comparisons=(*verdict.comparisons, tpot))
-    return replace(verdict, outcome="Inconclusive", reason=DIFFERENCE_UNCERTAIN,
-                   message=f"{text}, not yet significant; {verdict.message}",
-                   comparisons=(*verdict.comparisons, tpot))
+        return replace(judged, outcome="Fail", reason="TPOTExceeded", message=f"{text}; {verdict.message}")
+    return replace(judged, outcome="Inconclusive", reason=DIFFERENCE_UNCERTAIN,
+                   message=f"{text}, not yet significant; {verdict.message}")
 
 
 @dataclass(frozen=True)
