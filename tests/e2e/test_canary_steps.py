@@ -44,6 +44,9 @@ def canary(kube: Kube, name: str) -> dict[str, Any]:
     return (kube.get("sm", name) or {}).get("status", {}).get("canary") or {}
 
 
+# Its own waits (Ready, then the 50% step, then the verdict, each with its budget) add up to more than the
+# suite's 600 s per test: without this, a slow run is cut off before `wait_for` can print the canary's story.
+@pytest.mark.timeout(180 + 2 * (STEP_TIMEOUT_S * 2 + 4 * PAUSE_S) + 60)
 def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_doubles_mid_step(
     kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn,  # noqa: F811
 ) -> None:
