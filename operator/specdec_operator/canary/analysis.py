@@ -199,8 +199,9 @@ class Comparison:
     unit: str = ""
     decimals: int = 2
     p_value: float | None = None
-    # For a tail: the upper confidence bound of the canary's excess share beyond the limit; the tail is
-    # within its limit only once this bound is below TAIL_PASS_MARGIN (a p99 needs requests to be known).
+    # For a tail: the upper confidence bound of the canary's excess share beyond the limit, from the requests
+    # and intervals seen; the tail is within its limit only once this bound is below TAIL_PASS_MARGIN (a p99
+    # needs requests to be known).
     excess_bound: float | None = None
     # How far beyond the limit the estimate lies, in standard errors of one look (negative: within). A
     # point estimate beyond the limit by less than DOUBT_Z standard errors is noise: it passes.
@@ -308,7 +309,8 @@ SHARE_TOLERANCE = 0.2
 LENGTH_TOLERANCE = 1.25
 MIX_SIGNIFICANCE = 0.001
 # The p99 passes only once the canary's share of requests beyond the limit exceeds the stable's share
-# beyond its p99 by less than this, at 95% confidence: a tail is not known from a handful of requests.
+# beyond its p99 by less than this, at 95% confidence from the requests and intervals seen: a tail is not
+# known from a handful of requests (the pods' spread, which no wait shrinks, sizes only the failing test).
 TAIL_PASS_MARGIN = 0.01
 # A point estimate beyond its limit by less than this many standard errors (one-sided p > 0.2 at one look)
 # is not evidence of a regression: it passes. More than this and not yet proven: Inconclusive.
@@ -687,13 +689,28 @@ def _pod_floored_variance(side: _Share, pods: float) -> float:
     return max(side.variance, pods / max(len(side.per_pod), 1))
 
 
+@dataclass(frozen=True)
+class TailShortfall:
+    """The canary's share of requests slower than a multiple of the stable's quantile, minus the stable's share
+    above that quantile (`excess`), with two variances. `variance` is floored by the spread between the
+    revisions' pods: which pods a side drew stays with it all window, so a canary is only failed on a
+    difference larger than that. `sampling_variance` counts only the requests and intervals seen (pod x
+    interval cells, never below the binomial): it shrinks as requests come, and says whether a tail is known
+    yet. Pods whose tails genuinely differ (a hot pod) would otherwise keep a p99 unknown however long the step
+    ran."""
+
+    excess: float
+    variance: float
+    sampling_variance: float
+
+
 def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
-                   limit: float) -> tuple[float, float] | None:
-    """(excess, variance): the share of canary requests slower than `limit` x the stable's quantile, minus the
-    stable's share above that quantile. At most 0 when the canary's quantile is within `limit` x the stable's,
-    whatever the shapes: the quantile comparison as a comparison of shares, with standard errors from pods
-    and intervals (each side's never below the spread between its revision's pods over its pods, as for
-    goodput). Works across bucket layouts (each side interpolates its own)."""
+                   limit: float) -> TailShortfall | None:
+    """The share of canary requests slower than `limit` x the stable's quantile, minus the stable's share above
+    that quantile. At most 0 when the canary's quantile is within `limit` x the stable's, whatever the shapes:
+    the quantile comparison as a comparison of shares, with standard errors from pods and intervals (each
+    side's never below the spread between its revision's pods over its pods, as for goodput). Works across
+    bucket layouts (each side interpolates its own)."""
     q = quantile_of(quantile, stable.tpot_buckets)
     if q is None or q <= 0:
         return None
@@ -702,8 +719,11 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float,
     if canary_share is None or stable_share is None:
         return None
     pods = _pooled_between_pod_variance([canary_share.per_pod, stable_share.per_pod])
-    variance = sum(_pod_floored_variance(side, pods) for side in (canary_share, stable_share))
-    return canary_share.share - stable_share.share, variance
+    return TailShortfall(
+        excess=canary_share.share - stable_share.share,
+        variance=sum(_pod_floored_variance(side, pods) for side in (canary_share, stable_share)),
+        sampling_variance=canary_share.variance + stable_share.variance,
+    )
 
 
 # The stable's share of requests above its own p90: what the 100% step compares the canary's share with.
@@ -827,8 +847,8 @@ def _goodput(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysi
     return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value)
 
 
-def _tpot(canary: WindowStats, stable: WindowStats, quantile: float, limit: float,
-          scale: float) -> Comparison | str:
+def tpot_comparison(canary: WindowStats, stable: WindowStats, quantile: float, limit: float,
+                    scale: float) -> Comparison | str:
     label = f"TPOT p{round(quantile * 100)}"
     c, s = canary.tpot_ms(quantile), stable.tpot_ms(quantile)
     if c is None:
@@ -836,11 +856,13 @@ def _tpot(canary: WindowStats, stable: WindowStats, quantile: float, limit: floa
     if s is None or s <= 0:
         return f"no {label} measured on the stable revision"
     tail = tail_shortfall(canary, stable, quantile, limit)
-    p_value = sequential_p(tail[0], tail[1] * few_units_penalty(canary, stable), scale) if tail is not None else None
-    beyond = tail[0] / math.sqrt(tail[1]) if tail is not None and tail[1] > 0 else None
+    p_value = None if tail is None else sequential_p(
+        tail.excess, tail.variance * few_units_penalty(canary, stable), scale)
+    beyond = tail.excess / math.sqrt(tail.variance) if tail is not None and tail.variance > 0 else None
     bound = None
     if quantile >= 0.99:
-        bound = tail[0] + TAIL_PASS_Z * math.sqrt(tail[1]) if tail is not None else 1.0
+        # Known from the requests seen: the pods' spread sizes the failing test, not the wait for requests.
+        bound = tail.excess + TAIL_PASS_Z * math.sqrt(tail.sampling_variance) if tail is not None else 1.0
     return Comparison(label, c, s, limit, False, " ms", 1, p_value, bound, beyond)
 
 
@@ -1080,8 +1102,10 @@ def _comparisons(
                                           _goodput(canary, stable, thresholds, change)]
     if canary.tpot_buckets or stable.tpot_buckets:
         canary_tpot, stable_tpot = shared_tpot_layout(canary, stable)
-        candidates.append(_tpot(canary_tpot, stable_tpot, 0.9, thresholds.max_tpot_ratio, P90_SHARE_SCALE))
-        candidates.append(_tpot(canary_tpot, stable_tpot, 0.99, thresholds.max_tpot_p99_ratio, P99_SHARE_SCALE))
+        candidates.append(tpot_comparison(canary_tpot, stable_tpot, 0.9, thresholds.max_tpot_ratio,
+                                          P90_SHARE_SCALE))
+        candidates.append(tpot_comparison(canary_tpot, stable_tpot, 0.99, thresholds.max_tpot_p99_ratio,
+                                          P99_SHARE_SCALE))
     comparisons = tuple(item for item in candidates if isinstance(item, Comparison))
     missing = [item for item in candidates if isinstance(item, str)]
     return comparisons, missing
@@ -1131,8 +1155,8 @@ def calibration_statistics(canary: WindowStats, stable: WindowStats, level: floa
     canary_tpot, stable_tpot = shared_tpot_layout(canary, stable)
     for name, quantile in (("tpot_p90", 0.9), ("tpot_p99", 0.99)):
         tail = tail_shortfall(canary_tpot, stable_tpot, quantile, 1.0)
-        if tail is not None and tail[1] > 0:
-            found[name] = tail[0] / math.sqrt(tail[1]) / scale
+        if tail is not None and tail.variance > 0:
+            found[name] = tail.excess / math.sqrt(tail.variance) / scale
     c, s = canary.position_acceptance(0), stable.position_acceptance(0)
     if c and s:
         variance = sum(
