@@ -147,20 +147,21 @@ def test_the_few_cells_penalty_is_a_t_tests_at_its_level() -> None:
     assert few_units_penalty(four, four, 0.05) == pytest.approx((2.353 / 1.6449) ** 2, rel=1e-3)
 
 
-def _side(pod_shares: list[float], intervals: int = 12, per_interval: int = 50) -> WindowStats:
-    """Pods whose share of requests slower than 50 ms stays at their own level every interval: a pod's hardware
-    keeps it as fast or slow all window."""
-    cells = []
-    for index, share in enumerate(pod_shares):
-        slow = round(share * per_interval)
-        for _ in range(intervals):
-            cells.append(Cell(pod=f"pod-{index}", seconds=10, requests=per_interval,
-                              tpot_buckets=((0.025, per_interval - slow), (0.1, float(per_interval)),
-                                            (math.inf, float(per_interval)))))
+def _pods_window(pod_buckets: list[Buckets], intervals: int, per_interval: int) -> WindowStats:
+    """A side whose pods each serve the same TPOT histogram (`per_interval` requests) every interval: a pod's
+    hardware keeps it as fast or slow all window."""
+    cells = [Cell(pod=f"pod-{index}", seconds=10, requests=per_interval, tpot_buckets=histogram)
+             for index, histogram in enumerate(pod_buckets) for _ in range(intervals)]
     total = merge_histograms([cell.tpot_buckets for cell in cells])
-    return WindowStats(seconds=10.0 * intervals * len(pod_shares), gpus=1, k=3, tpot_buckets=total,
-                       requests=float(per_interval * intervals * len(pod_shares)), cells=tuple(cells),
-                       pods=len(pod_shares))
+    return WindowStats(seconds=10.0 * intervals * len(pod_buckets), gpus=1, k=3, tpot_buckets=total,
+                       requests=float(per_interval * intervals * len(pod_buckets)), cells=tuple(cells),
+                       pods=len(pod_buckets))
+
+
+def _side(pod_shares: list[float], intervals: int = 12, per_interval: int = 50) -> WindowStats:
+    """Pods whose share of requests slower than 50 ms stays at their own level every interval."""
+    return _pods_window([((0.025, per_interval - round(share * per_interval)), (0.1, float(per_interval)),
+                          (math.inf, float(per_interval))) for share in pod_shares], intervals, per_interval)
 
 
 def test_a_tail_shares_standard_error_counts_pods_not_only_intervals() -> None:
@@ -178,18 +179,14 @@ def _tail_side(pod_slow_shares: list[float], stall: float, intervals: int, per_i
     """Pods serving TPOTs around 40 ms, each with its own share of requests stalled every interval; stalls spread
     evenly in log between 2x and 40x the median, times `stall`: a heavy tail, so a p99's multiple still has
     requests beyond it."""
-    cells = []
-    for index, share in enumerate(pod_slow_shares):
+    pod_buckets = []
+    for share in pod_slow_shares:
         slow = round(share * per_interval)
         fast = per_interval - slow
         observations = [0.040 * (0.8 + 0.4 * i / (fast - 1)) for i in range(fast)]
         observations += [stall * 0.080 * 20 ** (i / max(slow - 1, 1)) for i in range(slow)]
-        cells += [Cell(pod=f"pod-{index}", seconds=10, requests=per_interval, tpot_buckets=buckets(observations))
-                  for _ in range(intervals)]
-    total = merge_histograms([cell.tpot_buckets for cell in cells])
-    return WindowStats(seconds=10.0 * intervals * len(pod_slow_shares), gpus=1, k=3, tpot_buckets=total,
-                       requests=float(per_interval * intervals * len(pod_slow_shares)), cells=tuple(cells),
-                       pods=len(pod_slow_shares))
+        pod_buckets.append(buckets(observations))
+    return _pods_window(pod_buckets, intervals, per_interval)
 
 
 def test_a_p99_within_its_limit_is_known_once_it_has_the_requests_even_when_pods_differ() -> None:
