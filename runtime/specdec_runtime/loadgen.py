@@ -84,11 +84,16 @@ def schedule(shape: LoadShape, duration_s: float | None = None) -> Iterator[Plan
         yield PlannedRequest(t, shape.prompt.draw(rng), shape.output.draw(rng))
 
 
+# How much of a failed answer an outcome keeps: enough for a Gateway's or vLLM's error message.
+ERROR_CHARS = 200
+
+
 @dataclass
 class Outcome:
     status: int  # HTTP status; 0 when the connection failed
     latency_s: float
     first_token_s: float | None
+    error: str = ""  # why it failed: the start of an error answer's body, or the connection's error
 
 
 @dataclass
@@ -99,6 +104,11 @@ class LoadReport:
     @property
     def statuses(self) -> Counter[int]:
         return Counter(outcome.status for outcome in self.outcomes)
+
+    @property
+    def failures(self) -> Counter[tuple[int, str]]:
+        """Failed answers by status and error: what a test prints beside the statuses, to say which part failed."""
+        return Counter((outcome.status, outcome.error) for outcome in self.outcomes if outcome.status != 200)
 
 
 def _body(shape: LoadShape, model: str, planned: PlannedRequest) -> dict[str, object]:
@@ -116,16 +126,19 @@ async def _send(session: ClientSession, url: str, host: str | None, body: dict[s
                 report: LoadReport) -> None:
     started = time.monotonic()
     first: float | None = None
+    error = ""
     headers = {"Host": host} if host else {}
     try:
         async with session.post(url, json=body, headers=headers) as response:
-            async for _ in response.content.iter_any():
+            async for chunk in response.content.iter_any():
                 if first is None:
                     first = time.monotonic() - started
+                if response.status >= 400 and len(error) < ERROR_CHARS:
+                    error += chunk.decode("utf-8", errors="replace")
             status = response.status
-    except (ClientError, OSError):
-        status = 0
-    report.outcomes.append(Outcome(status, time.monotonic() - started, first))
+    except (ClientError, OSError) as err:
+        status, error = 0, f"{type(err).__name__}: {err}"
+    report.outcomes.append(Outcome(status, time.monotonic() - started, first, error[:ERROR_CHARS]))
 
 
 async def run_load(
