@@ -50,6 +50,8 @@ class RuntimeConfig(BaseModel):
     # The backend of MLA layers (DeepSeek-style targets); attention_backend keeps serving the other layers.
     mla_attention_backend: str | None = None
     extra_args: list[str] = Field(default_factory=list)
+    # vLLM's --shutdown-timeout: seconds a SIGTERM lets in-flight requests finish (0, vLLM's default, aborts them).
+    shutdown_timeout: int = Field(default=0, ge=0)
     engine: Literal["vllm", "simulator"] = "vllm"
     simulator_profile: str | None = None
 
@@ -88,4 +90,6 @@ def serve_args(config: RuntimeConfig) -> list[str]:
         args += ["--attention-backend", config.attention_backend]
     if config.mla_attention_backend is not None:
         args.append(f"--attention-config.backend_per_kind.mla_attention={config.mla_attention_backend}")
+    if config.shutdown_timeout:
+        args += ["--shutdown-timeout", str(config.shutdown_timeout)]
     return args + list(config.extra_args)

@@ -35,6 +35,7 @@ def assert_vllm_starts_as_rendered(case: rendered.Case, verdict: dict[str, Any])
     assert verdict["served_model_name"] == config.served_model_name
     assert verdict["tensor_parallel_size"] == config.tensor_parallel_size
     assert (verdict["host"], verdict["port"]) == (config.host, config.port)
+    assert verdict["shutdown_timeout"] == config.shutdown_timeout
     assert verdict["attention_backend"] == config.attention_backend
     expected_per_kind = {} if config.mla_attention_backend is None else {"mla_attention": config.mla_attention_backend}
     assert verdict["backend_per_kind"] == expected_per_kind

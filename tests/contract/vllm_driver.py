@@ -166,6 +166,7 @@ def _engine_config(argv: list[str]) -> tuple[dict[str, Any], Any]:
         "disable_log_stats": bool(getattr(args, "disable_log_stats", False)),
         "host": args.host,
         "port": args.port,
+        "shutdown_timeout": config.shutdown_timeout,
     }
     if speculative is not None:
         result["speculative"] = {

@@ -304,6 +304,15 @@ class Runtime(ApiModel):
     weights_cache: WeightsCache | None = Field(
         default=None, description="Shared Hugging Face cache claim, so a new revision starts from cached weights."
     )
+    drain_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="How long a pod being replaced or removed may finish the requests it is serving (vLLM's "
+        "--shutdown-timeout; 0 aborts them). It stops receiving new requests first: its preStop hook waits "
+        "10 s while Services and Gateways drop it, and its terminationGracePeriodSeconds is that wait, this "
+        "drain and 30 s for vLLM to exit (docs/runtime-pods.md).",
+    )
 
     @model_validator(mode="after")
     def _no_owned_flags(self) -> Runtime:

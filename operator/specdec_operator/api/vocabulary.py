@@ -110,6 +110,7 @@ OWNED_VLLM_FLAGS: tuple[str, ...] = (
     "--max-model-len",
     "--speculative-model",
     "--num-speculative-tokens",
+    "--shutdown-timeout",
 )
 # Refused in extraArgs on top of the owned flags: vLLM's `--config FILE` reads any flag from YAML.
 REFUSED_VLLM_FLAGS: tuple[str, ...] = (*OWNED_VLLM_FLAGS, "--config")

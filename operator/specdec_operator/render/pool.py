@@ -32,6 +32,16 @@ IMAGE_PULL_ALLOWANCE_S = 900
 # minutes for scheduling and the first readiness probes may take (50 min); the Deployment default (600 s) would
 # declare every cold 70B rollout failed while it still loads.
 PROGRESS_DEADLINE_S = IMAGE_PULL_ALLOWANCE_S + STARTUP_PROBE_BUDGET_S + 300
+# A pod being removed keeps serving while the endpoints controller, kube-proxy and Gateways drop it (they learn of
+# the deletion by watch, seconds apart): its preStop hook only waits, so nothing new reaches it after its SIGTERM.
+PRE_STOP_WAIT_S = 10
+# After the drain (spec.runtime.drainSeconds, vLLM's --shutdown-timeout), vLLM stops its engine core and workers.
+ENGINE_EXIT_ALLOWANCE_S = 30
+
+
+def termination_grace_s(spec: SpeculativeModelSpec) -> int:
+    """The kubelet's SIGKILL deadline, counted from the deletion: the preStop wait, the drain, vLLM's exit."""
+    return PRE_STOP_WAIT_S + spec.runtime.drain_seconds + ENGINE_EXIT_ALLOWANCE_S
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,7 @@ def runtime_config(spec: SpeculativeModelSpec, drafter: Drafter, k: int) -> Runt
         extra_args=list(spec.runtime.extra_args),
         engine="simulator" if spec.runtime.simulate else "vllm",
         simulator_profile=spec.runtime.simulator_profile,
+        shutdown_timeout=spec.runtime.drain_seconds,
     )
 
 
@@ -179,7 +190,7 @@ def pod_template(
         ),
         "containers": [container],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": termination_grace_s(spec),
         # Zombie reaping by the platform rather than by an init of ours: in a shared process namespace the pause
         # container is PID 1 and reaps the engine core and worker processes vLLM leaves orphaned. The launcher
         # still execs vLLM, the container's main process, so the kubelet's SIGTERM reaches vLLM's own handler
@@ -230,6 +241,8 @@ def _container(
         # the container's termination message, so the pod's status says why (the server's default, File, says
         # nothing but the exit code).
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        # Kubernetes' own sleep action, not `sh -c sleep`: any image works, distroless ones too.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_WAIT_S}}},
     }
 
 

@@ -81,7 +81,8 @@ class HostedSimulator:
     def __init__(self, simulator: Simulator) -> None:
         self.simulator = simulator
         self._runner = web.AppRunner(build_app(simulator, background_tick=False), access_log=None,
-                                     handle_signals=False, keepalive_timeout=HTTP_KEEP_ALIVE_S)
+                                     handle_signals=False, keepalive_timeout=HTTP_KEEP_ALIVE_S,
+                                     shutdown_timeout=simulator.options.drain_s())
 
     @classmethod
     async def start(cls, argv: list[str], profiles: ProfileCache) -> HostedSimulator:
@@ -101,4 +102,6 @@ class HostedSimulator:
         return hosted
 
     async def stop(self) -> None:
+        """The process's SIGTERM: stop listening, let in-flight requests finish for --shutdown-timeout seconds (vLLM's
+        drain), cancel what is left."""
         await self._runner.cleanup()

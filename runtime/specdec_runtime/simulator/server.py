@@ -239,6 +239,8 @@ def main(argv: list[str]) -> int:
         "serving %s (K=%d) on %s:%d; loaded at %.0f",
         options.served_model_name, simulator.replica.k, options.host, options.port, simulator.replica.ready_at,
     )
+    # On SIGTERM aiohttp stops listening, then lets in-flight requests finish for --shutdown-timeout seconds and
+    # cancels the rest: vLLM's drain (and with 0, its abort).
     web.run_app(build_app(simulator), host=options.host, port=options.port, print=None, access_log=None,
-                keepalive_timeout=HTTP_KEEP_ALIVE_S)
+                keepalive_timeout=HTTP_KEEP_ALIVE_S, shutdown_timeout=options.drain_s())
     return 0

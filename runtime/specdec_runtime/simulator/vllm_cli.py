@@ -118,6 +118,13 @@ class ServeOptions:
     dynamic_k: bool
     seed: int | None
     ignored_args: tuple[str, ...]
+    # vLLM's --shutdown-timeout: on SIGTERM, seconds in-flight requests may finish (0 aborts them, vLLM's default).
+    shutdown_timeout: int = 0
+
+    def drain_s(self) -> float:
+        """aiohttp's shutdown_timeout for --shutdown-timeout. aiohttp reads 0 as no limit at all; vLLM's 0 aborts, so
+        it becomes a millisecond: the requests in flight are cancelled, their streams cut."""
+        return float(self.shutdown_timeout) if self.shutdown_timeout > 0 else 0.001
 
     def speculation(self) -> Speculation | None:
         """The engine's view: K, and the batch-size table only behind the --simulate-dynamic-k switch."""
@@ -432,6 +439,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--speculative-config", "-sc")
     parser.add_argument("--attention-backend")
     parser.add_argument("--attention-config", "-ac")
+    parser.add_argument("--shutdown-timeout", type=int, default=0)
     for flag, _ in SPEC_ALIASES:
         parser.add_argument(flag)
     parser.add_argument("--profile", type=Path, required=True, help="simulator profile (YAML or JSON)")
@@ -492,6 +500,7 @@ def check_serve_args(argv: list[str]) -> ServeOptions:
         dynamic_k=namespace.simulate_dynamic_k,
         seed=namespace.seed,
         ignored_args=tuple(ignored),
+        shutdown_timeout=namespace.shutdown_timeout,
     )
 
 

@@ -38,6 +38,7 @@ MINIMAL_DEFAULTS_GOLDEN: dict[str, Any] = {
         "resources": {"requests": {}, "limits": {}},
         "simulate": False,
         "pod": {"labels": {}, "annotations": {}, "imagePullSecrets": [], "volumes": []},
+        "drainSeconds": 30,
     },
     "rollout": {"strategy": "Rolling", "paused": False, "freeze": False, "maxSurge": 1, "maxUnavailable": 1},
 }

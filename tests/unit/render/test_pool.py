@@ -16,7 +16,13 @@ from specdec_operator.api.spec import Drafter
 from specdec_operator.api.vocabulary import GFX_TARGETS, REFUSED_METHODS, SPECULATIVE_METHODS
 from specdec_operator.render.drift import covers
 from specdec_operator.render.podspec import derived_requests
-from specdec_operator.render.pool import IMAGE_PULL_ALLOWANCE_S, STARTUP_PROBE_BUDGET_S, revision_of
+from specdec_operator.render.pool import (
+    ENGINE_EXIT_ALLOWANCE_S,
+    IMAGE_PULL_ALLOWANCE_S,
+    PRE_STOP_WAIT_S,
+    STARTUP_PROBE_BUDGET_S,
+    revision_of,
+)
 from specdec_runtime import contract
 from specdec_runtime.config import RuntimeConfig, serve_args
 from tests.unit.api.specfactories import drafter_wire, spec
@@ -500,3 +506,30 @@ def test_a_users_mla_backend_in_extra_args_is_refused_at_admission() -> None:
         spec(model={"attention": "MLA"}, runtime={"extraArgs": [f"{MLA_FLAG}=TRITON_MLA"]})
     args = serve_args(rendered_pool(spec(model={"attention": "MLA"}), gfx="gfx942").config)
     assert mla_options(args) == [f"{MLA_FLAG}=ROCM_AITER_MLA"]
+
+
+@pytest.mark.parametrize("drain", [None, 0, 300])
+def test_a_pod_being_removed_leaves_its_routes_then_drains_within_its_grace_period(drain: int | None) -> None:
+    """Without this, vLLM 0.33 (--shutdown-timeout 0 by default) aborts every request in flight at the kubelet's
+    SIGTERM, and requests routed while Services and Gateways still list the pod fail: 5xx through every rollout.
+    The preStop sleep keeps the pod serving while they drop it; vLLM then drains for spec.runtime.drainSeconds;
+    the grace period covers both and vLLM's exit, so the SIGKILL never cuts a drain short."""
+    pool = rendered_pool(spec(runtime={} if drain is None else {"drainSeconds": drain}))
+    seconds = 30 if drain is None else drain
+    assert pool.container["lifecycle"] == {"preStop": {"sleep": {"seconds": PRE_STOP_WAIT_S}}}
+    assert pool.pod["terminationGracePeriodSeconds"] == PRE_STOP_WAIT_S + seconds + ENGINE_EXIT_ALLOWANCE_S
+    args = pool.container["args"]
+    assert pool.config.shutdown_timeout == seconds
+    if seconds:
+        assert args[args.index("--shutdown-timeout") + 1] == str(seconds)
+    else:
+        assert "--shutdown-timeout" not in args, "0 is vLLM's own default: abort"
+    simulated = rendered_pool(spec(runtime={"simulate": True, "drainSeconds": 5}))
+    assert "--shutdown-timeout" in serve_args(simulated.config), "the simulator drains as vLLM does"
+
+
+def test_drain_seconds_is_bounded_and_the_flag_is_the_operators() -> None:
+    with pytest.raises(ValidationError, match=r"drain_seconds|drainSeconds"):
+        spec(runtime={"drainSeconds": -1})
+    with pytest.raises(ValidationError, match="--shutdown-timeout"):
+        spec(runtime={"extraArgs": ["--shutdown-timeout=60"]})
