@@ -314,31 +314,65 @@ spec:
 """
 
 
+# Runtime pods being deleted, should no fleet driver run to terminate them: deleted when their grace period ends
+# (the deletionTimestamp), as a kubelet kills what still runs then. With a driver they are gone long before: it runs
+# the kubelet's termination (the preStop wait, SIGTERM, the drain) and deletes the pod itself (termination.py).
+RUNTIME_POD_DELETE_STAGE = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: runtime-pod-delete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchLabels: {labels}
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+    - key: '.metadata.finalizers'
+      operator: 'DoesNotExist'
+  delay:
+    durationMilliseconds: 0
+    durationFrom:
+      expressionFrom: '.metadata.deletionTimestamp'
+  next:
+    delete: true
+"""
+
+
 def kwok_stage_files(out_dir: Path) -> list[Path]:
     """KWOK's own stages (fast node init, lease heartbeats, pod ready/complete/delete), except that its pod-ready
-    stage leaves runtime pods to `runtime-pod-start` and the fleet driver: KWOK would report them Ready before
-    anything serves on them, and again after the driver reported a container that cannot start."""
+    and pod-delete stages leave runtime pods to `runtime-pod-start`, `runtime-pod-delete` and the fleet driver: KWOK
+    would report them Ready before anything serves on them (and again after the driver reported a container that
+    cannot start), and delete them before they drained."""
     root = module_source_dir("sigs.k8s.io/kwok", KWOK_VERSION, "kwok") / "kustomize" / "stage"
     out_dir.mkdir(parents=True, exist_ok=True)
-    pod_ready = out_dir / "pod-ready.yaml"
-    pod_ready.write_text(pod_ready_stage_without_runtime_pods((root / "pod" / "fast" / "pod-ready.yaml").read_text()))
-    runtime_start = out_dir / "runtime-pod-start.yaml"
-    runtime_start.write_text(RUNTIME_POD_START_STAGE.format(labels=json.dumps(dict([RUNTIME_POD_LABEL]))))
+    labels = json.dumps(dict([RUNTIME_POD_LABEL]))
+    written = []
+    for name in ("pod-ready", "pod-delete"):
+        path = out_dir / f"{name}.yaml"
+        path.write_text(stage_without_runtime_pods((root / "pod" / "fast" / f"{name}.yaml").read_text()))
+        written.append(path)
+    runtime_stages = (("runtime-pod-start", RUNTIME_POD_START_STAGE), ("runtime-pod-delete", RUNTIME_POD_DELETE_STAGE))
+    for name, text in runtime_stages:
+        path = out_dir / f"{name}.yaml"
+        path.write_text(text.format(labels=labels))
+        written.append(path)
     return [
         root / "node" / "fast" / "node-initialize.yaml",
         root / "node" / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml",
-        pod_ready,
-        runtime_start,
+        *written,
         root / "pod" / "fast" / "pod-complete.yaml",
-        root / "pod" / "fast" / "pod-delete.yaml",
     ]
 
 
-def pod_ready_stage_without_runtime_pods(stage_text: str) -> str:
-    """KWOK's pod-ready stage with one more selector term: not a runtime pod (a missing label matches NotIn)."""
+def stage_without_runtime_pods(stage_text: str) -> str:
+    """A KWOK pod stage with one more selector term: not a runtime pod (a missing label matches NotIn)."""
     anchor = "    matchExpressions:\n"
     if stage_text.count(anchor) != 1:
-        raise ClusterError("kwok's pod-ready stage changed shape: expected one selector matchExpressions list")
+        raise ClusterError("a kwok pod stage changed shape: expected one selector matchExpressions list")
     key, value = RUNTIME_POD_LABEL
     term = f"    - key: '.metadata.labels.\"{key}\"'\n      operator: 'NotIn'\n      values:\n      - '{value}'\n"
     return stage_text.replace(anchor, anchor + term)

@@ -118,7 +118,9 @@ class Demo:
         self._start_child("demo-fleet-driver", [
             str(Path(sys.executable).parent / "specdec-runtime"), "fleet-driver",
             "--kubeconfig", str(self.cluster.paths.kubeconfig),
-            "--log-dir", str(self.cluster.paths.logs / "simulators"), "--default-profile", "quick"])
+            "--log-dir", str(self.cluster.paths.logs / "simulators"), "--default-profile", "quick",
+            # The gateway stand-in drops a deleted pod as soon as its watch says so: 2 s of the 10 s preStop wait.
+            "--max-pre-stop-seconds", "2"])
         self._wait_for_ready_models(len(models))
 
     def _helm_install(self) -> None:

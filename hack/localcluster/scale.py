@@ -192,7 +192,8 @@ class Bench:
         env = {**os.environ, "KUBECONFIG": str(self.cluster.paths.kubeconfig)}
         bin_dir = Path(sys.executable).parent
         self.driver = start("scale-fleet-driver", [str(bin_dir / "specdec-runtime"), "fleet-driver",
-                                                   "--default-profile", "quick"], env, self.cluster.paths.logs)
+                                                   "--default-profile", "quick", "--max-pre-stop-seconds", "1"],
+                            env, self.cluster.paths.logs)
         self.metrics_port = free_port()
         self.operator = start("scale-operator", [sys.executable, "-m", "specdec_operator.cli", "run"], {
             **env, **OPERATOR_IMAGE_ENV, "SPECDEC_STANDALONE": "true", "SPECDEC_SCRAPE_LOOPBACK_ONLY": "true",

@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     driver.add_argument(
         "--default-profile", default=DEFAULT_PROFILE, help="for pods with neither annotation nor simulator_profile"
     )
+    driver.add_argument("--max-pre-stop-seconds", type=float, default=None, metavar="S",
+                        help="wait at most S seconds of a deleted pod's preStop sleep before its SIGTERM (default: all "
+                        "of it; a test cluster's Gateway stand-in drops a deleted pod as soon as its watch says so)")
     driver.add_argument("--engine", choices=("simulator", "vllm"), default="simulator",
                         help="simulator: a hosted simulator per pod; vllm: run each pod's own command (the launcher, "
                         "then vLLM's CPU build from hack/vllm-cpu-env) on its loopback IP")
@@ -158,7 +161,7 @@ def _engine_settings(options: argparse.Namespace) -> EngineSettings:
 
 
 def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, default_profile: str,
-                      engine: EngineSettings | None = None) -> int:
+                      engine: EngineSettings | None = None, max_pre_stop_s: float | None = None) -> int:
     # Imported here: the launcher runs in every GPU pod and has no use for the Kubernetes client.
     from specdec_runtime.fleet_driver import run_fleet_driver
 
@@ -167,7 +170,8 @@ def _run_fleet_driver(kubeconfig: str | None, profiles_dir: Path, default_profil
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await run_fleet_driver(kubeconfig, profiles_dir, stop, default_profile=default_profile, engine=engine)
+        await run_fleet_driver(kubeconfig, profiles_dir, stop, default_profile=default_profile, engine=engine,
+                               max_pre_stop_s=max_pre_stop_s)
 
     asyncio.run(run())
     return 0
@@ -209,4 +213,5 @@ def main(argv: list[str] | None = None) -> int:
         except LaunchError as err:
             sys.stderr.write(f"{PROG}: error: {err}\n")
             return 2
-    return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.default_profile, engine)
+    return _run_fleet_driver(options.kubeconfig, options.profiles_dir, options.default_profile, engine,
+                             options.max_pre_stop_seconds)

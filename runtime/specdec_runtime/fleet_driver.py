@@ -35,6 +35,7 @@ from specdec_runtime.fleet_kube import RuntimePod, kube_pod_source
 from specdec_runtime.podstates import Terminated, backoff_s
 from specdec_runtime.simulator.hosted import HostedSimulator, HostError, HostExit, ProfileCache
 from specdec_runtime.simulator.profile import DEFAULT_PROFILE, ProfileError, resolve_profile
+from specdec_runtime.termination import Terminations
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +55,14 @@ class Supervisor(Protocol):
 
 
 class ContainerReporter(Protocol):
-    """Writes what a kubelet would to the pod's status when its container exits, or runs and is ready."""
+    """Writes what a kubelet would: the pod's status when its container exits, or runs and is ready, and the pod's
+    final deletion once its container stopped."""
 
     async def report_crash(self, pod: RuntimePod, restarts: int, last: Terminated) -> None: ...
 
     async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated | None) -> None: ...
+
+    async def finish_deletion(self, pod: RuntimePod) -> None: ...
 
 
 @dataclass
@@ -84,16 +88,21 @@ class FleetSupervisor:
         self._names: dict[str, str] = {}  # uid -> namespace/name, for log lines
         self._refused: set[str] = set()
         self._loading: dict[str, RuntimePod] = {}  # started, not reported Ready yet: the model still loads
+        self._terminations = Terminations(reporter.finish_deletion if reporter is not None else None)
 
     @property
     def simulators(self) -> dict[str, HostedSimulator]:
         return dict(self._running)
 
     async def reconcile(self, pods: list[RuntimePod]) -> None:
-        wanted = {pod.uid: pod for pod in pods}
-        # Stop first: a replacement pod may reuse its predecessor's IP and port.
+        wanted = {pod.uid: pod for pod in pods if pod.terminating is None}
+        for pod in pods:
+            if pod.terminating is not None:
+                self._begin_termination(pod)
+        self._terminations.forget({pod.uid for pod in pods})
+        # Stop first: a pod deleted without a grace period, whose address a new pod may already have.
         for uid in [uid for uid in self._running if uid not in wanted]:
-            await self._stop(uid, "pod is gone or replaced")
+            await self._stop(uid, "pod is gone")
         self._refused &= wanted.keys()
         for uid in [uid for uid in self._crashes if uid not in wanted]:
             del self._crashes[uid]
@@ -117,8 +126,29 @@ class FleetSupervisor:
             await self.reporter.report_crash(pod, restarts, last)
 
     async def stop_all(self) -> None:
+        await self._terminations.close()
         for uid in list(self._running):
             await self._stop(uid, "fleet driver shutting down")
+
+    def _begin_termination(self, pod: RuntimePod) -> None:
+        """The pod is being deleted: its simulator serves through the preStop wait, then drains (termination.py)."""
+        if pod.uid in self._terminations:
+            return
+        hosted = self._running.pop(pod.uid, None)
+        self._loading.pop(pod.uid, None)
+        self._crashes.pop(pod.uid, None)
+        where = self._names.pop(pod.uid, f"{pod.namespace}/{pod.name}")
+        if hosted is None:
+            self._terminations.begin(pod, None)
+            return
+
+        async def stop(seconds: float) -> None:
+            try:
+                await asyncio.wait_for(hosted.stop(), seconds)
+            except TimeoutError:
+                logger.warning("simulator for %s still served at the end of its grace period", where)
+
+        self._terminations.begin(pod, stop)
 
     def _argv(self, pod: RuntimePod) -> list[str] | None:
         where = f"{pod.namespace}/{pod.name}"
@@ -213,10 +243,11 @@ async def run_fleet_driver(
     *,
     default_profile: str = DEFAULT_PROFILE,
     engine: EngineSettings | None = None,
+    max_pre_stop_s: float | None = None,
 ) -> None:
     """Profile per pod: its annotation, else its config's simulator_profile, else default_profile. With `engine`,
     each pod runs its own container command (the launcher, then vLLM) instead (fleet_engine.py)."""
-    async with kube_pod_source(kubeconfig) as source:
+    async with kube_pod_source(kubeconfig, max_pre_stop_s) as source:
         supervisor: Supervisor = (
             EngineSupervisor(engine, reporter=source) if engine is not None
             else FleetSupervisor(profiles_dir, default_profile=default_profile, reporter=source)

@@ -39,6 +39,7 @@ from specdec_runtime.config import serve_args
 from specdec_runtime.fleet_kube import RuntimePod
 from specdec_runtime.launcher import MODELS_DIR_ENV, VLLM_EXECUTABLE, with_local_models
 from specdec_runtime.podstates import Terminated, backoff_s
+from specdec_runtime.termination import Terminations
 
 logger = logging.getLogger(__name__)
 
@@ -165,15 +166,20 @@ class EngineSupervisor:
         self._refused: set[str] = set()
         self._waiting_logged: set[str] = set()
         self._http: aiohttp.ClientSession | None = None
+        self._terminations = Terminations(getattr(reporter, "finish_deletion", None))
 
     @property
     def engines(self) -> dict[str, Engine]:
         return dict(self._engines)
 
     async def reconcile(self, pods: list[RuntimePod]) -> None:
-        wanted = {pod.uid: pod for pod in pods}
+        wanted = {pod.uid: pod for pod in pods if pod.terminating is None}
+        for pod in pods:
+            if pod.terminating is not None:
+                self._begin_termination(pod)
+        self._terminations.forget({pod.uid for pod in pods})
         for uid in [uid for uid in self._engines if uid not in wanted]:
-            await self._stop(uid, "pod is gone or replaced")
+            await self._stop(uid, "pod is gone")
         self._refused &= wanted.keys()
         for uid in [uid for uid in self._crashes if uid not in wanted]:
             del self._crashes[uid]
@@ -183,7 +189,8 @@ class EngineSupervisor:
             crash = self._crashes.get(uid)
             if uid in self._engines or uid in self._refused or (crash is not None and now < crash.retry_at):
                 continue
-            if len(self._engines) >= self.settings.max_engines:
+            # A terminating engine holds its memory until it exits, as a pod's containers hold their node's.
+            if len(self._engines) + self._terminations.holding >= self.settings.max_engines:
                 if uid not in self._waiting_logged:
                     self._waiting_logged.add(uid)
                     logger.warning("pod %s/%s waits: %d engines already run (--max-engines)", pod.namespace, pod.name,
@@ -193,6 +200,7 @@ class EngineSupervisor:
         await self._probe_ready()
 
     async def stop_all(self) -> None:
+        await self._terminations.close()
         for uid in list(self._engines):
             await self._stop(uid, "fleet driver shutting down")
         if self._http is not None:
@@ -313,16 +321,35 @@ class EngineSupervisor:
             if report is not None:
                 await report(pod, crash.restarts if crash else 0, crash.last if crash else None)
 
+    def _begin_termination(self, pod: RuntimePod) -> None:
+        """The pod is being deleted: its engine serves through the preStop wait, then gets SIGTERM and drains for its
+        --shutdown-timeout (termination.py); it is killed at the end of the pod's grace period."""
+        if pod.uid in self._terminations:
+            return
+        engine = self._engines.pop(pod.uid, None)
+        self._crashes.pop(pod.uid, None)
+        if engine is None:
+            self._terminations.begin(pod, None)
+            return
+
+        async def stop(seconds: float) -> None:
+            await self._terminate(engine, "pod deleted", seconds)
+
+        self._terminations.begin(pod, stop)
+
     async def _stop(self, uid: str, reason: str) -> None:
-        engine = self._engines.pop(uid)
+        await self._terminate(self._engines.pop(uid), reason, STOP_GRACE_S)
+
+    async def _terminate(self, engine: Engine, reason: str, grace_s: float) -> None:
+        """SIGTERM, then SIGKILL after grace_s seconds if the engine still runs."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(engine.process.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.shield(engine.waiter) if engine.waiter else engine.process.wait(),
-                                   STOP_GRACE_S)
+                                   grace_s)
         except TimeoutError:
             logger.warning("engine of %s/%s did not stop in %.0fs; killing it", engine.pod.namespace,
-                           engine.pod.name, STOP_GRACE_S)
+                           engine.pod.name, grace_s)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(engine.process.pid, signal.SIGKILL)  # the engine core and workers, whatever the API server did
         if engine.waiter is not None and not engine.waiter.done():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import time
@@ -34,6 +35,15 @@ RUNTIME_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY},{contract
 
 
 @dataclass(frozen=True)
+class Termination:
+    """A pod being deleted, as its kubelet reads it: the preStop wait before SIGTERM, and the end of the grace
+    period (its deletionTimestamp, as a monotonic time), when whatever still runs is killed."""
+
+    pre_stop_s: float
+    deadline: float
+
+
+@dataclass(frozen=True)
 class RuntimePod:
     """A Running runtime pod on a kwok node, with what the simulator standing in for it needs."""
 
@@ -45,6 +55,7 @@ class RuntimePod:
     profile: str | None  # the pod's simulator-profile annotation, if any
     simulate_oom: bool = False  # the pod env asks for a simulated OOM kill (podstates.SIMULATE_OOM_ENV)
     command: tuple[str, ...] = ()  # the runtime container's command + args, as a kubelet would run them
+    terminating: Termination | None = None  # set once the pod is being deleted (termination.py)
 
 
 LIST_PAGE = 500
@@ -62,8 +73,12 @@ class KubePodSource:
     and a pod's config is fixed for its life (a new config means a new pod).
     """
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, max_pre_stop_s: float | None = None) -> None:
         self._core = client.CoreV1Api(api)
+        # The preStop wait is the pod's; a test cluster sets a shorter one (its Gateway learns of a deletion by watch).
+        self._max_pre_stop_s = max_pre_stop_s
+        self._handed: dict[str, RuntimePod] = {}  # uid -> the pod as last handed to the supervisor
+        self._finished: set[str] = set()  # terminating pods nothing ran for, deleted (or being deleted) at once
         self._bad_configs: set[str] = set()
         self._pods: dict[str, Any] = {}  # uid -> pod, maintained by the watch
         self._configs: dict[str, RuntimeConfig] = {}  # uid -> its config, read once
@@ -91,11 +106,15 @@ class KubePodSource:
         await self._synced.wait()
         found: list[RuntimePod] = []
         for uid, pod in list(self._pods.items()):
+            if pod.metadata.deletion_timestamp is not None:
+                terminating = await self._terminating(pod)
+                if terminating is not None:
+                    found.append(terminating)
+                continue
             if uid in self._bad_configs:
                 continue
-            # A terminating pod is gone as far as its simulator is concerned. Pending: one we hold (a missing
-            # Secret, an image it cannot pull), looked at again by _may_start.
-            if pod.metadata.deletion_timestamp is not None or pod.status.phase not in ("Running", "Pending"):
+            # Pending: one we hold (a missing Secret, an image it cannot pull), looked at again by _may_start.
+            if pod.status.phase not in ("Running", "Pending"):
                 continue
             if not pod.status.pod_ip or not await self._on_kwok_node(pod.spec.node_name):
                 continue
@@ -107,13 +126,49 @@ class KubePodSource:
             self._configs[uid] = runtime_config
             annotations = pod.metadata.annotations or {}
             container = podstates.runtime_container(self._plain(pod))
-            found.append(RuntimePod(
+            found.append(handed := RuntimePod(
                 uid=uid, namespace=pod.metadata.namespace, name=pod.metadata.name, pod_ip=pod.status.pod_ip,
                 config=runtime_config, profile=annotations.get(contract.ANNOTATION_SIMULATOR_PROFILE),
                 simulate_oom=podstates.simulates_oom(container),
                 command=(*container.get("command", []), *container.get("args", [])),
             ))
+            self._handed[uid] = handed
         return found
+
+    async def _terminating(self, pod: Any) -> RuntimePod | None:
+        """A pod being deleted, for its supervisor to terminate (termination.py), if it was handed one; else
+        nothing ever ran for it, and its deletion is finished at once, as the kubelet does."""
+        uid = pod.metadata.uid
+        handed = self._handed.get(uid)
+        if handed is None:
+            if uid not in self._finished and pod.spec.node_name and await self._on_kwok_node(pod.spec.node_name):
+                self._finished.add(uid)
+                try:
+                    await self._delete_now(pod.metadata.namespace, pod.metadata.name, uid)
+                except ApiException as err:
+                    logger.warning("deleting pod %s/%s failed (%s %s); trying again", pod.metadata.namespace,
+                                   pod.metadata.name, err.status, err.reason)
+            return None
+        pre_stop_s = podstates.pre_stop_sleep_s(podstates.runtime_container(self._plain(pod)))
+        if self._max_pre_stop_s is not None:
+            pre_stop_s = min(pre_stop_s, self._max_pre_stop_s)
+        # The deletionTimestamp is when the grace period ends; the one wall-clock reading here turns it into a
+        # monotonic deadline.
+        left = (pod.metadata.deletion_timestamp - datetime.now(UTC)).total_seconds()
+        return dataclasses.replace(handed, terminating=Termination(pre_stop_s, time.monotonic() + left))
+
+    async def finish_deletion(self, pod: RuntimePod) -> None:
+        """Its container stopped: delete the pod object now (grace 0, this very pod), as the kubelet does last."""
+        await self._delete_now(pod.namespace, pod.name, pod.uid)
+
+    async def _delete_now(self, namespace: str, name: str, uid: str) -> None:
+        body = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid))
+        try:
+            await self._core.delete_namespaced_pod(name, namespace, body=body)
+        except ApiException as err:
+            if err.status not in (404, 409):  # gone already, or a new pod under its name
+                self._finished.discard(uid)
+                raise
 
     def _plain(self, pod: Any) -> dict[str, Any]:
         """The pod as the API server's JSON (camelCase dicts), for the pure podstates functions."""
@@ -210,6 +265,8 @@ class KubePodSource:
                 self._pods = pods
                 for uid in [uid for uid in self._configs if uid not in pods]:
                     del self._configs[uid]
+                for uid in [uid for uid in self._handed if uid not in pods]:
+                    del self._handed[uid]
                 return str(page.metadata.resource_version)
 
     async def _watch_pods(self) -> None:
@@ -243,6 +300,8 @@ class KubePodSource:
                             self._configs.pop(pod.metadata.uid, None)
                             self._started.discard(pod.metadata.uid)
                             self._blocked.pop(pod.metadata.uid, None)
+                            self._handed.pop(pod.metadata.uid, None)
+                            self._finished.discard(pod.metadata.uid)
                         elif event["type"] in ("ADDED", "MODIFIED"):
                             self._pods[pod.metadata.uid] = pod
             except asyncio.CancelledError:
@@ -317,12 +376,13 @@ def require_loopback_server(host_url: str | None) -> None:
 
 
 @asynccontextmanager
-async def kube_pod_source(kubeconfig: str | None) -> AsyncIterator[KubePodSource]:
+async def kube_pod_source(kubeconfig: str | None, max_pre_stop_s: float | None = None
+                          ) -> AsyncIterator[KubePodSource]:
     configuration = client.Configuration()
     await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     require_loopback_server(configuration.host)
     async with client.ApiClient(configuration) as api:
-        source = KubePodSource(api)
+        source = KubePodSource(api, max_pre_stop_s)
         try:
             yield source
         finally:

@@ -192,6 +192,13 @@ def runtime_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return containers[0]
 
 
+def pre_stop_sleep_s(container: Mapping[str, Any]) -> float:
+    """The container's preStop sleep action (lifecycle.preStop.sleep.seconds): how long the kubelet waits before it
+    sends SIGTERM. 0 without one."""
+    pre_stop = ((container.get("lifecycle") or {}).get("preStop") or {})
+    return float((pre_stop.get("sleep") or {}).get("seconds") or 0)
+
+
 def reports_running(pod: Mapping[str, Any], restarts: int) -> bool:
     """Whether the pod's status already says its runtime container runs, ready, after `restarts` restarts."""
     status = pod.get("status") or {}

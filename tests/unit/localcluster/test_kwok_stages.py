@@ -32,8 +32,8 @@ def test_the_runtime_label_is_the_contracts() -> None:
     assert build.RUNTIME_POD_LABEL == (contract.LABEL_NAME, contract.RUNTIME_NAME)
 
 
-def test_kwoks_pod_ready_stage_skips_runtime_pods_only() -> None:
-    stage = yaml.safe_load(build.pod_ready_stage_without_runtime_pods(KWOK_POD_READY))
+def test_kwoks_pod_stages_skip_runtime_pods_only() -> None:
+    stage = yaml.safe_load(build.stage_without_runtime_pods(KWOK_POD_READY))
     expressions = stage["spec"]["selector"]["matchExpressions"]
     assert sorted(expressions, key=str) == sorted([
         {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
@@ -44,7 +44,7 @@ def test_kwoks_pod_ready_stage_skips_runtime_pods_only() -> None:
 
 def test_a_changed_kwok_stage_is_refused_loudly() -> None:
     with pytest.raises(ClusterError, match="changed shape"):
-        build.pod_ready_stage_without_runtime_pods(KWOK_POD_READY.replace("    matchExpressions:\n", ""))
+        build.stage_without_runtime_pods(KWOK_POD_READY.replace("    matchExpressions:\n", ""))
 
 
 def test_the_runtime_pod_start_stage_gives_an_ip_and_leaves_readiness_to_the_driver() -> None:
@@ -58,3 +58,15 @@ def test_the_runtime_pod_start_stage_gives_an_ip_and_leaves_readiness_to_the_dri
     for kind in ("Ready", "ContainersReady"):
         assert f'status: "False"\n  reason: ContainersNotReady\n  type: {kind}\n' in template
     assert "ready: false" in template and "reason: ContainerCreating" in template
+
+
+def test_runtime_pods_are_deleted_by_kwok_only_when_their_grace_period_ends() -> None:
+    """Without a fleet driver to terminate them, runtime pods stay Terminating until their deletionTimestamp, as on
+    a node whose kubelet kills what still runs then; KWOK's own pod-delete stage no longer matches them."""
+    stage = yaml.safe_load(build.RUNTIME_POD_DELETE_STAGE.format(labels='{"a": "b"}'))
+    spec = stage["spec"]
+    assert spec["selector"]["matchLabels"] == {"a": "b"}
+    assert {"key": ".metadata.deletionTimestamp", "operator": "Exists"} in spec["selector"]["matchExpressions"]
+    assert spec["delay"]["durationFrom"] == {"expressionFrom": ".metadata.deletionTimestamp"}
+    assert "jitterDurationFrom" not in spec["delay"]
+    assert spec["next"] == {"delete": True}

@@ -14,7 +14,7 @@ import pytest
 
 from specdec_runtime.config import RuntimeConfig, SpeculativeSettings
 from specdec_runtime.fleet_driver import FleetSupervisor, drive
-from specdec_runtime.fleet_kube import RuntimePod, require_loopback_server
+from specdec_runtime.fleet_kube import RuntimePod, Termination, require_loopback_server
 from specdec_runtime.simulator.profile import PACKAGED_PROFILES_DIR
 
 # A loopback /24 of our own, with a random port, so parallel test runs do not collide.
@@ -178,3 +178,128 @@ async def test_drive_keeps_simulators_through_api_failures_and_closes_them_on_st
     stop.set()
     await asyncio.wait_for(driver, 10)
     assert refuses_connections(f"{NET}.9")
+
+
+class Deletions:
+    """The reporter seam: records each pod deletion the driver finishes, and when."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.finished: list[tuple[str, float]] = []
+        self.failures = failures
+        self.done = asyncio.Event()
+
+    async def report_crash(self, pod: RuntimePod, restarts: int, last: object) -> None:
+        return None
+
+    async def report_running(self, pod: RuntimePod, restarts: int, last: object) -> None:
+        return None
+
+    async def finish_deletion(self, pod: RuntimePod) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("apiserver hiccup")
+        self.finished.append((pod.uid, time.monotonic()))
+        self.done.set()
+
+
+async def completion(ip: str, max_tokens: int, started: asyncio.Event | None = None,
+                     port: int = PORT) -> tuple[int, float]:
+    """A streamed completion: (HTTP status, or 0 for a cut stream or connection; when the answer ended). `started` is
+    set at its first token."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with session.post(f"http://{ip}:{port}/v1/completions", json={
+                    "model": "target", "prompt": "tok tok tok", "max_tokens": max_tokens, "stream": True}) as response:
+                text = ""
+                async for chunk in response.content.iter_any():
+                    text += chunk.decode()
+                    if started is not None:
+                        started.set()
+                complete = response.status != 200 or "[DONE]" in text
+                return (response.status if complete else 0), time.monotonic()
+        except (aiohttp.ClientError, OSError):
+            return 0, time.monotonic()
+
+
+async def ready(ip: str, port: int = PORT) -> None:
+    """Until /health answers 200: the simulator has loaded its model (503 before, as vLLM's)."""
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(f"http://{ip}:{port}/health") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+
+
+async def in_flight(ip: str, max_tokens: int) -> asyncio.Task[tuple[int, float]]:
+    """A long request, returned once its first token arrived."""
+    await asyncio.wait_for(ready(ip), 30)
+    started = asyncio.Event()
+    request = asyncio.create_task(completion(ip, max_tokens, started))
+    await asyncio.wait_for(started.wait(), 30)
+    return request
+
+
+def terminating(pod: RuntimePod, pre_stop_s: float, grace_s: float = 60.0) -> RuntimePod:
+    return replace(pod, terminating=Termination(pre_stop_s, time.monotonic() + grace_s))
+
+
+async def test_a_deleted_pod_serves_through_its_pre_stop_wait_then_finishes_its_requests_before_it_is_deleted(
+    fast_profiles: Path,
+) -> None:
+    """The kubelet's order, with vLLM's --shutdown-timeout: new requests still answered during the preStop wait,
+    then SIGTERM stops the listener and the request in flight completes, and only then is the pod deleted."""
+    deletions = Deletions()
+    supervisor = FleetSupervisor(fast_profiles, reporter=deletions)
+    pod = make_pod("a", "uid-a", ip=f"{NET}.20")
+    pod = replace(pod, config=pod.config.model_copy(update={"shutdown_timeout": 30}))
+    await supervisor.reconcile([pod])
+    long_request = await in_flight(f"{NET}.20", max_tokens=300)
+
+    await supervisor.reconcile([terminating(pod, pre_stop_s=2.0)])
+    assert supervisor.simulators == {}, "a terminating pod's simulator is no longer the driver's to restart"
+    status, _ = await completion(f"{NET}.20", max_tokens=5)
+    assert status == 200, "during the preStop wait the pod still answers what reaches it"
+
+    await asyncio.wait_for(deletions.done.wait(), 30)
+    status, answered_at = await long_request
+    assert status == 200, "the request in flight at SIGTERM finished (vLLM's drain)"
+    assert deletions.finished == [("uid-a", deletions.finished[0][1])]
+    assert answered_at <= deletions.finished[0][1], "the pod is deleted only after its requests finished"
+    assert refuses_connections(f"{NET}.20")
+
+    await supervisor.reconcile([terminating(pod, pre_stop_s=2.0)])
+    assert len(deletions.finished) == 1, "a termination runs once, however often the pod is seen"
+    await supervisor.stop_all()
+
+
+async def test_without_a_shutdown_timeout_sigterm_aborts_the_requests_in_flight(fast_profiles: Path) -> None:
+    """vLLM's default, --shutdown-timeout 0: the simulator cuts what it serves at SIGTERM, as the engine aborts it."""
+    deletions = Deletions()
+    supervisor = FleetSupervisor(fast_profiles, reporter=deletions)
+    pod = make_pod("a", "uid-a", ip=f"{NET}.21")
+    await supervisor.reconcile([pod])
+    long_request = await in_flight(f"{NET}.21", max_tokens=2000)
+    await supervisor.reconcile([terminating(pod, pre_stop_s=0.0)])
+    await asyncio.wait_for(deletions.done.wait(), 30)
+    status, _ = await long_request
+    assert status == 0, "the request in flight was cut"
+    await supervisor.stop_all()
+
+
+async def test_a_deleted_pod_nothing_runs_for_is_deleted_at_once_and_again_after_a_failed_delete(
+    fast_profiles: Path,
+) -> None:
+    deletions = Deletions(failures=1)
+    supervisor = FleetSupervisor(fast_profiles, reporter=deletions)
+    pod = make_pod("a", "uid-a", ip=f"{NET}.22")
+    await supervisor.reconcile([terminating(pod, pre_stop_s=30.0)])
+    assert supervisor.simulators == {}, "a pod first seen terminating never starts"
+    while not deletions.done.is_set():  # the first delete fails; each resync tries again
+        await supervisor.reconcile([terminating(pod, pre_stop_s=30.0)])
+        await asyncio.sleep(0)
+    assert [uid for uid, _ in deletions.finished] == ["uid-a"]
+    await supervisor.stop_all()

@@ -10,13 +10,14 @@ import os
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from specdec_runtime.config import RuntimeConfig, SpeculativeSettings, serve_args
 from specdec_runtime.fleet_engine import EngineSettings, EngineSupervisor, ModelMap, termination_message
-from specdec_runtime.fleet_kube import RuntimePod
+from specdec_runtime.fleet_kube import RuntimePod, Termination
 from specdec_runtime.podstates import Terminated
 
 NET = f"127.0.{random.randrange(150, 250)}"
@@ -25,7 +26,12 @@ PORT = random.randrange(20000, 30000)
 # Serves /health on --host/--port like vLLM, after writing its argv and environment where the test can read them;
 # refuses (exit 1, vLLM's last traceback line) a model path whose name says so.
 FAKE_VLLM = f"""#!{sys.executable}
-import http.server, json, os, sys
+import http.server, json, os, signal, sys, time
+def sigterm(*_):
+    with open("sigterm.json", "w") as out:
+        json.dump({{"at": time.monotonic()}}, out)
+    os._exit(0)
+signal.signal(signal.SIGTERM, sigterm)
 args = sys.argv[1:]
 with open("argv.json", "w") as out:
     json.dump({{"argv": args, "host_ip": os.environ.get("VLLM_HOST_IP"),
@@ -46,12 +52,18 @@ class Reports:
     def __init__(self) -> None:
         self.running: list[tuple[str, int]] = []
         self.crashes: list[tuple[str, int, Terminated]] = []
+        self.deleted: list[tuple[str, float]] = []
+        self.deletion = asyncio.Event()
 
     async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated | None) -> None:
         self.running.append((pod.name, restarts))
 
     async def report_crash(self, pod: RuntimePod, restarts: int, last: Terminated) -> None:
         self.crashes.append((pod.name, restarts, last))
+
+    async def finish_deletion(self, pod: RuntimePod) -> None:
+        self.deleted.append((pod.name, time.monotonic()))
+        self.deletion.set()
 
 
 @pytest.fixture
@@ -161,3 +173,32 @@ def test_the_engine_mode_refuses_to_start_without_its_venv_or_tiny_models(
     assert main(["fleet-driver", "--engine", "vllm", "--vllm-venv", str(venv), "--tiny-models", str(tmp_path / "tiny"),
                  "--model-map", "no-equals-sign"]) == 2
     assert "expected NAME=PATH" in capsys.readouterr().err
+
+
+async def test_a_deleted_pods_engine_gets_sigterm_after_its_pre_stop_wait_and_holds_its_room_until_it_exits(
+    settings: EngineSettings,
+) -> None:
+    """The kubelet's order: the engine serves through the preStop wait, then gets SIGTERM; the pod object is deleted
+    once it exited; and until then its memory is taken (--max-engines 1: the next pod waits)."""
+    reports = Reports()
+    supervisor = EngineSupervisor(settings, reporter=reports)
+    first, second = pod("a", "uid-a"), pod("b", "uid-bb")
+    try:
+        deadline = time.monotonic() + 60
+        while not reports.running:
+            assert time.monotonic() < deadline, "never Ready"
+            await supervisor.reconcile([first, second])
+            await asyncio.sleep(0.2)
+        deleted_at = time.monotonic()
+        leaving = replace(first, terminating=Termination(pre_stop_s=1.0, deadline=deleted_at + 60))
+        await supervisor.reconcile([leaving, second])
+        assert not supervisor.engines, "the second pod waits while the first one's engine still runs"
+        await asyncio.wait_for(reports.deletion.wait(), 30)
+        sigterm = json.loads((settings.work_dir / "ns_a_uid-a" / "sigterm.json").read_text())["at"]
+        assert sigterm >= deleted_at + 1.0, "SIGTERM only after the preStop wait"
+        assert reports.deleted[0][0] == "a" and reports.deleted[0][1] >= sigterm, "deleted once the engine exited"
+        await supervisor.reconcile([leaving, second])
+        assert list(supervisor.engines) == ["uid-bb"], "its room is free: the next pod starts"
+        assert [name for name, _ in reports.deleted] == ["a"]
+    finally:
+        await supervisor.stop_all()

@@ -85,12 +85,16 @@ class Recorder:
     def __init__(self) -> None:
         self.crashes: list[tuple[str, int, Terminated]] = []
         self.running: list[tuple[str, int]] = []
+        self.deleted: list[str] = []
 
     async def report_crash(self, pod: RuntimePod, restarts: int, last: Terminated) -> None:
         self.crashes.append((pod.name, restarts, last))
 
     async def report_running(self, pod: RuntimePod, restarts: int, last: Terminated | None) -> None:
         self.running.append((pod.name, restarts))
+
+    async def finish_deletion(self, pod: RuntimePod) -> None:
+        self.deleted.append(pod.name)
 
 
 async def test_a_pod_is_reported_ready_once_its_model_has_loaded(fast_profiles: Path) -> None:  # noqa: F811
