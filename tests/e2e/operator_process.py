@@ -40,6 +40,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+# A deleted pod's preStop wait (10 s as rendered), as the tests' kubelet stand-in runs it: the Gateway stand-in drops a
+# deleted pod as soon as its watch says so, and tests wait for old pods to go.
+MAX_PRE_STOP_S = "1"
+
 class FleetDriverProcess:
     """The kubelet stand-in that runs a simulator for every runtime pod on its loopback pod IP."""
 
@@ -48,7 +52,7 @@ class FleetDriverProcess:
         self.log_dir = cluster.paths.logs / "simulators"
         self.command = [str(Path(sys.executable).parent / "specdec-runtime"), "fleet-driver",
                         "--kubeconfig", str(cluster.paths.kubeconfig), "--log-dir", str(self.log_dir),
-                        "--default-profile", default_profile]
+                        "--default-profile", default_profile, "--max-pre-stop-seconds", MAX_PRE_STOP_S]
         self.pid_file = cluster.paths.pids / "fleet-driver.pid"
         self.process: subprocess.Popen[bytes] | None = None
 

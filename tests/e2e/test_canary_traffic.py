@@ -379,19 +379,21 @@ def test_healthy_canaries_promote_and_each_revision_takes_its_route_share_at_eve
                                 f"of {total:.0f} ({canary / total:.1%})")
     print(f"requests (canary, total) per weight: {measured}")  # shown with -rA: the figures behind the pass
     assert not failures, (failures, measured)
-    report_failed_requests(loads)
+    assert_every_request_answered(loads)
 
 
-def report_failed_requests(loads: list[BackgroundLoad]) -> None:
-    """Prints each model's answers by HTTP status, through every step, the promotion and the canary's removal.
+def assert_every_request_answered(loads: list[BackgroundLoad]) -> None:
+    """Every request through every step, the promotion and the canary's removal answered 200.
 
-    A figure, not a bound. A pod is Ready only once its simulator has loaded (the fleet driver reports it, as a
-    readiness probe would: docs/local-traffic.md), so no request is routed to a starting pod. The deletion of a
-    canary's pods while the route still sent them requests is fixed and unit-tested
-    (tests/unit/reconcile/test_canary_drain.py)."""
+    A pod is Ready only once its simulator has loaded (the fleet driver reports it, as a readiness probe would:
+    docs/local-traffic.md), so no request is routed to a starting pod; the route leaves the canary's pods before
+    they are deleted (tests/unit/reconcile/test_canary_drain.py); and a deleted pod serves through its preStop wait,
+    then drains what it has in flight (--shutdown-timeout) before it exits (docs/runtime-pods.md)."""
     statuses = {load.model: load.report.statuses if load.report else None for load in loads}
     assert all(counts is not None for counts in statuses.values()), statuses
     print(f"answers per model by HTTP status: {statuses}")
+    failures = {load.model: load.report.failures.most_common(5) for load in loads if load.report}
+    assert not any(failures.values()), failures
 
 
 def test_healthy_tuner_k_changes_promote_under_real_traffic_on_1_2_4_replicas(
@@ -420,7 +422,7 @@ def test_healthy_tuner_k_changes_promote_under_real_traffic_on_1_2_4_replicas(
         # Announced once, at the promotion, as what the recorded decision was.
         changed = [(e["reason"], e["message"]) for e in events if e["reason"] in ("KChanged", "KExplore")]
         assert [reason for reason, _ in changed] == [rolled_out], changed
-    report_failed_requests(loads)
+    assert_every_request_answered(loads)
 
 
 @pytest.mark.parametrize(("profile", "cited"), [

@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 
 from localcluster.cluster import LocalCluster
-from specdec_runtime import engine_env
+from specdec_runtime import contract, engine_env
 from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.nodes_fixture import FLEET_LABEL, condition, test_nodes, toleration_for_test_nodes  # noqa: F401
-from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
+from tests.e2e.operator_process import MAX_PRE_STOP_S, FleetDriverProcess, OperatorProcess
 from tests.e2e.traffic import BackgroundLoad, GatewayStandIn
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1800)]
@@ -69,7 +69,7 @@ class EngineFleetDriver(FleetDriverProcess):
         self.work_dir = cluster.paths.logs / "engines"
         self.command = [str(Path(sys.executable).parent / "specdec-runtime"), "fleet-driver",
                         "--kubeconfig", str(cluster.paths.kubeconfig), "--engine", "vllm", "--max-engines", "2",
-                        "--work-dir", str(self.work_dir)]
+                        "--work-dir", str(self.work_dir), "--max-pre-stop-seconds", MAX_PRE_STOP_S]
         for name, checkpoint in MODEL_MAP.items():
             self.command += ["--model-map", f"{name}={checkpoint}"]
 
@@ -373,6 +373,20 @@ def http_route(name: str) -> dict[str, Any]:
                                 "backendRefs": [{"name": f"{name}-stable", "port": 8000, "weight": 100}]}]}}
 
 
+def one_revision_left(kube: Kube, name: str) -> bool:
+    """The swap is over: every pod of the model (Terminating ones too) runs one revision."""
+    pods = kube.items("pods", f"specdec.io/model={name}")
+    return len({pod["metadata"]["labels"].get(contract.LABEL_REVISION) for pod in pods}) == 1 and not any(
+        pod["metadata"].get("deletionTimestamp") for pod in pods)
+
+
+def assert_every_request_answered(load: BackgroundLoad) -> None:
+    """Through the canary and the swap after it (the loser's pods leave while requests flow): no request failed.
+    Deleted pods serve through their preStop wait and then drain what they have in flight (docs/runtime-pods.md)."""
+    assert load.report is not None
+    assert not load.report.failures, f"{load.report.statuses}: {load.report.failures.most_common(5)}"
+
+
 def canary_phase(kube: Kube, name: str) -> str | None:
     canary = ((kube.get("sm", name) or {}).get("status") or {}).get("canary")
     return canary.get("phase") if canary else None
@@ -401,11 +415,14 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
                  ENGINE_READY_S + 900, 3,
                  describe=lambda: ((kube.get("sm", name) or {}).get("status", {}).get("canary"),
                                    [e["message"] for e in kube.events(name)][-3:]))
+        wait_for("the canary's pods gone", lambda: one_revision_left(kube, name), 300, 2,
+                 describe=lambda: runtime_pods(kube, name))
     events = [e["message"] for e in kube.events(name) if e["reason"] in ("CanaryFailed", "CanaryTimedOut")]
     print(f"verdict {canary_phase(kube, name)}: {events}; load {load.report.statuses if load.report else None}")
     assert canary_phase(kube, name) == "RolledBack", events
     assert any("acceptance" in m or "accepted length" in m for m in events), events
     assert any(ch.isdigit() for ch in events[-1]), events
+    assert_every_request_answered(load)
     leaks = not_loopback(inet_sockets(engine_driver.pids()))
     assert not leaks, f"sockets off 127.0.0.0/8: {leaks}"
 
@@ -455,9 +472,12 @@ def test_a_k_change_the_tuner_proposes_from_vllms_counters_rolls_out_as_a_canary
                  ENGINE_READY_S + 900, 3,
                  describe=lambda: ((kube.get("sm", name) or {}).get("status", {}).get("canary"),
                                    [e["message"] for e in kube.events(name)][-3:]))
+        wait_for("the losing revision's pods gone", lambda: one_revision_left(kube, name), 300, 2,
+                 describe=lambda: runtime_pods(kube, name))
     status = (kube.get("sm", name) or {}).get("status") or {}
     print(f"decision {decision}; canary {status.get('canary')}; "
-          f"load {load.report.statuses if load.report else None}")
+          f"load {load.report.statuses if load.report else None}; failures "
+          f"{load.report.failures.most_common(5) if load.report else None}")
     assert decision["fromK"] == STARTING_K and decision["action"] in ("Change", "Explore"), decision
     # The canary is the decision's: it runs the decided K against the stable at STARTING_K.
     assert canary["canaryK"] == decision["toK"] and canary.get("decisionId") == decision["id"], (canary, decision)
@@ -465,5 +485,6 @@ def test_a_k_change_the_tuner_proposes_from_vllms_counters_rolls_out_as_a_canary
     assert final["verdict"] in ("Pass", "Fail") and any(ch.isdigit() for ch in final["message"]), final
     pool_k = status["pools"][0]["effectiveK"]
     assert pool_k == (decision["toK"] if final["phase"] == "Promoted" else STARTING_K), (pool_k, final)
+    assert_every_request_answered(load)
     leaks = not_loopback(inet_sockets(engine_driver.pids()))
     assert not leaks, f"sockets off 127.0.0.0/8: {leaks}"
