@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ class FakeCore:
     def __init__(self) -> None:
         self.secrets: dict[str, dict[str, str]] = {}
         self.patches: list[dict[str, Any]] = []
+        self.deletes: list[tuple[str, int, str]] = []
 
     async def read_namespaced_secret(self, name: str, namespace: str) -> Any:
         if name not in self.secrets:
@@ -38,6 +41,9 @@ class FakeCore:
 
     async def patch_namespaced_pod_status(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         self.patches.append(body["status"])
+
+    async def delete_namespaced_pod(self, name: str, namespace: str, body: Any) -> None:
+        self.deletes.append((name, body.grace_period_seconds, body.preconditions.uid))
 
 
 def pod(image: str = "ghcr.io/specdec/specdec-runtime:0.1.0-simulator", env: list[Any] | None = None) -> Any:
@@ -159,3 +165,39 @@ async def test_a_pod_the_operator_renders_is_served_with_every_field_it_sets(sou
     plain = source._plain(source._pods["u1"])
     assert plain["spec"]["shareProcessNamespace"] is True
     assert plain["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def deleted(body: Any, seconds_left: float, pre_stop_s: int | None) -> Any:
+    """`body` being deleted, its grace period ending in `seconds_left`, its container's preStop sleep `pre_stop_s`."""
+    body.metadata.deletion_timestamp = datetime.now(UTC) + timedelta(seconds=seconds_left)
+    if pre_stop_s is not None:
+        body.spec.containers[0].lifecycle = client.V1Lifecycle(
+            pre_stop=client.V1LifecycleHandler(sleep=client.V1SleepAction(seconds=pre_stop_s)))
+    return body
+
+
+@pytest.mark.parametrize(("pre_stop_s", "cap", "waits"), [(10, None, 10.0), (10, 1.0, 1.0), (None, 1.0, 0.0)])
+async def test_a_deleted_pod_it_served_is_handed_back_terminating_with_its_pre_stop_wait_and_deadline(
+    source: Any, pre_stop_s: int | None, cap: float | None, waits: float,
+) -> None:
+    """The supervisor terminates it (termination.py): the container's preStop sleep (capped by the driver's
+    --max-pre-stop-seconds), and the deletionTimestamp as the monotonic time of the SIGKILL."""
+    source._max_pre_stop_s = cap
+    source._pods = {"u1": pod()}
+    [served] = await source.runtime_pods()
+    assert served.terminating is None
+    source._pods = {"u1": deleted(pod(), 70, pre_stop_s)}
+    [leaving] = await source.runtime_pods()
+    assert leaving.terminating is not None and leaving.uid == "u1" and leaving.config == served.config
+    assert leaving.terminating.pre_stop_s == waits
+    assert 69 < leaving.terminating.deadline - time.monotonic() <= 70
+    assert source._core.deletes == [], "the supervisor deletes it once its container stopped"
+    await source.finish_deletion(leaving)
+    assert source._core.deletes == [("p", 0, "u1")], "at once, and only this pod (not a new one under its name)"
+
+
+async def test_a_deleted_pod_nothing_ran_for_is_deleted_at_once_and_once(source: Any) -> None:
+    source._pods = {"u1": deleted(pod(env=[HF]), 70, 10)}  # held by its missing Secret: never handed out
+    assert await source.runtime_pods() == []
+    assert await source.runtime_pods() == []
+    assert source._core.deletes == [("p", 0, "u1")]
