@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from specdec_operator.handlers.services.scrapes import SPREAD, ScrapeScheduler, phase
-from specdec_operator.tuner.samples import ScrapeTarget
+from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget
 from specdec_operator.tuner.scraper import scrape_session
 from tests.unit.tuner.factories import metrics_text
 from tests.unit.virtual_time import run_in_virtual_time
@@ -264,13 +264,18 @@ async def test_a_model_gets_its_round_while_another_models_pod_still_hangs() -> 
             scrapes.want(("ns", "hanging"), targets(hanging_port, "hanging", 1))
             scrapes.want(("ns", "quick"), targets(quick_port, "quick", 1))
             round_ = asyncio.create_task(scrapes.run_round())
-            rounds: list[list[object]] = []
-            for _ in range(600):  # the quick model's round, up to a minute on a loaded machine
-                if rounds := scrapes.take(("ns", "quick")):  # type: ignore[assignment]
+            rounds: list[list[ScrapeResult]] = []
+            # The quick model's round, and the hanging pod's scrape under way (each starts at its own offset in the
+            # round, and on a loaded machine the hanging pod's server may take its request after the quick one
+            # answered): up to a minute.
+            for _ in range(1200):
+                rounds += scrapes.take(("ns", "quick"))
+                if rounds and hanging.in_flight == 1:
                     break
                 await asyncio.sleep(0.05)
             assert len(rounds) == 1 and len(rounds[0]) == 1
-            assert hanging.in_flight == 1 and not round_.done(), "the quick model waited for the hanging pod"
+            assert hanging.in_flight == 1, "the hanging pod's scrape never started"
+            assert not round_.done(), "the quick model's round came while the hanging pod still held the round"
             round_.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await round_
