@@ -55,7 +55,7 @@ class Terminations:
     def forget(self, present: Collection[str]) -> None:
         """Drop finished terminations of pods that are gone."""
         for uid in [uid for uid, task in self._tasks.items() if task.done() and uid not in present]:
-            del self._tasks[uid]
+            _failed(self._tasks.pop(uid))  # a failed deletion was logged; retrieved, so asyncio does not log it again
 
     async def close(self) -> None:
         """The driver is stopping: no more waits (its engines die with it; its simulators with its event loop)."""
