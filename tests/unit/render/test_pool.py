@@ -26,6 +26,7 @@ from specdec_operator.render.pool import (
 from specdec_runtime import contract
 from specdec_runtime.config import RuntimeConfig, serve_args
 from tests.unit.api.specfactories import drafter_wire, spec
+from tests.unit.docs.corpus import REPO_ROOT
 from tests.unit.render.renderfactories import MODEL, NAMESPACE, UID, rendered_pool
 
 VLLM_SPECULATIVE_KEYS = {
@@ -533,3 +534,12 @@ def test_drain_seconds_is_bounded_and_the_flag_is_the_operators() -> None:
         spec(runtime={"drainSeconds": -1})
     with pytest.raises(ValidationError, match="--shutdown-timeout"):
         spec(runtime={"extraArgs": ["--shutdown-timeout=60"]})
+
+
+def test_the_drain_table_in_the_docs_states_the_rendered_numbers() -> None:
+    text = (REPO_ROOT / "docs" / "runtime-pods.md").read_text()
+    default = spec().runtime.drain_seconds
+    assert f"| `lifecycle.preStop.sleep.seconds` | {PRE_STOP_WAIT_S} |" in text
+    assert f"`spec.runtime.drainSeconds` (default {default};" in text
+    assert (f"| {PRE_STOP_WAIT_S} + `drainSeconds` + {ENGINE_EXIT_ALLOWANCE_S} "
+            f"(default {PRE_STOP_WAIT_S + default + ENGINE_EXIT_ALLOWANCE_S}) |") in text
