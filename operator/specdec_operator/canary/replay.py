@@ -10,9 +10,9 @@ A recording is JSON lines, one per pod per scrape (docs/canary.md, "Replaying a 
 canary's size; when the recording has one, the canary is compared with it and not with the stable);
 `weight` is the canary's percent in the route as it was in force (null or absent: replica-ratio split);
 `metrics` is the pod's /metrics text as scraped (absent or null: the scrape failed); `health` (optional)
-the pod's /health answer (absent: healthy when its /metrics was scraped). Lines with the same `t` form
-one scrape round; a verdict and a step of the state machine follow each round, as a reconcile follows a
-scrape in the operator.
+the pod's /health answer (absent: healthy when its /metrics was scraped). A scrape round is each pod once,
+stamped within half the scrape period of each other (`rounds`); a verdict and a step of the state machine
+follow each round, as a reconcile follows a scrape in the operator.
 
 The steps and the analysis come from a YAML header before the first JSON line (the fields of
 `spec.rollout.canary`, or a mapping with a `canary:` key and optional `pool`, `gpusPerPod`, `stableK`,
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -218,16 +219,34 @@ def load_spec(header: Mapping[str, Any] | None) -> ReplaySpec:
 
 
 def rounds(records: Iterable[Record]) -> Iterator[list[Record]]:
-    """Records grouped into scrape rounds (equal `t`), in time order."""
+    """Records grouped into scrape rounds, in time order. A round holds each pod at most once, stamped within half
+    the recording's scrape period (`round_tolerance`) of the round's first record: a recorder beside the cluster,
+    or Prometheus, stamps each pod when its own scrape answered, so one round's stamps differ by up to a scrape's
+    duration, and an export may list the lines pod by pod. Equal stamps are always one round."""
     ordered = sorted(records, key=lambda record: record.at)
+    tolerance = round_tolerance(ordered)
     batch: list[Record] = []
+    pods: set[str] = set()
     for record in ordered:
-        if batch and record.at != batch[0].at:
+        if batch and (record.pod in pods or record.at - batch[0].at > tolerance):
             yield batch
-            batch = []
+            batch, pods = [], set()
         batch.append(record)
+        pods.add(record.pod)
     if batch:
         yield batch
+
+
+def round_tolerance(records: Iterable[Record]) -> float:
+    """Half the median interval between one pod's consecutive records: how far apart one round's stamps may be.
+    0 when no pod was recorded twice."""
+    last: dict[str, float] = {}
+    intervals = []
+    for record in sorted(records, key=lambda record: record.at):
+        if record.pod in last and record.at > last[record.pod]:
+            intervals.append(record.at - last[record.pod])
+        last[record.pod] = record.at
+    return statistics.median(intervals) / 2 if intervals else 0.0
 
 
 def _moment(at: float) -> datetime:
@@ -274,7 +293,8 @@ class Replayer:
         """One scrape round, then one reconcile: the verdict on the step's window and the step machine."""
         if self.result is not None or not records:
             return
-        at = records[0].at
+        # The reconcile follows the round's last scrape; each scrape keeps its own stamp for the counter windows.
+        at = max(record.at for record in records)
         now = _moment(at)
         starting = self.status is None
         if starting:
@@ -295,7 +315,7 @@ class Replayer:
             restarts.append(PodRestarts(record.pod, revision, record.restarts))
             if not record.ready:
                 continue  # the operator scrapes Ready pods only
-            scraped = self._scrape(target, at, record.metrics)
+            scraped = self._scrape(target, record.at, record.metrics)
             results.append(scraped)
             # The operator probes /health every round; a recording without the answer counts a pod whose
             # /metrics was scraped as healthy, and leaves one whose scrape failed unprobed.

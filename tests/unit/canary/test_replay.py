@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 from pathlib import Path
 
 import pytest
 
+from specdec_operator.bench.canary import SCENARIOS, _Trial, run_trial
 from specdec_operator.canary.replay import (
+    Record,
     RecordingError,
     ReplaySpec,
     format_result,
     load_spec,
     parse_recording,
     replay,
+    rounds,
 )
 from specdec_operator.cli import main
 
@@ -100,3 +105,45 @@ def test_the_header_may_give_the_pools_replicas() -> None:
     assert load_spec({}).replicas is None
     with pytest.raises(RecordingError, match="replicas must be a number"):
         load_spec({"replicas": "twelve"})
+
+
+def _jittered(records: list[Record], seed: int) -> list[Record]:
+    """A recording as Prometheus or a recorder beside the cluster writes it: each pod stamped when its own scrape
+    answered (up to 0.9 s apart within a 10 s round), and the lines exported pod by pod, not round by round."""
+    rng = random.Random(seed)
+    moved = [dataclasses.replace(record, at=record.at + rng.uniform(0.0, 0.9)) for record in records]
+    return sorted(moved, key=lambda record: (record.pod, record.at))
+
+
+@pytest.mark.parametrize("path", [HEALTHY, ERRORING], ids=["healthy", "erroring"])
+def test_pods_stamped_at_their_own_scrape_and_exported_pod_by_pod_replay_as_the_rounds_they_were(path: Path) -> None:
+    header, exact = parse_recording(path.read_text())
+    expected = replay(exact, load_spec(header))
+    result = replay(_jittered(exact, 1), load_spec(header))
+    assert (result.outcome, result.reason) == (expected.outcome, expected.reason)
+    assert [step.ended for step in result.steps] == [step.ended for step in expected.steps]
+
+
+@pytest.mark.parametrize("name", ["TPOT +20%", "acceptance -15%", "goodput -10%"])
+@pytest.mark.parametrize("steps", ["default", "example"])
+def test_a_bad_canary_with_jittered_stamps_is_still_compared_with_its_stable(name: str, steps: str) -> None:
+    """Before rounds were read with a tolerance, each jittered line was a round of its own: the canary's rounds had
+    no stable pod in them, so no comparison was made, and these canaries ran to the end of the recording."""
+    trial = _Trial(next(s for s in SCENARIOS if s.name == name), steps, pool=2, rate=2.0, seed=1, interval=10.0)
+    recorded: list[Record] = []
+    outcome, reason, _, _ = run_trial(trial, recorded)
+    assert outcome == "RolledBack"
+    result = replay(_jittered(recorded, 1), trial.spec())
+    assert (result.outcome, result.reason) == (outcome, reason), format_result(result, trial.spec())
+
+
+def test_a_round_is_each_pod_once_within_half_the_scrape_period() -> None:
+    def record(at: float, pod: str) -> Record:
+        return Record(at=at, pod=pod, role="canary" if pod.startswith("c") else "stable")
+
+    # Two pods scraped every 10 s, up to 1 s apart; the stable once twice within a round (a retried scrape).
+    records = [record(0.0, "c"), record(0.6, "s"), record(10.4, "s"), record(10.9, "c"), record(20.0, "c"),
+               record(20.2, "s"), record(20.3, "s"), record(30.0, "c")]
+    grouped = [[(r.at, r.pod) for r in batch] for batch in rounds(records)]
+    assert grouped == [[(0.0, "c"), (0.6, "s")], [(10.4, "s"), (10.9, "c")], [(20.0, "c"), (20.2, "s")],
+                       [(20.3, "s")], [(30.0, "c")]]
