@@ -12,7 +12,8 @@ canary's size; when the recording has one, the canary is compared with it and no
 `metrics` is the pod's /metrics text as scraped (absent or null: the scrape failed); `health` (optional)
 the pod's /health answer (absent: healthy when its /metrics was scraped). A scrape round is each pod once,
 stamped within half the scrape period of each other (`rounds`); a verdict and a step of the state machine
-follow each round, as a reconcile follows a scrape in the operator.
+follow each round, as a reconcile follows a scrape in the operator. The canary starts with the first round
+that has a canary pod; rounds before it (an export from before the change) only start the counters.
 
 The steps and the analysis come from a YAML header before the first JSON line (the fields of
 `spec.rollout.canary`, or a mapping with a `canary:` key and optional `pool`, `gpusPerPod`, `stableK`,
@@ -297,6 +298,13 @@ class Replayer:
         at = max(record.at for record in records)
         now = _moment(at)
         starting = self.status is None
+        if starting and not any(record.role == "canary" for record in records):
+            # Before the canary revision shows: history (a recording exported from before the change). Its
+            # scrapes only give the other pods' counters a start, as the operator has them when a canary begins.
+            history = [(self._target(record), record) for record in records if record.ready]
+            self.counters.observe([self._scrape(target, record.at, record.metrics)
+                                   for target, record in history if target is not None])
+            return
         if starting:
             # The reconcile that sees the new revision starts its canary; the next ones step it.
             self.started_at = at
@@ -307,11 +315,10 @@ class Replayer:
         health = []
         restarts = []
         for record in records:
-            revision = self._revision(record.role)
-            if revision is None:
+            target = self._target(record)
+            if target is None:
                 continue
-            target = ScrapeTarget(pod=record.pod, uid=record.pod, ip="127.0.0.1", port=0, pool=self.spec.pool,
-                                  revision=revision, k=0, restart_count=record.restarts)
+            revision = target.revision
             restarts.append(PodRestarts(record.pod, revision, record.restarts))
             if not record.ready:
                 continue  # the operator scrapes Ready pods only
@@ -338,6 +345,14 @@ class Replayer:
         verdict = self._verdict(route_percent, stable_serving)
         self._advance(verdict, at, now, canary_ready=canary_ready, route_percent=route_percent,
                       route_target=self._route_target(records) if route_percent is not None else None)
+
+    def _target(self, record: Record) -> ScrapeTarget | None:
+        """The pod as a scrape target of its revision; None for a role the canary is not compared with."""
+        revision = self._revision(record.role)
+        if revision is None:
+            return None
+        return ScrapeTarget(pod=record.pod, uid=record.pod, ip="127.0.0.1", port=0, pool=self.spec.pool,
+                            revision=revision, k=0, restart_count=record.restarts)
 
     def _scrape(self, target: ScrapeTarget, at: float, metrics: str | None) -> ScrapeResult:
         if metrics is None:

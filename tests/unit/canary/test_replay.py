@@ -147,3 +147,23 @@ def test_a_round_is_each_pod_once_within_half_the_scrape_period() -> None:
     grouped = [[(r.at, r.pod) for r in batch] for batch in rounds(records)]
     assert grouped == [[(0.0, "c"), (0.6, "s")], [(10.4, "s"), (10.9, "c")], [(20.0, "c"), (20.2, "s")],
                        [(20.3, "s")], [(30.0, "c")]]
+
+
+@pytest.mark.parametrize("path", [HEALTHY, ERRORING], ids=["healthy", "erroring"])
+@pytest.mark.parametrize("lead_s", [60, 2000])
+def test_a_recording_that_starts_before_the_canary_starts_it_when_the_canary_shows(path: Path, lead_s: int) -> None:
+    """An export from before the change: rounds of stable pods alone, with the route all on the stable. The canary
+    starts with the first round that has a canary pod, as the operator's starts when it sees the new revision;
+    before, it started with the recording, and a lead-in longer than the timeout rolled it back (CanaryTimedOut)
+    before any canary pod was recorded."""
+    header, records = parse_recording(path.read_text())
+    spec = load_spec(header)
+    first = min(record.at for record in records)
+    stable = [record for record in records if record.at == first and record.role == "stable"]
+    lead = [dataclasses.replace(record, at=first - lead_s + 10 * index, weight=0)
+            for index in range(lead_s // 10) for record in stable]
+    expected = replay(records, spec)
+    result = replay(lead + records, spec)
+    assert (result.outcome, result.reason) == (expected.outcome, expected.reason), format_result(result, spec)
+    assert [(step.ended, step.seconds) for step in result.steps] == [(step.ended, step.seconds)
+                                                                      for step in expected.steps]
