@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from specdec_runtime import contract
+from tests.e2e.canary_recording import CanaryRecorder, replay_header, replay_text, save
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.nodes_fixture import test_nodes  # noqa: F401 - fixture
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
@@ -38,6 +40,8 @@ from tests.e2e.traffic import RATE, BackgroundLoad, GatewayStandIn
 pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group("test_canary_traffic")]
 
 DONE = ("Promoted", "RolledBack", "Aborted")
+# The recorder's period: the operator's scrape interval in e2e (tests/e2e/operator_process.py).
+RECORD_PERIOD_S = 2.0
 
 
 def canary(kube: Kube, name: str) -> dict[str, Any]:
@@ -49,6 +53,7 @@ def canary(kube: Kube, name: str) -> dict[str, Any]:
 @pytest.mark.timeout(180 + 2 * (STEP_TIMEOUT_S * 2 + 4 * PAUSE_S) + 60)
 def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_doubles_mid_step(
     kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """The tuner's K change on a pool of 8 replicas behind the example's route: when the canary's 50% step starts,
     a second open-loop load of the same rate joins the first (a morning ramp inside a step). Both sides' pods see
@@ -59,7 +64,8 @@ def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_double
     body["spec"]["speculation"]["initialK"] = TUNED_FROM_K
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), 180)
-    with BackgroundLoad(gateway.url, hostname(name), seed=11, model=SERVED, rate=RATE):
+    recorder = CanaryRecorder(kube, name, RECORD_PERIOD_S, route=name)
+    with BackgroundLoad(gateway.url, hostname(name), seed=11, model=SERVED, rate=RATE), recorder:
         wait_for("the 50% step started", lambda: canary(kube, name).get("weight") == 50
                  or canary(kube, name).get("phase") in DONE, STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5,
                  describe=lambda: canary_story(kube, name))
@@ -68,6 +74,7 @@ def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_double
         with BackgroundLoad(gateway.url, hostname(name), seed=12, model=SERVED, rate=RATE):
             wait_for("canary decided", lambda: canary(kube, name).get("phase") in DONE,
                      STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5, describe=lambda: canary_story(kube, name))
+            wait_for("the recorder's rounds after the outcome", lambda: recorder.done or recorder.error, 60)
     final = canary(kube, name)
     assert final.get("phase") == "Promoted", (final, rollback_event(kube, name))
     events = kube.events_once(name, "CanaryPromoted", rolled_out_reason(kube, name))
@@ -75,6 +82,26 @@ def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_double
     promoted = [e["message"] for e in events if e["reason"] == "CanaryPromoted"]
     print(f"{name}: {passed} {promoted}")  # shown with -rA: the numbers the promotion rests on
     assert len(passed) == 2 and promoted, (passed, promoted)
+    assert_replay_agrees(recorder, body, kube.get("sm", name)["status"], tmp_path / f"{name}.jsonl")
+
+
+def assert_replay_agrees(recorder: CanaryRecorder, body: dict[str, Any], status: dict[str, Any], path: Path) -> None:
+    """`canary replay` on this canary, recorded beside the operator as a platform engineer would record it, gives
+    the operator's verdict: the same outcome, at the same step, for the same reason."""
+    text = recorder.recording(replay_header(body, status),
+                              comment=f"recorded by {__name__} on the local cluster; the operator's outcome: "
+                                      f"{status['canary']['phase']} at step {status['canary']['step'] + 1}: "
+                                      f"{status['canary']['message']}")
+    save(text, path)
+    result, report = replay_text(text)
+    print(f"replay of {path} ({len(recorder.lines)} lines):\n{report}")  # shown with -rA
+    operator = status["canary"]
+    assert result.outcome == operator["phase"], (operator, report)
+    assert result.steps and result.steps[-1].step == operator["step"], (operator, report)
+    if operator["phase"] == "RolledBack":
+        verdict = result.steps[-1].verdict
+        assert verdict is not None and f"({verdict.reason})" in operator["message"], (
+            operator, report)
 
 
 def serving(pod: dict[str, Any]) -> bool:
@@ -94,6 +121,7 @@ def fail_requests(ip: str, rate: float) -> None:
 
 def test_a_canary_that_starts_failing_at_the_100_percent_step_rolls_back_citing_the_error_rate(
     kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """A drafter change that serves well at 10% and 50%; when status.canary shows the 100% step started, its pods
     begin to fail half their requests. The 100% step has its own window (no pass on an empty one), judged on
@@ -102,7 +130,8 @@ def test_a_canary_that_starts_failing_at_the_100_percent_step_rolls_back_citing_
     body = model(name, 2, str(kube.namespace))
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), 120)
-    with BackgroundLoad(gateway.url, hostname(name), seed=21, model=SERVED):
+    recorder = CanaryRecorder(kube, name, RECORD_PERIOD_S, route=name)
+    with BackgroundLoad(gateway.url, hostname(name), seed=21, model=SERVED), recorder:
         body["spec"]["drafters"] = [{"method": "eagle3", "model": "example-org/EAGLE3-LLaMA3.1-Instruct-8B-v2"}]
         kube.apply(body)
         wait_for("the 100% step started", lambda: canary(kube, name).get("weight") == 100
@@ -118,7 +147,9 @@ def test_a_canary_that_starts_failing_at_the_100_percent_step_rolls_back_citing_
             fail_requests(pod["status"]["podIP"], 0.5)
         wait_for("canary decided", lambda: canary(kube, name).get("phase") in DONE, STEP_TIMEOUT_S + 60, 0.5,
                  describe=lambda: canary_story(kube, name))
+        wait_for("the recorder's rounds after the outcome", lambda: recorder.done or recorder.error, 60)
     assert canary(kube, name).get("phase") == "RolledBack", (canary(kube, name), rollback_event(kube, name))
     message = rollback_event(kube, name)
     assert "error rate" in message.lower() and "step 3/3 (100%)" in message, message
     print(f"{name}: {message}")  # shown with -rA
+    assert_replay_agrees(recorder, body, kube.get("sm", name)["status"], tmp_path / f"{name}.jsonl")

@@ -1,0 +1,171 @@
+"""Record a canary from the local cluster in `specdec-operator canary replay`'s format, as a platform engineer would
+record one from Prometheus (docs/canary.md, "Replaying a canary"), and replay it.
+
+A `CanaryRecorder` runs beside the operator: every period it reads the model, its pods and its HTTPRoute, and
+scrapes each pod's /metrics itself (fake pods answer on loopback IPs; nothing else is dialled). A line per pod:
+the time its own scrape answered, its role from the revisions in `status.canary` (stable or canary), its phase,
+readiness and restarts as the API shows them, the route's canary weight as read, and the vLLM families of its
+/metrics text. Rounds start once the operator has started the canary and end a few rounds after the operator
+has decided it (the replay's rounds fall between the operator's scrapes, so it may need one round more).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specdec_operator.canary.replay import ReplayResult, format_result, load_spec, parse_recording, replay
+from specdec_runtime import contract
+from tests.e2e.kube import Kube
+
+IN_FLIGHT = ("Progressing", "Paused")
+# Rounds recorded after the operator's outcome: the replay scrapes between the operator's scrapes, and its last
+# round before the operator's decision may lack the one scrape that decided it.
+ROUNDS_AFTER_OUTCOME = 3
+
+
+def vllm_families(text: str) -> str:
+    """The vLLM families of a /metrics text, with their TYPE lines (what the replay reads; the simulator's HTTP and
+    process families would only make the recording larger)."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("vllm:") or line.startswith("# TYPE vllm:"):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def scrape(ip: str) -> str | None:
+    """The pod's /metrics text, or None when the scrape failed. Loopback only (fake pods' IPs)."""
+    if not ipaddress.ip_address(ip).is_loopback:
+        raise AssertionError(f"refusing to dial {ip}: e2e tests connect to loopback only")
+    try:
+        with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def canary_weight(route: dict[str, Any] | None, model: str) -> int | None:
+    if route is None:
+        return None
+    by_name = {ref["name"]: int(ref.get("weight", 1)) for ref in route["spec"]["rules"][0]["backendRefs"]}
+    stable, canary = by_name.get(f"{model}-stable", 0), by_name.get(f"{model}-canary", 0)
+    return round(100 * canary / (stable + canary)) if stable + canary else 0
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    """Ready as the operator counts it: Running, the Ready condition True, and not on its way out."""
+    status = pod.get("status") or {}
+    return (status.get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+            and any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []))
+
+
+class CanaryRecorder:
+    """Records one model's canary (see the module docstring). Use as a context manager around the change."""
+
+    def __init__(self, kube: Kube, model: str, period_s: float, route: str | None = None) -> None:
+        self.kube = kube
+        self.model = model
+        self.period_s = period_s
+        self.route = route
+        self.lines: list[dict[str, Any]] = []
+        self.revisions: tuple[str, str] | None = None  # (stable, canary) of the canary recorded
+        self.operator_outcome: dict[str, Any] | None = None  # status.canary once it left Progressing
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"record-{model}", daemon=True)
+        self._after_outcome = 0
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> CanaryRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    @property
+    def done(self) -> bool:
+        """The operator decided the canary, and the rounds after its decision are recorded."""
+        return self._after_outcome >= ROUNDS_AFTER_OUTCOME
+
+    def _run(self) -> None:
+        try:
+            # A sampling period, as Prometheus' scrape interval: what the test waits on is the operator's status.
+            while not self._stop.is_set() and not self.done:
+                self._round()
+                self._stop.wait(self.period_s)
+        except BaseException as err:  # surfaced by `recording()`
+            self.error = err
+
+    def _round(self) -> None:
+        canary = ((self.kube.get("sm", self.model) or {}).get("status") or {}).get("canary") or {}
+        if self.revisions is None:
+            if canary.get("phase") not in IN_FLIGHT or not canary.get("canaryRevision"):
+                return  # the operator has not started the canary yet
+            self.revisions = (str(canary["stableRevision"]), str(canary["canaryRevision"]))
+        if canary.get("phase") not in IN_FLIGHT:
+            if self.operator_outcome is None:
+                self.operator_outcome = canary
+            self._after_outcome += 1
+        roles = {self.revisions[0]: "stable", self.revisions[1]: "canary"}
+        weight = canary_weight(self.kube.get("httproute", self.route), self.model) if self.route else None
+        pods = [pod for pod in self.kube.items("pods", f"{contract.LABEL_MODEL}={self.model}")
+                if pod["metadata"]["labels"].get(contract.LABEL_REVISION) in roles]
+        for pod in pods:
+            status = pod.get("status") or {}
+            ready = _ready(pod) and bool(status.get("podIP"))
+            text = scrape(status["podIP"]) if ready else None
+            self.lines.append({
+                "t": round(time.time(), 3), "pod": pod["metadata"]["name"],
+                "role": roles[pod["metadata"]["labels"][contract.LABEL_REVISION]],
+                "phase": status.get("phase", "Pending"), "ready": ready,
+                "restarts": sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or []),
+                "weight": weight, "metrics": vllm_families(text) if text is not None else None,
+            })
+
+    def recording(self, header: dict[str, Any], comment: str = "") -> str:
+        """The recording: `comment` as YAML comment lines, the header, then the JSON lines."""
+        if self.error is not None:
+            raise AssertionError(f"the recorder failed: {self.error!r}") from self.error
+        comments = "".join(f"# {line}\n" for line in comment.splitlines())
+        body = "\n".join(json.dumps(line, separators=(",", ":")) for line in self.lines)
+        return f"{comments}{yaml.safe_dump(header, sort_keys=False)}---\n{body}\n"
+
+
+def replay_header(model: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The replay's header from the SpeculativeModel as applied: the canary's steps and analysis, the pool's
+    replicas, and for a tuner K change the decision under test (from the model's status)."""
+    spec = model["spec"]
+    header: dict[str, Any] = {"pool": spec["placement"]["gfxTargets"][0],
+                              "replicas": spec["placement"]["replicasPerPool"]}
+    decision = ((status or {}).get("speculation") or {}).get("lastDecision") or {}
+    canary = (status or {}).get("canary") or {}
+    if canary.get("canaryK") is not None and decision.get("predictedGain") is not None:
+        header.update({"stableK": decision["fromK"], "canaryK": decision["toK"],
+                       "predictedGain": decision["predictedGain"]})
+    rollout = dict(spec["rollout"]["canary"])
+    rollout.pop("traffic", None)
+    header["canary"] = rollout
+    return header
+
+
+def replay_text(text: str) -> tuple[ReplayResult, str]:
+    """Replay a recording's text through `canary replay`'s entry point: (the result, the printed report)."""
+    header, records = parse_recording(text)
+    spec = load_spec(header)
+    result = replay(records, spec)
+    return result, format_result(result, spec)
+
+
+def save(text: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
