@@ -63,6 +63,20 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recording_text(name: str) -> str:
+    """A recording's text: from a file, gzip-compressed or not (recordings run to megabytes), or `-` for stdin."""
+    import gzip
+    from pathlib import Path
+
+    raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as err:
+            raise OSError(f"{name}: not a readable gzip file: {err}") from err
+    return raw.decode("utf-8")
+
+
 def _canary_replay(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -71,13 +85,13 @@ def _canary_replay(args: argparse.Namespace) -> int:
     from specdec_operator.canary.replay import RecordingError, format_result, load_spec, parse_recording, replay
 
     try:
-        header, records = parse_recording(Path(args.file).read_text())
+        header, records = parse_recording(_recording_text(args.file))
         if args.spec:
             header = yaml.safe_load(Path(args.spec).read_text())
             if header is not None and not isinstance(header, dict):
                 raise RecordingError(f"{args.spec}: must be a YAML mapping")
         spec = load_spec(header)
-    except (OSError, RecordingError, yaml.YAMLError) as err:
+    except (OSError, UnicodeDecodeError, RecordingError, yaml.YAMLError) as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
     if not records:
@@ -107,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay = canary_sub.add_parser(
         "replay", help="replay a recorded canary (JSON lines of /metrics scrapes, docs/canary.md) through the "
         "operator's analysis and step machine; print each step's verdict and the outcome")
-    replay.add_argument("file", help="the recording: an optional YAML header, then one JSON object per line")
+    replay.add_argument("file", help="the recording: an optional YAML header, then one JSON object per line "
+                        "(gzip-compressed or not; - reads stdin)")
     replay.add_argument("--spec", default=None,
                         help="YAML with the steps and analysis (spec.rollout.canary's fields); overrides the header")
     replay.set_defaults(func=_canary_replay)

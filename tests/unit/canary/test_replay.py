@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import io
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -167,3 +170,43 @@ def test_a_recording_that_starts_before_the_canary_starts_it_when_the_canary_sho
     assert (result.outcome, result.reason) == (expected.outcome, expected.reason), format_result(result, spec)
     assert [(step.ended, step.seconds) for step in result.steps] == [(step.ended, step.seconds)
                                                                       for step in expected.steps]
+
+
+E2E_LATE = DATA / "e2e-late-errors.jsonl.gz"
+
+
+def test_a_canary_recorded_on_the_local_cluster_replays_to_the_verdict_the_operator_gave(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Recorded beside the operator by tests/e2e/test_canary_steps.py (tests/e2e/canary_recording.py): a drafter
+    change on 2 replicas behind the route, whose pods begin to fail half their requests once the 100% step starts.
+    Each pod is stamped when its own scrape answered. The operator's outcome heads the recording; the replay of the
+    same scrapes through `canary replay` gives it: rolled back at step 3 on the error rate."""
+    text = gzip.decompress(E2E_LATE.read_bytes()).decode()
+    said = re.search(r"the operator's outcome: (\w+) at step (\d+): .*?\((\w+)\)", text.splitlines()[0])
+    assert said is not None
+    operator_phase, operator_step, operator_reason = said.group(1), int(said.group(2)), said.group(3)
+    assert (operator_phase, operator_step, operator_reason) == ("RolledBack", 3, "ErrorRateExceeded")
+    header, records = parse_recording(text)
+    assert len({record.at for record in records}) > len(list(rounds(records))), "stamps are per pod, not per round"
+    result = replay(records, load_spec(header))
+    assert (result.outcome, result.reason) == (operator_phase, f"CanaryFailed/{operator_reason}")
+    assert [(step.step + 1, step.ended) for step in result.steps] == [(1, "Passed"), (2, "Passed"),
+                                                                       (operator_step, "Failed")]
+    # The CLI reads the gzip-compressed file as it is.
+    assert main(["canary", "replay", str(E2E_LATE)]) == 0
+    assert "outcome: RolledBack (CanaryFailed/ErrorRateExceeded)" in capsys.readouterr().out
+
+
+def test_the_cli_reads_a_recording_from_stdin_and_refuses_a_binary_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(ERRORING.read_bytes())))
+    assert main(["canary", "replay", "-"]) == 0
+    assert "outcome: RolledBack (CanaryFailed/ErrorRateExceeded)" in capsys.readouterr().out
+    junk = tmp_path / "junk.jsonl.gz"
+    junk.write_bytes(b"\x1f\x8b\x08\x00broken")
+    assert main(["canary", "replay", str(junk)]) == 2
+    assert "not a readable gzip file" in capsys.readouterr().err
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00junk")
+    assert main(["canary", "replay", str(binary)]) == 2
+    assert "error:" in capsys.readouterr().err
