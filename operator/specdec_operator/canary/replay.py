@@ -25,6 +25,7 @@ generated rounds; the CLI and the tests call `replay` on a file's lines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -124,6 +125,9 @@ VerdictHook = Callable[[int, WindowStats, WindowStats | None, Verdict], None]
 def _stamp(value: Any, where: str) -> float:
     if isinstance(value, bool) or value is None:
         raise RecordingError(f"{where}: t must be Unix seconds or an RFC 3339 time, got {value!r}")
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = float(value)  # Unix seconds written as a string, as some exports do
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise RecordingError(f"{where}: t must be finite")
@@ -146,8 +150,13 @@ def parse_record(line: Mapping[str, Any], where: str) -> Record:
     if metrics is not None and not isinstance(metrics, str):
         raise RecordingError(f"{where}: metrics must be the /metrics text or null")
     weight = line.get("weight")
-    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100):
-        raise RecordingError(f"{where}: weight must be an integer percent 0..100 or null, got {weight!r}")
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))
+                               or not 0 <= weight <= 100):
+        raise RecordingError(f"{where}: weight must be a percent 0..100 or null, got {weight!r}")
+    if weight is not None:
+        # A share read from the route's backend weights may be fractional (1 of 8 is 12.5%): the operator reads a
+        # route to the whole percent, half up (canary/traffic.py, `canary_percent`).
+        weight = math.floor(weight + 0.5)
     restarts = line.get("restarts", 0)
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
         raise RecordingError(f"{where}: restarts must be a non-negative integer, got {restarts!r}")

@@ -77,7 +77,8 @@ def test_a_spec_file_overrides_the_header(tmp_path: Path, capsys: pytest.Capture
         ({"t": 1.0, "pod": "p", "role": "shadow"}, "line 1: role must be one of stable, canary, baseline"),
         ({"t": 1.0, "pod": "", "role": "canary"}, "line 1: pod must be a non-empty string"),
         ({"t": "yesterday", "pod": "p", "role": "canary"}, "line 1: t 'yesterday' is not an RFC 3339 time"),
-        ({"t": 1.0, "pod": "p", "role": "canary", "weight": 150}, "line 1: weight must be an integer percent"),
+        ({"t": 1.0, "pod": "p", "role": "canary", "weight": 150}, "line 1: weight must be a percent 0..100"),
+        ({"t": 1.0, "pod": "p", "role": "canary", "weight": "10"}, "line 1: weight must be a percent 0..100"),
         ({"t": 1.0, "pod": "p", "role": "canary", "metrics": 3}, "line 1: metrics must be the /metrics text"),
     ],
 )
@@ -210,3 +211,12 @@ def test_the_cli_reads_a_recording_from_stdin_and_refuses_a_binary_file(
     binary.write_bytes(b"\xff\xfe\x00junk")
     assert main(["canary", "replay", str(binary)]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_a_fractional_weight_is_read_as_the_operator_reads_a_route_and_t_may_be_a_numeric_string() -> None:
+    """A share computed from the route's backend weights (1 of 8 replicas is 12.5%) is read to the whole percent,
+    half up, as the operator reads an HTTPRoute; Unix seconds may come as a string."""
+    text = ('{"t": "1764500000.5", "pod": "c", "role": "canary", "weight": 12.5}\n'
+            '{"t": 1764500000.5, "pod": "s", "role": "stable", "weight": 49.4}\n')
+    _, records = parse_recording(text)
+    assert [(record.at, record.weight) for record in records] == [(1764500000.5, 13), (1764500000.5, 49)]
