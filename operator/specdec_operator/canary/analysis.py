@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
@@ -480,7 +480,7 @@ def few_units_penalty(canary: WindowStats, stable: WindowStats, level: float = S
     with the smaller side's cells less one as degrees of freedom: at SIGNIFICANCE x10.9 from 4 cells, x1.8 from
     11, x1.2 from 31. Only the tests for failing take it; the benefit of the doubt (`Comparison.beyond_z`)
     does not need it."""
-    units = min(sum(1 for cell in side.cells if cell.requests > 0 or cell.drafts > 0) for side in (canary, stable))
+    units = min(_units_with_data(side) for side in (canary, stable))
     if units <= 1:
         return 1.0  # no spread measured: the per-request or per-draft floors alone size the variance
     return (_t_one_sided(level, units - 1) / _z_one_sided(level)) ** 2
@@ -779,9 +779,25 @@ def shared_tpot_layout(canary: WindowStats, stable: WindowStats) -> tuple[Window
     return on_shared(canary), on_shared(stable)
 
 
+def _units_with_data(window: WindowStats) -> int:
+    return sum(1 for cell in window.cells if cell.requests > 0 or cell.drafts > 0)
+
+
+def draft_trials(window: WindowStats) -> float:
+    """How many independent trials a side's drafts count as in a floor. The drafts of one request share its
+    content, so they are not independent: the spread between cells (pods x intervals) measures what they are
+    worth, and the per-draft binomial is only a floor under it. With one cell there is no spread to measure,
+    and the drafts count as the requests they came from (as if each request's drafts all agreed): a healthy
+    canary scraped every 30 s, one pod a side, failed on acceptance from its first interval's 2,900 drafts of
+    40 requests (p=2e-10 for a ratio of 0.71; the bench's requests differ that much)."""
+    if _units_with_data(window) >= 2:
+        return window.drafts
+    return min(window.drafts, max(window.requests, 1.0))
+
+
 def _acceptance_log_variance(window: WindowStats, pairs: list[tuple[float, float]], share: float,
                              trials: float) -> float:
-    """Variance of log(a proportion of drafts) from pods and intervals; per-draft binomial as a floor."""
+    """Variance of log(a proportion of drafts) from pods and intervals; a binomial over `trials` as a floor."""
     floor = (1 - share) / max(share * trials, 1e-12) if share > 0 else math.inf
     ratio, variance = _ratio(pairs)
     if ratio is None or ratio <= 0 or variance is None:
@@ -886,10 +902,13 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
             return ["no accepted length measured"]
         p_value = None
         if log_limit is not None:
-            variance = sum(_accepted_length_log_variance(side) for side in (canary, stable))
+            # Failing counts the drafts as they are worth (`draft_trials`); the benefit of the doubt counts every
+            # draft, so that neither is granted on a spread nobody measured.
+            variance = sum(_accepted_length_log_variance(side, draft_trials(side)) for side in (canary, stable))
+            doubt = sum(_accepted_length_log_variance(side, side.drafts) for side in (canary, stable))
             p_value = sequential_p(log_limit - math.log(c / s), variance * few_units_penalty(canary, stable),
                                    LOG_RATIO_SCALE)
-            beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
+            beyond = (log_limit - math.log(c / s)) / math.sqrt(doubt) if doubt > 0 else None
             return [Comparison("accepted length", c, s, limit, True, p_value=p_value, beyond_z=beyond)]
         return [Comparison("accepted length", c, s, limit, True, p_value=p_value)]
     found: list[Comparison | str] = []
@@ -908,29 +927,41 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
                 # independent, so n counts them as few cells do (few_units_penalty). Whichever look first sees
                 # it this small, every earlier look saw none as well: the chance holds over every look. A rate
                 # of 1% at the stable gave p=0 from 11 requests here and rolled back a K change on the engine.
+                p_value = min(1.0, shared * (1 - min(1.0, limit * s)) ** (draft_trials(canary) / penalty))
                 none_at_limit = (1 - min(1.0, limit * s)) ** (canary.drafts / penalty)
-                p_value = min(1.0, shared * none_at_limit)
                 beyond = -_normal_quantile_low(max(none_at_limit, 1e-300))
             else:
-                variance = sum(
-                    _acceptance_log_variance(
-                        side, [(cell.accepted_per_position[position], cell.drafts) for cell in _cells(side)
-                               if len(cell.accepted_per_position) > position], share, side.drafts)
-                    for side, share in ((canary, c), (stable, s)))
+                # Failing counts the drafts as they are worth (`draft_trials`); the benefit of the doubt counts
+                # every draft, so that neither is granted on a spread nobody measured.
+                sides = ((canary, c), (stable, s))
+                variance = _position_log_variance(sides, position, draft_trials)
+                doubt = _position_log_variance(sides, position, lambda side: side.drafts)
                 # Bonferroni across positions: the positions together keep the gate's level.
                 p_value = min(1.0, shared * sequential_p(log_limit - math.log(c / s),
                                                          variance * penalty,
                                                          LOG_RATIO_SCALE))
-                beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
+                beyond = (log_limit - math.log(c / s)) / math.sqrt(doubt) if doubt > 0 else None
         found.append(Comparison(f"acceptance at position {position + 1}", c, s, limit, True, p_value=p_value,
                                 beyond_z=beyond))
     return found
 
 
-def _accepted_length_log_variance(window: WindowStats) -> float:
+def _position_log_variance(sides: Sequence[tuple[WindowStats, float]], position: int,
+                           trials: Callable[[WindowStats], float]) -> float:
+    """Variance of the log ratio of acceptance at a draft position: each side's (window, acceptance), its
+    drafts counted as `trials` in the floor."""
+    return sum(
+        _acceptance_log_variance(
+            side, [(cell.accepted_per_position[position], cell.drafts) for cell in _cells(side)
+                   if len(cell.accepted_per_position) > position], share, trials(side))
+        for side, share in sides)
+
+
+def _accepted_length_log_variance(window: WindowStats, trials: float) -> float:
+    """Variance of log accepted length from pods and intervals; a per-draft spread over `trials` as a floor."""
     length = window.mean_accepted_length or 1.0
     per_draft = window.accepted_tokens / window.drafts if window.drafts > 0 else 0.0
-    floor = max(per_draft * max(window.k - per_draft, 0.0) / max(window.k, 1), 0.05) / max(window.drafts, 1.0)
+    floor = max(per_draft * max(window.k - per_draft, 0.0) / max(window.k, 1), 0.05) / max(trials, 1.0)
     ratio, variance = _ratio([(cell.accepted_tokens, cell.drafts) for cell in _cells(window)])
     return _with_floor(variance, floor) / length**2 if ratio is not None else floor / length**2
 
@@ -1161,7 +1192,7 @@ def calibration_statistics(canary: WindowStats, stable: WindowStats, level: floa
     if c and s:
         variance = sum(
             _acceptance_log_variance(side, [(cell.accepted_per_position[0], cell.drafts) for cell in side.cells
-                                            if cell.accepted_per_position], share, side.drafts)
+                                            if cell.accepted_per_position], share, draft_trials(side))
             for side, share in ((canary, c), (stable, s)))
         found["acceptance"] = -math.log(c / s) / math.sqrt(variance) / scale
     if canary.requests > 0 and stable.requests > 0:

@@ -241,6 +241,34 @@ def test_a_gap_measured_on_four_cells_is_not_yet_proof_and_on_eight_it_is(interv
     assert acceptance.ratio == pytest.approx(0.72, abs=0.01)
 
 
+@pytest.mark.parametrize("acceptance", [0.37, 0.30])
+def test_acceptance_from_one_pod_over_one_interval_counts_its_requests_not_its_drafts(acceptance: float) -> None:
+    """Scraped every 30 s (Prometheus' interval, not the operator's), one pod a side: the first verdict has one
+    cell a side, and no spread between cells to measure. Its 40 requests drafted over 3,000 times; counting each
+    draft as independent made a ratio of 0.71 significant (p=2e-10), and the bench at 30 s rolled back 2-3% of
+    healthy canaries on acceptance after 60 s, pools of 1-2 at 4 requests/s. Drafts of one request share its
+    content, so they count as the requests they came from: the step waits for cells. Nor does the estimate pass as
+    noise on that larger variance: with one cell a side, neither is decided."""
+    canary, stable = simulate(Pod("new", "new-0"), Pod("old", "old-0"), [
+        ({"tokens": 8000.0, "tpots": spread(0.040, 40), "acceptance": acceptance},
+         {"tokens": 8000.0, "tpots": spread(0.040, 40), "acceptance": 0.425})])
+    assert len(canary.cells) == len(stable.cells) == 1 and canary.drafts > 3000
+    verdict = analyse(canary, stable, thresholds(min_requests=30, min_drafts=500))
+    assert (verdict.outcome, verdict.reason) == ("Inconclusive", "DifferenceUncertain"), verdict.message
+    first = next(item for item in verdict.comparisons if item.metric == "acceptance at position 1")
+    assert not first.passed and not first.failed, first.describe()
+
+
+def test_acceptance_far_below_on_many_cells_still_fails() -> None:
+    """The same drop of a canary over eight intervals: the spread between cells is measured, and it fails."""
+    intervals = [({"tokens": 8000.0, "tpots": spread(0.040, 40), "acceptance": (0.29, 0.31)[i % 2]},
+                  {"tokens": 8000.0, "tpots": spread(0.040, 40), "acceptance": (0.415, 0.435)[i % 2]})
+                 for i in range(8)]
+    canary, stable = simulate(Pod("new", "new-0"), Pod("old", "old-0"), intervals)
+    verdict = analyse(canary, stable, thresholds(min_requests=30, min_drafts=500))
+    assert (verdict.outcome, verdict.reason) == ("Fail", "AcceptanceDropped"), verdict.message
+
+
 def test_the_few_units_penalty_is_a_t_tests_at_the_gates_level() -> None:
     """(t / z)^2 at p = 0.001 one-sided: large from few cells, near 1 from many, never below 1."""
     def windows(cells: int) -> WindowStats:
