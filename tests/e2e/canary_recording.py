@@ -25,8 +25,11 @@ import yaml
 from specdec_operator.canary.replay import ReplayResult, format_result, load_spec, parse_recording, replay
 from specdec_runtime import contract
 from tests.e2e.kube import Kube
+from tests.e2e.operator_process import SCRAPE_INTERVAL_S
 
 IN_FLIGHT = ("Progressing", "Paused")
+# The recorder's period: the operator's scrape interval in e2e (tests/e2e/operator_process.py).
+RECORD_PERIOD_S = float(SCRAPE_INTERVAL_S)
 # Rounds recorded after the operator's outcome: the replay scrapes between the operator's scrapes, and its last
 # round before the operator's decision may lack the one scrape that decided it.
 ROUNDS_AFTER_OUTCOME = 3
@@ -169,3 +172,23 @@ def replay_text(text: str) -> tuple[ReplayResult, str]:
 def save(text: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def assert_replay_agrees(recorder: CanaryRecorder, body: dict[str, Any], status: dict[str, Any], path: Path,
+                         test: str) -> None:
+    """`canary replay` on this canary, recorded beside the operator as a platform engineer would record it, gives
+    the operator's verdict: the same outcome, at the same step, for the same reason."""
+    text = recorder.recording(replay_header(body, status),
+                              comment=f"recorded by {test} on the local cluster; the operator's outcome: "
+                                      f"{status['canary']['phase']} at step {status['canary']['step'] + 1}: "
+                                      f"{status['canary']['message']}")
+    save(text, path)
+    result, report = replay_text(text)
+    print(f"replay of {path} ({len(recorder.lines)} lines):\n{report}")  # shown with -rA
+    operator = status["canary"]
+    assert result.outcome == operator["phase"], (operator, report)
+    assert result.steps and result.steps[-1].step == operator["step"], (operator, report)
+    if operator["phase"] == "RolledBack":
+        verdict = result.steps[-1].verdict
+        assert verdict is not None and f"({verdict.reason})" in operator["message"], (
+            operator, report)

@@ -17,10 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.cluster import LocalCluster
 
+# How often the operator scrapes its pods here (tests/e2e/canary_recording.py records at the same period).
+SCRAPE_INTERVAL_S = 2
+
 E2E_SETTINGS = {
     "SPECDEC_STANDALONE": "true",
     "SPECDEC_RECONCILE_INTERVAL_SECONDS": "5",
-    "SPECDEC_SCRAPE_INTERVAL_SECONDS": "2",
+    "SPECDEC_SCRAPE_INTERVAL_SECONDS": str(SCRAPE_INTERVAL_S),
     "SPECDEC_SCRAPE_TIMEOUT_SECONDS": "2",
     # Fake pods have loopback IPs; refusing anything else keeps tests from dialling private ranges.
     "SPECDEC_SCRAPE_LOOPBACK_ONLY": "true",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from specdec_runtime import contract
-from tests.e2e.canary_recording import CanaryRecorder, replay_header, replay_text, save
+from tests.e2e.canary_recording import RECORD_PERIOD_S, CanaryRecorder, assert_replay_agrees
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.nodes_fixture import test_nodes  # noqa: F401 - fixture
 from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
@@ -40,8 +40,6 @@ from tests.e2e.traffic import RATE, BackgroundLoad, GatewayStandIn
 pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.xdist_group("test_canary_traffic")]
 
 DONE = ("Promoted", "RolledBack", "Aborted")
-# The recorder's period: the operator's scrape interval in e2e (tests/e2e/operator_process.py).
-RECORD_PERIOD_S = 2.0
 
 
 def canary(kube: Kube, name: str) -> dict[str, Any]:
@@ -82,26 +80,7 @@ def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_double
     promoted = [e["message"] for e in events if e["reason"] == "CanaryPromoted"]
     print(f"{name}: {passed} {promoted}")  # shown with -rA: the numbers the promotion rests on
     assert len(passed) == 2 and promoted, (passed, promoted)
-    assert_replay_agrees(recorder, body, kube.get("sm", name)["status"], tmp_path / f"{name}.jsonl")
-
-
-def assert_replay_agrees(recorder: CanaryRecorder, body: dict[str, Any], status: dict[str, Any], path: Path) -> None:
-    """`canary replay` on this canary, recorded beside the operator as a platform engineer would record it, gives
-    the operator's verdict: the same outcome, at the same step, for the same reason."""
-    text = recorder.recording(replay_header(body, status),
-                              comment=f"recorded by {__name__} on the local cluster; the operator's outcome: "
-                                      f"{status['canary']['phase']} at step {status['canary']['step'] + 1}: "
-                                      f"{status['canary']['message']}")
-    save(text, path)
-    result, report = replay_text(text)
-    print(f"replay of {path} ({len(recorder.lines)} lines):\n{report}")  # shown with -rA
-    operator = status["canary"]
-    assert result.outcome == operator["phase"], (operator, report)
-    assert result.steps and result.steps[-1].step == operator["step"], (operator, report)
-    if operator["phase"] == "RolledBack":
-        verdict = result.steps[-1].verdict
-        assert verdict is not None and f"({verdict.reason})" in operator["message"], (
-            operator, report)
+    assert_replay_agrees(recorder, body, kube.get("sm", name)["status"], tmp_path / f"{name}.jsonl", __name__)
 
 
 def serving(pod: dict[str, Any]) -> bool:
@@ -152,4 +131,4 @@ def test_a_canary_that_starts_failing_at_the_100_percent_step_rolls_back_citing_
     message = rollback_event(kube, name)
     assert "error rate" in message.lower() and "step 3/3 (100%)" in message, message
     print(f"{name}: {message}")  # shown with -rA
-    assert_replay_agrees(recorder, body, kube.get("sm", name)["status"], tmp_path / f"{name}.jsonl")
+    assert_replay_agrees(recorder, body, kube.get("sm", name)["status"], tmp_path / f"{name}.jsonl", __name__)

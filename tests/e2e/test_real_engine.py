@@ -31,6 +31,7 @@ import pytest
 from localcluster.cluster import LocalCluster
 from specdec_runtime import contract, engine_env
 from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
+from tests.e2e.canary_recording import RECORD_PERIOD_S, CanaryRecorder, assert_replay_agrees
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.nodes_fixture import FLEET_LABEL, condition, test_nodes, toleration_for_test_nodes  # noqa: F401
 from tests.e2e.operator_process import MAX_PRE_STOP_S, FleetDriverProcess, OperatorProcess
@@ -396,6 +397,7 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
     kube: Kube, namespace: str, engine_driver: EngineFleetDriver, gateway_standin: GatewayStandIn,
     engine_operator: Callable[..., OperatorProcess],
     test_nodes: Callable[[str, int], list[dict[str, Any]]],  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """drafter-good (greedy agreement 0.8) to drafter-poor (0.2) as a canary, under open-loop load through the
     Gateway stand-in: the stable and the canary engine each serve their share, the analysis reads both engines'
@@ -408,7 +410,9 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), ENGINE_READY_S, 2)
     served = body["spec"]["model"]["name"]  # the served name defaults to the hub id
-    with BackgroundLoad(gateway_standin.url, f"{name}.models.test", seed=3, model=served, rate=1.0) as load:
+    # Recorded beside the operator as a platform engineer would from Prometheus: the engines' own /metrics.
+    recorder = CanaryRecorder(kube, name, RECORD_PERIOD_S, route=name)
+    with BackgroundLoad(gateway_standin.url, f"{name}.models.test", seed=3, model=served, rate=1.0) as load, recorder:
         body["spec"]["drafters"][0]["model"] = POOR
         kube.apply(body)
         wait_for("the canary decided", lambda: canary_phase(kube, name) in ("Promoted", "RolledBack", "Aborted"),
@@ -417,12 +421,15 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
                                    [e["message"] for e in kube.events(name)][-3:]))
         wait_for("the canary's pods gone", lambda: one_revision_left(kube, name), 300, 2,
                  describe=lambda: runtime_pods(kube, name))
+        wait_for("the recorder's rounds after the outcome", lambda: recorder.done or recorder.error, 60)
     events = [e["message"] for e in kube.events(name) if e["reason"] in ("CanaryFailed", "CanaryTimedOut")]
     print(f"verdict {canary_phase(kube, name)}: {events}; load {load.report.statuses if load.report else None}")
     assert canary_phase(kube, name) == "RolledBack", events
     assert any("acceptance" in m or "accepted length" in m for m in events), events
     assert any(ch.isdigit() for ch in events[-1]), events
     assert_every_request_answered(load)
+    # The same scrapes of vLLM's own counters, replayed through `canary replay`, give the operator's verdict.
+    assert_replay_agrees(recorder, body, kube.get("sm", name)["status"], tmp_path / f"{name}.jsonl", __name__)
     leaks = not_loopback(inet_sockets(engine_driver.pids()))
     assert not leaks, f"sockets off 127.0.0.0/8: {leaks}"
 
