@@ -23,6 +23,8 @@ from typing import Any
 import yaml
 
 from specdec_operator.canary.replay import ReplayResult, format_result, load_spec, parse_recording, replay
+from specdec_operator.canary.traffic import canary_percent, route_weights
+from specdec_operator.reconcile.tuning_inputs import scrape_targets
 from specdec_runtime import contract
 from tests.e2e.kube import Kube
 from tests.e2e.operator_process import SCRAPE_INTERVAL_S
@@ -56,21 +58,6 @@ def scrape(ip: str) -> str | None:
         return None
 
 
-def canary_weight(route: dict[str, Any] | None, model: str) -> int | None:
-    if route is None:
-        return None
-    by_name = {ref["name"]: int(ref.get("weight", 1)) for ref in route["spec"]["rules"][0]["backendRefs"]}
-    stable, canary = by_name.get(f"{model}-stable", 0), by_name.get(f"{model}-canary", 0)
-    return round(100 * canary / (stable + canary)) if stable + canary else 0
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    """Ready as the operator counts it: Running, the Ready condition True, and not on its way out."""
-    status = pod.get("status") or {}
-    return (status.get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
-            and any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []))
-
-
 class CanaryRecorder:
     """Records one model's canary (see the module docstring). Use as a context manager around the change."""
 
@@ -81,7 +68,6 @@ class CanaryRecorder:
         self.route = route
         self.lines: list[dict[str, Any]] = []
         self.revisions: tuple[str, str] | None = None  # (stable, canary) of the canary recorded
-        self.operator_outcome: dict[str, Any] | None = None  # status.canary once it left Progressing
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"record-{model}", daemon=True)
         self._after_outcome = 0
@@ -116,16 +102,15 @@ class CanaryRecorder:
                 return  # the operator has not started the canary yet
             self.revisions = (str(canary["stableRevision"]), str(canary["canaryRevision"]))
         if canary.get("phase") not in IN_FLIGHT:
-            if self.operator_outcome is None:
-                self.operator_outcome = canary
             self._after_outcome += 1
         roles = {self.revisions[0]: "stable", self.revisions[1]: "canary"}
-        weight = canary_weight(self.kube.get("httproute", self.route), self.model) if self.route else None
+        weight = self._route_weight()
         pods = [pod for pod in self.kube.items("pods", f"{contract.LABEL_MODEL}={self.model}")
                 if pod["metadata"]["labels"].get(contract.LABEL_REVISION) in roles]
         for pod in pods:
             status = pod.get("status") or {}
-            ready = _ready(pod) and bool(status.get("podIP"))
+            # The pods the operator scrapes (Ready, with an IP, not terminating), by its own rule.
+            ready = bool(scrape_targets([pod]))
             text = scrape(status["podIP"]) if ready else None
             self.lines.append({
                 "t": round(time.time(), 3), "pod": pod["metadata"]["name"],
@@ -134,6 +119,14 @@ class CanaryRecorder:
                 "restarts": sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or []),
                 "weight": weight, "metrics": vllm_families(text) if text is not None else None,
             })
+
+    def _route_weight(self) -> int | None:
+        """The canary's percent of the route as read, as the operator reads it (canary/traffic.py)."""
+        route = self.kube.get("httproute", self.route) if self.route else None
+        if route is None:
+            return None
+        return canary_percent(route_weights(route, str(self.kube.namespace), f"{self.model}-stable",
+                                            f"{self.model}-canary"))
 
     def recording(self, header: dict[str, Any], comment: str = "") -> str:
         """The recording: `comment` as YAML comment lines, the header, then the JSON lines."""
