@@ -67,6 +67,7 @@ class CanaryRecorder:
         self.period_s = period_s
         self.route = route
         self.lines: list[dict[str, Any]] = []
+        self.round_weights: list[int | None] = []  # the route's canary weight as each round read it
         self.revisions: tuple[str, str] | None = None  # (stable, canary) of the canary recorded
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"record-{model}", daemon=True)
@@ -119,6 +120,11 @@ class CanaryRecorder:
                 "restarts": sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or []),
                 "weight": weight, "metrics": vllm_families(text) if text is not None else None,
             })
+        self.round_weights.append(weight)
+
+    def rounds_at(self, weight: int) -> int:
+        """How many rounds recorded the route giving the canary `weight` percent."""
+        return sum(seen == weight for seen in self.round_weights)
 
     def _route_weight(self) -> int | None:
         """The canary's percent of the route as read, as the operator reads it (canary/traffic.py)."""

@@ -98,9 +98,11 @@ def test_a_canary_that_starts_failing_at_the_100_percent_step_rolls_back_citing_
     kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """A drafter change that serves well at 10% and 50%; when status.canary shows the 100% step started, its pods
-    begin to fail half their requests. The 100% step has its own window (no pass on an empty one), judged on
-    errors without a baseline: the canary rolls back, and the rollback cites the error rate."""
+    """A drafter change that serves well at 10% and 50%, and at first at 100%; two scrape rounds into the 100% step
+    its pods begin to fail half their requests. The 100% step has its own window (no pass on an empty one), judged
+    on errors without a baseline, and errors that begin after clean intervals are not diluted by them: the canary
+    rolls back, and the rollback cites the error rate. The onset lies inside the step's window, not at its edge,
+    so the replay (whose rounds fall between the operator's scrapes) must find it there too."""
     name = "late"
     body = model(name, 2, str(kube.namespace))
     kube.apply([http_route(name), body])
@@ -114,10 +116,19 @@ def test_a_canary_that_starts_failing_at_the_100_percent_step_rolls_back_citing_
                  describe=lambda: canary_story(kube, name))
         assert canary(kube, name).get("phase") == "Progressing", (canary(kube, name), rollback_event(kube, name))
         revision = canary(kube, name)["canaryRevision"]
-        pods = [p for p in kube.items("pods", f"{contract.LABEL_TRACK}=canary")
-                if p["metadata"]["labels"].get(contract.LABEL_MODEL) == name
-                and p["metadata"]["labels"].get(contract.LABEL_REVISION) == revision and serving(p)]
-        assert pods
+
+        def canary_pods() -> list[dict[str, Any]]:
+            return [p for p in kube.items("pods", f"{contract.LABEL_TRACK}=canary")
+                    if p["metadata"]["labels"].get(contract.LABEL_MODEL) == name
+                    and p["metadata"]["labels"].get(contract.LABEL_REVISION) == revision and serving(p)]
+
+        # The whole revision fails, every replica the 100% step gives it, after two rounds of clean service (the
+        # step cannot pass this soon: its error rate's upper bound needs some 300 clean requests).
+        wait_for("every canary replica serving, and two recorded rounds at 100%",
+                 lambda: (len(canary_pods()) >= 2 and recorder.rounds_at(100) >= 2) or recorder.error is not None,
+                 STEP_TIMEOUT_S, 0.5, describe=lambda: canary_story(kube, name))
+        assert canary(kube, name).get("phase") == "Progressing", (canary(kube, name), rollback_event(kube, name))
+        pods = canary_pods()
         for pod in pods:
             fail_requests(pod["status"]["podIP"], 0.5)
         wait_for("canary decided", lambda: canary(kube, name).get("phase") in DONE, STEP_TIMEOUT_S + 60, 0.5,

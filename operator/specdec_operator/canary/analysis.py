@@ -54,6 +54,9 @@ class Cell:
     accepted_tokens: float = 0.0
     accepted_per_position: tuple[float, ...] = ()
     tpot_buckets: Buckets = ()
+    # When the interval began, on the clock of the scrapes (None: unknown). Orders the cells in time, so
+    # the error test can look at the window from any interval on (`error_p`).
+    start: float | None = None
 
     def plus(self, other: Cell) -> Cell:
         size = max(len(self.accepted_per_position), len(other.accepted_per_position))
@@ -70,6 +73,7 @@ class Cell:
             accepted_tokens=self.accepted_tokens + other.accepted_tokens,
             accepted_per_position=tuple(a + b for a, b in zip(left, right, strict=True)),
             tpot_buckets=merge_histograms([self.tpot_buckets, other.tpot_buckets]),
+            start=min((at for at in (self.start, other.start) if at is not None), default=None),
         )
 
 
@@ -323,6 +327,10 @@ P90_SHARE_SCALE = 0.05
 P99_SHARE_SCALE = 0.02
 # Error-rate alternatives the binomial mixture spreads its weight over, as multiples of the limit.
 ERROR_ALTERNATIVES = (1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+# Errors that begin mid-window (a canary that starts failing once it has every request, a dependency that
+# breaks) must not hide behind the clean intervals before them: the error test gives this share of its
+# weight to the window's tails, each from one interval boundary on (`error_p`). The whole window keeps the rest.
+ERROR_ONSET_SHARE = 0.1
 # Up to this many errors the binomial tail is summed exactly; beyond, a normal or Chernoff tail: the
 # work is bounded whatever a pod's counters say.
 EXACT_TAIL_TERMS = 2000
@@ -404,6 +412,84 @@ def error_sequential_p(errors: float, requests: float, limit: float) -> float:
     top = max(logs)
     log_mean = top + math.log(math.fsum(math.exp(value - top) for value in logs) / len(logs))
     return 1.0 if log_mean <= 0 else math.exp(-log_mean)
+
+
+@dataclass(frozen=True)
+class ErrorEvidence:
+    """The error test's always-valid p-value, and the part of the window that carries most of its evidence:
+    the whole window (`since_s` 0) or its tail from `since_s` seconds after the window's first interval."""
+
+    p_value: float
+    errors: float
+    requests: float
+    since_s: float
+
+
+def _error_e_value(errors: float, requests: float, limit: float) -> float:
+    p_value = error_sequential_p(errors, requests, limit)
+    return math.inf if p_value <= 0 else 1.0 / p_value
+
+
+def _overdispersed(errors: float, requests: float, squares: tuple[float, float, float], units: int) -> float:
+    """`_error_overdispersion` from sums over the cells: (sum errors^2, sum errors*requests, sum requests^2)."""
+    if requests <= 0 or units < 2:
+        return 1.0
+    share = errors / requests
+    errors_sq, cross, requests_sq = squares
+    residuals = max(0.0, errors_sq - 2 * share * cross + share * share * requests_sq)
+    variance = units / (units - 1) * residuals / requests**2
+    binomial = max(share * (1 - share), 1.0 / requests) / requests
+    return max(1.0, variance / binomial)
+
+
+def error_p(window: WindowStats, limit: float) -> ErrorEvidence:
+    """Always-valid p-value of the canary's error rate being above `limit`, over the whole window or from any
+    interval boundary on (errors that begin mid-window).
+
+    The boundaries are the cells' starts, in order, those less than half a median interval apart taken as one.
+    Each tail's binomial mixture (`error_sequential_p`, on counts divided by the tail's own overdispersion) is
+    an e-process from its boundary on; the j-th boundary gets weight ERROR_ONSET_SHARE / (j (j + 1)) and the
+    whole window the rest. Fixed weights summing to one keep the mixture a test martingale under any rate at or
+    below the limit, so the chance of ever failing a canary at the limit stays at most the level (Ville); the
+    price for an onset at the j-th boundary is a factor j (j + 1) / ERROR_ONSET_SHARE on its p-value."""
+    errors, requests = error_counts(window)
+    whole = _error_e_value(errors, requests, limit)
+    best = ErrorEvidence(1.0 / whole if whole > 0 else 1.0, window.errors, window.requests, 0.0)
+    timed = sorted((cell for cell in _cells(window) if cell.start is not None and (cell.requests or cell.errors)),
+                   key=lambda cell: cell.start or 0.0)
+    if len(timed) < 2 or window.errors <= 0:
+        return best
+    lengths = sorted(cell.seconds for cell in timed)
+    tolerance = lengths[len(lengths) // 2] / 2
+    first = timed[0].start or 0.0
+    # Suffix sums from each cell on: errors, requests, the three sums of squares, and the cells.
+    sums: list[tuple[float, float, float, float, float, int]] = [(0.0, 0.0, 0.0, 0.0, 0.0, 0)]
+    for cell in reversed(timed):
+        e, r, ee, er, rr, n = sums[-1]
+        sums.append((e + cell.errors, r + cell.requests, ee + cell.errors**2, er + cell.errors * cell.requests,
+                     rr + cell.requests**2, n + 1))
+    sums.reverse()
+    total = (1.0 - ERROR_ONSET_SHARE) * whole
+    strongest = total
+    boundary = first
+    rank = 0
+    for index, cell in enumerate(timed):
+        start = cell.start or 0.0
+        if start <= boundary + tolerance:
+            continue
+        boundary, rank = start, rank + 1
+        tail_errors, tail_requests, ee, er, rr, units = sums[index]
+        if tail_errors <= 0 or units < 2:
+            break  # no later tail has an error, or two cells to tell a lasting rate from one burst
+        factor = _overdispersed(tail_errors, tail_requests, (ee, er, rr), units)
+        weighted = ERROR_ONSET_SHARE / (rank * (rank + 1)) * _error_e_value(
+            tail_errors / factor, tail_requests / factor, limit)
+        total += weighted
+        if weighted > strongest:
+            strongest = weighted
+            best = ErrorEvidence(0.0, tail_errors, tail_requests, start - first)
+    p_value = 0.0 if math.isinf(total) else min(1.0, 1.0 / total) if total > 0 else 1.0
+    return replace(best, p_value=p_value)
 
 
 def wilson_bounds(hits: float, trials: float, confidence: float) -> tuple[float, float]:
@@ -820,13 +906,17 @@ def _immediate_failures(canary: WindowStats, thresholds: CanaryAnalysis) -> list
         failures.append(("HealthCheckFailed", f"canary /health failed {canary.health_failures} times"))
     if canary.restarts > 0:
         failures.append(("ContainerRestarts", f"canary containers restarted {canary.restarts} times"))
-    errors, requests = error_counts(canary)
     if canary.errors > 0 and thresholds.max_error_rate <= 0:
         failures.append(("ErrorRateExceeded", _error_text(canary, thresholds)))
     elif canary.errors > 0:
-        p_value = error_sequential_p(errors, requests, thresholds.max_error_rate)
-        if p_value < ERROR_SIGNIFICANCE:
-            failures.append(("ErrorRateExceeded", f"{_error_text(canary, thresholds)} (p={p_value:.2g})"))
+        evidence = error_p(canary, thresholds.max_error_rate)
+        if evidence.p_value < ERROR_SIGNIFICANCE:
+            onset = ""
+            if evidence.since_s > 0:
+                onset = (f"; {evidence.errors:.0f} of {evidence.requests:.0f} requests from {evidence.since_s:.0f} s"
+                         " into the window on")
+            failures.append(("ErrorRateExceeded",
+                             f"{_error_text(canary, thresholds)} (p={evidence.p_value:.2g}{onset})"))
     return failures
 
 

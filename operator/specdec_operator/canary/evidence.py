@@ -177,6 +177,7 @@ class CanaryWindows:
                 busy_seconds=delta.itl_sum if delta.itl_count > 0 else delta.running_seconds,
                 requests=requests, errors=errors, drafts=delta.drafts, accepted_tokens=delta.accepted,
                 accepted_per_position=delta.accepted_per_position, tpot_buckets=delta.tpot_buckets,
+                start=scraped.at - delta.pod_seconds,
             )
             pods = self.cells.setdefault(key.revision, {})
             cells = pods.setdefault(uid, [])
