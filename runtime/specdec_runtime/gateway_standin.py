@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -41,6 +41,11 @@ HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "te", "
                          "upgrade", "host", "content-length"})
 # The client would send a dict as a JSON patch (the first type the endpoint lists); ours is a merge patch.
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+# Idle upstream connections are closed after this, below vLLM's keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s; the
+# simulator's HTTP_KEEP_ALIVE_S): reusing a connection the engine is closing at that very moment fails the request
+# ("Server disconnected", a 502), as an upstream idle timeout longer than the backend's does behind any proxy.
+# aiohttp's default is 15 s.
+UPSTREAM_IDLE_S = 2.0
 ROUTED_BY = "x-specdec-standin-backend"  # which Service a request went to, for logs and debugging
 
 
@@ -95,6 +100,13 @@ class KindCache:
             except Exception as err:  # a dropped stream, a restarting API server
                 logger.warning("%s watch interrupted: %s; retrying", self.name, err)
                 await asyncio.sleep(RETRY_S)
+
+
+def upstream_session() -> ClientSession:
+    """The client the stand-in forwards with: no total timeout (completions stream for as long as they take), and
+    idle connections dropped before the engine drops them (UPSTREAM_IDLE_S)."""
+    return ClientSession(timeout=ClientTimeout(total=None, sock_connect=5),
+                         connector=TCPConnector(keepalive_timeout=UPSTREAM_IDLE_S))
 
 
 class GatewayStandIn:
@@ -213,7 +225,7 @@ async def run_gateway_standin(kubeconfig: str | None, host: str, port: int, gate
         tasks.append(asyncio.create_task(_keep_router_current(router, caches, changed, custom, gateway_class)))
         for cache in caches.values():
             await cache.synced.wait()
-        async with ClientSession(timeout=ClientTimeout(total=None, sock_connect=5)) as session:
+        async with upstream_session() as session:
             app = web.Application()
             app.router.add_route("*", "/{tail:.*}", GatewayStandIn(router, session).handle)
             runner = web.AppRunner(app, access_log=None)

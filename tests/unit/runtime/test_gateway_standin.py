@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession, web
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdec_runtime.gateway_standin import GatewayStandIn
+from specdec_runtime.gateway_standin import GatewayStandIn, upstream_session
 from specdec_runtime.loadgen import Lengths, LoadShape, run_load
 from specdec_runtime.routing import ClusterView, Router
 from specdec_runtime.simulator.server import Simulator, build_app
@@ -53,7 +53,7 @@ async def fleet() -> AsyncIterator[tuple[str, dict[str, Simulator], Router]]:
     refs = [{"name": "m-stable", "port": 8000, "weight": 80}, {"name": "m-canary", "port": 8000, "weight": 20}]
     router.update(ClusterView(services=services, pods=pods, routes=[http_route(refs)], gateways=[GATEWAY]))
     gateway_port = free_port()
-    async with ClientSession() as session:
+    async with upstream_session() as session:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", GatewayStandIn(router, session).handle)
         runner = web.AppRunner(app)
