@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -168,9 +169,15 @@ def replay_text(text: str) -> tuple[ReplayResult, str]:
     return result, format_result(result, spec)
 
 
-def save(text: str, path: Path) -> None:
+def save(text: str, path: Path, test: str) -> None:
+    """Write the recording to `path`, and a copy to $SPECDEC_E2E_RECORDINGS when set (hack/test keeps it with the
+    clusters' logs: pytest's temporary directories do not outlive a few runs)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+    kept = os.environ.get("SPECDEC_E2E_RECORDINGS")
+    if kept:
+        Path(kept).mkdir(parents=True, exist_ok=True)
+        (Path(kept) / f"{test}.{path.name}").write_text(text)
 
 
 def assert_replay_agrees(recorder: CanaryRecorder, body: dict[str, Any], status: dict[str, Any], path: Path,
@@ -181,7 +188,7 @@ def assert_replay_agrees(recorder: CanaryRecorder, body: dict[str, Any], status:
                               comment=f"recorded by {test} on the local cluster; the operator's outcome: "
                                       f"{status['canary']['phase']} at step {status['canary']['step'] + 1}: "
                                       f"{status['canary']['message']}")
-    save(text, path)
+    save(text, path, test)
     result, report = replay_text(text)
     print(f"replay of {path} ({len(recorder.lines)} lines):\n{report}")  # shown with -rA
     operator = status["canary"]
