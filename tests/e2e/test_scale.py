@@ -38,7 +38,16 @@ def settled(kube: Kube, replicas: int) -> dict[str, Any]:
             return {"status": status, "pods": pods}
         return None
 
-    return wait_for(f"{NAME} Ready with {replicas} replicas", probe, 120)
+    def describe() -> dict[str, Any]:
+        status = kube.get("sm", NAME).get("status", {})
+        return {"replicas": status.get("replicas"), "pools": status.get("pools"),
+                "conditions": [(c["type"], c["status"], c.get("reason"), c.get("message"))
+                               for c in status.get("conditions", [])],
+                "pods": [(p["metadata"]["name"], p["status"].get("phase"), bool(p["metadata"].get("deletionTimestamp")))
+                         for p in kube.items("pods", f"specdec.io/model={NAME}")]}
+
+    # An upper bound, not a target: two pools' pods start beside four other lanes in CI (once over 120 s there).
+    return wait_for(f"{NAME} Ready with {replicas} replicas", probe, 240, describe=describe)
 
 
 def pool_replicas(status: dict[str, Any]) -> dict[str, int]:
