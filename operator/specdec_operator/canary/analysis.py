@@ -437,9 +437,7 @@ def _overdispersed(errors: float, requests: float, squares: tuple[float, float, 
     share = errors / requests
     errors_sq, cross, requests_sq = squares
     residuals = max(0.0, errors_sq - 2 * share * cross + share * share * requests_sq)
-    variance = units / (units - 1) * residuals / requests**2
-    binomial = max(share * (1 - share), 1.0 / requests) / requests
-    return max(1.0, variance / binomial)
+    return _dispersion_factor(share, units / (units - 1) * residuals / requests**2, requests)
 
 
 def error_p(window: WindowStats, limit: float) -> ErrorEvidence:
@@ -455,9 +453,11 @@ def error_p(window: WindowStats, limit: float) -> ErrorEvidence:
     errors, requests = error_counts(window)
     whole = _error_e_value(errors, requests, limit)
     best = ErrorEvidence(1.0 / whole if whole > 0 else 1.0, window.errors, window.requests, 0.0)
+    if window.errors <= 0:
+        return best
     timed = sorted((cell for cell in _cells(window) if cell.start is not None and (cell.requests or cell.errors)),
                    key=lambda cell: cell.start or 0.0)
-    if len(timed) < 2 or window.errors <= 0:
+    if len(timed) < 2:
         return best
     lengths = sorted(cell.seconds for cell in timed)
     tolerance = lengths[len(lengths) // 2] / 2
@@ -635,7 +635,12 @@ def _error_overdispersion(window: WindowStats) -> float:
     share, variance = _ratio([(cell.errors, cell.requests) for cell in _cells(window)])
     if share is None or variance is None or window.requests <= 0:
         return 1.0
-    binomial = max(share * (1 - share), 1.0 / window.requests) / window.requests
+    return _dispersion_factor(share, variance, window.requests)
+
+
+def _dispersion_factor(share: float, variance: float, requests: float) -> float:
+    """A measured error share's variance over what independent requests would give it (>= 1)."""
+    binomial = max(share * (1 - share), 1.0 / requests) / requests
     return max(1.0, variance / binomial)
 
 
