@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specdec_operator.tuner.samples import ScrapeResult, ScrapeTarget, parse_metrics
+from specdec_operator.tuner.window import CounterWindows
 from specdec_runtime import engine_env
 from specdec_runtime.config import RuntimeConfig, SpeculativeSettings
 from specdec_runtime.fleet_engine import ENGINE_ENV
@@ -228,3 +231,68 @@ def test_counters_move_alike_per_finished_request_and_per_position(pair: tuple[S
         # max_tokens are counted as accepted but not generated, so generated - prefills <= drafts + accepted.
         decode_tokens = seen["generated"] - REQUESTS
         assert decode_tokens <= seen["drafts"] + seen["accepted"] <= decode_tokens + REQUESTS * K, (name, seen)
+
+
+CONCURRENT = 4
+
+
+def scraped_under_load(served: Served) -> list[tuple[float, str]]:
+    """Its /metrics, read back to back (monotonic time, body) while CONCURRENT clients each send REQUESTS."""
+    stop = threading.Event()
+    bodies: list[tuple[float, str]] = []
+    failed: list[BaseException] = []
+
+    def scrape_until_stopped() -> None:
+        while not stop.is_set():
+            bodies.append((time.monotonic(), served.get("/metrics")))
+
+    def client(number: int) -> None:
+        try:
+            for i in range(REQUESTS):
+                served.complete(f"client {number} request {i}: {PROMPTS[i]}")
+        except BaseException as error:
+            failed.append(error)
+            raise
+
+    scraper = threading.Thread(target=scrape_until_stopped, daemon=True)
+    clients = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(CONCURRENT)]
+    scraper.start()
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join(600)
+    stop.set()
+    scraper.join(60)
+    bodies.append((time.monotonic(), served.get("/metrics")))
+    assert not failed, (served.name, failed)
+    return bodies
+
+
+def test_every_scrape_under_concurrent_load_passes_the_operators_checks(pair: tuple[Served, Served]) -> None:
+    """vLLM renders /metrics in a worker thread (a sync FastAPI route) while its event loop counts, so one scrape is
+    not a snapshot: a counter read later in the body can be a few engine steps ahead of one read earlier (in CI a
+    stable pod showed 2115 draft tokens against 697 drafts at K=3, and was left out of a canary's analysis for ten
+    minutes). Scraped as fast as it answers while concurrent requests run, no scrape of either side is judged not
+    vLLM, and the windows count every draft between the first scrape and the last. The race is rare (none in 364
+    scrapes on an idle machine): tests/unit/tuner/test_hostile.py renders it at will; this checks the real bodies."""
+    for served in pair:
+        bodies = scraped_under_load(served)
+        windows = CounterWindows()
+        target = ScrapeTarget(pod=f"contract/{served.name}", uid=served.name, ip="127.0.0.1", port=0, pool="p",
+                              revision="r", k=K)
+        excluded: list[str] = []
+        counted = 0.0
+        ahead = []  # per scrape: draft tokens read past K x the drafts read before them, in drafts
+        for at, body in bodies:
+            sample = parse_metrics(body)
+            assert sample.spec is not None, served.name
+            ahead.append(sample.spec.draft_tokens / K - sample.spec.drafts)
+            report = windows.observe([ScrapeResult(target, at, "ok", sample)], k_limit=K)
+            excluded += report.violations.values()
+            counted += sum(delta.drafts for delta in report.deltas.values())
+        first, last = parse_metrics(bodies[0][1]).spec, parse_metrics(bodies[-1][1]).spec
+        assert first is not None and last is not None
+        print(f"{served.name}: {len(bodies)} scrapes under {CONCURRENT} concurrent clients; draft tokens ahead of "
+              f"K x drafts in {sum(a > 0 for a in ahead)} of them, by up to {max(ahead):.1f} drafts")
+        assert not excluded, (served.name, excluded[:3])
+        assert counted == last.drafts - first.drafts > 0, (served.name, counted, first, last)

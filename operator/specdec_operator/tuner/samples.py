@@ -6,10 +6,11 @@ untrusted input and a bad scrape must never crash the operator or move K.
 
 A sample keeps two kinds of reasons apart: `problems` (families missing or partial, as a pod still starting
 or an older vLLM serves them) and `violations` (values vLLM cannot produce: non-finite or negative counters,
-sums past float max, more accepted tokens than drafted, more draft positions than any K the API admits, a
-histogram of more buckets than vLLM writes). Either makes the sample incomplete; a violation also makes the
-tuner's windows leave the pod out and name it (tuner/window.py). What a sample keeps is bounded by the API's
-limits, not by the body: at most MAX_K positions and MAX_HISTOGRAM_BUCKETS buckets.
+sums past float max, more draft positions than any K the API admits, a histogram of more buckets than vLLM
+writes). Either makes the sample incomplete; a violation also makes the tuner's windows leave the pod out and
+name it (tuner/window.py). How counters relate to each other (no more accepted tokens than drafted) is checked
+across scrapes, in tuner/window.py: one scrape is not a snapshot of vLLM's counters. What a sample keeps is
+bounded by the API's limits, not by the body: at most MAX_K positions and MAX_HISTOGRAM_BUCKETS buckets.
 """
 
 from __future__ import annotations
@@ -264,26 +265,15 @@ def sample_numbers(sample: PodSample) -> list[float]:
 
 
 def impossible_counters(sample: PodSample) -> list[str]:
-    """What in a parsed sample vLLM cannot produce: sums past float max (engines or label sets summed), and
-    spec-decode counters that break vLLM's own accounting (vllm/v1/spec_decode/metrics.py counts, per draft,
-    K' <= K proposed tokens and a prefix of them accepted; it writes drafts and draft tokens before accepted
-    tokens, so a scrape between the writes still satisfies these)."""
+    """What in one parsed sample vLLM cannot produce: sums past float max (engines or label sets summed).
+
+    Relations between counters (accepted <= draft tokens <= K x drafts) are not checked on one sample: vLLM
+    renders /metrics in a worker thread while its event loop counts, so a counter later in the body can hold
+    engine steps that one earlier in it does not (in CI, 2115 draft tokens beside 697 drafts at K=3, from an
+    honest engine under load). tuner/window.py checks them between scrapes, where they hold exactly."""
     if not all(math.isfinite(value) and value >= 0 for value in sample_numbers(sample)):
         return ["a counter sum is past float max"]
-    spec = sample.spec
-    if spec is None:
-        return []
-    found = []
-    if spec.accepted > spec.draft_tokens:
-        found.append(f"accepted tokens {spec.accepted:g} > draft tokens {spec.draft_tokens:g}")
-    # One draft's worth of slack: counters exported through a recording (Prometheus, a replay file) may be
-    # rounded, and a rounded draft count must not make an honest pod look impossible.
-    k = len(spec.accepted_per_position)
-    if k and spec.draft_tokens > (spec.drafts + 1) * k:
-        found.append(f"draft tokens {spec.draft_tokens:g} > K x drafts {spec.drafts:g}")
-    if any(count > spec.drafts + 1 for count in spec.accepted_per_position):
-        found.append(f"a position accepted more often than the {spec.drafts:g} drafts")
-    return found
+    return []
 
 
 def _request_counters(series: _Series) -> RequestCounters:

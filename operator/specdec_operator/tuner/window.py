@@ -9,7 +9,14 @@ A pod's /metrics is untrusted (spec.runtime.image is the tenant's). Counters are
 produce them: finite, monotone within a process (a decrease is a restart, as above), accepted <= drafted
 tokens <= K x drafts, each position accepted at most once per draft, K within the spec's bound, increases no
 faster than MAX_EVENTS_PER_SECOND, and histogram bucket layouts that neither change within a process nor
-differ between the pods of one revision (one image). A pod that breaks any of these is excluded: none of its
+differ between the pods of one revision (one image).
+
+One scrape is not a snapshot: vLLM renders /metrics in a worker thread (a sync route) while its event loop
+counts, so a counter late in the body can hold engine steps that one early in it does not. The relations between
+counters therefore hold exactly only between a scrape and the next one (every read of the first precedes every
+read of the second), and are checked there; within one interval's increases they hold up to what the pod counts
+in READ_SKEW_S at that interval's own rate. A lie smaller than that is caught exactly one scrape later, before its
+next interval counts. A pod that breaks any of these is excluded: none of its
 increases count, for QUARANTINE_S after its last violation, and `excluded` names it with the reason, for a
 condition and a metric. Nothing it sends can raise here, and the other pods' deltas are exactly what they
 would be without it. Work and memory per scrape are bounded by the body, not by the values in it.
@@ -40,6 +47,9 @@ MAX_EVENTS_PER_SECOND = 1e7
 # How long a pod stays excluded after its last violation (scraper clock seconds): a pod that keeps lying stays
 # out, a one-off heals. Its counters are re-baselined when it comes back, so nothing from the excluded time counts.
 QUARANTINE_S = 600.0
+# How long reading one /metrics body may take while vLLM goes on counting (a thread the engine's loop preempts on
+# a busy node): counters late in the body may be this many seconds of the pod's rate ahead of those early in it.
+READ_SKEW_S = 1.0
 
 
 @dataclass(frozen=True, order=True)
@@ -232,6 +242,9 @@ class CounterWindows:
                 report.events["out_of_order"] += 1
                 self._baselines[target.uid] = previous
                 continue
+            if (ahead := _ahead_of_the_next_scrape(previous.sample, sample)) is not None:
+                self._exclude(target, result.at, ahead, report)
+                continue
             delta = _delta(previous.sample, sample, result.at - previous.at)
             if (implausible := _implausible_increase(delta, sample.k, result.at - previous.at)) is not None:
                 self._exclude(target, result.at, implausible, report)
@@ -360,13 +373,33 @@ def _implausible_increase(delta: WindowDelta, k: int, seconds: float) -> str | N
             return f"{name} grew by {value:g} in {seconds:g}s, more than any pod can ({MAX_EVENTS_PER_SECOND:g}/s)"
     if not all(math.isfinite(value) for value in (*delta.accepted_per_position, delta.running_seconds)):
         return "a non-finite increase"
-    if delta.accepted > delta.draft_tokens:
+    # The drafts the pod may count while one body is read (the module's docstring), plus one for counters a
+    # recording rounded: the counters read after the drafts may be this far ahead of them.
+    skew = 1.0 + READ_SKEW_S * max(delta.drafts, 0.0) / seconds
+    if delta.accepted > delta.draft_tokens + max(k, 1) * skew:
         return f"{delta.accepted:g} tokens accepted of {delta.draft_tokens:g} drafted in {seconds:g}s"
-    # One draft's worth of slack for rounded counters (tuner/samples.py, impossible_counters).
-    if k > 0 and delta.draft_tokens > k * (delta.drafts + 1):
-        return f"{delta.draft_tokens:g} draft tokens in {delta.drafts:g} drafts at K={k}"
-    if any(count > delta.drafts + 1 for count in delta.accepted_per_position):
+    if k > 0 and delta.draft_tokens > k * (delta.drafts + skew):
+        return f"{delta.draft_tokens:g} draft tokens in {delta.drafts:g} drafts at K={k} in {seconds:g}s"
+    if any(count > delta.drafts + skew for count in delta.accepted_per_position):
         return f"a position accepted more often than the {delta.drafts:g} drafts in {seconds:g}s"
+    return None
+
+
+def _ahead_of_the_next_scrape(before: PodSample, after: PodSample) -> str | None:
+    """Why `before`'s counters hold more than vLLM had counted when `after` was read, or None. Every read of
+    one scrape precedes every read of the next, so vLLM's accounting per draft (K' <= K tokens proposed, a prefix
+    of them accepted; vllm/v1/spec_decode/metrics.py) holds exactly between a counter of `before` and one of
+    `after`, in whatever order either body was rendered. One draft of slack for counters a recording rounded."""
+    if before.spec is None or after.spec is None:
+        return None
+    then, now = before.spec, after.spec
+    k = len(now.accepted_per_position)
+    if then.accepted > now.draft_tokens:
+        return f"accepted tokens {then.accepted:g} > the next scrape's draft tokens {now.draft_tokens:g}"
+    if k and then.draft_tokens > k * (now.drafts + 1):
+        return f"draft tokens {then.draft_tokens:g} > K x the next scrape's drafts {now.drafts:g}"
+    if any(count > now.drafts + 1 for count in then.accepted_per_position):
+        return f"a position accepted more often than the next scrape's {now.drafts:g} drafts"
     return None
 
 
