@@ -1075,6 +1075,38 @@ def load_z(canary: WindowStats, stable: WindowStats) -> tuple[float, float] | No
     return c / s, math.log(c / s) / math.sqrt(variance(canary, c) + variance(stable, s))
 
 
+def _span(window: WindowStats) -> float:
+    """Seconds the side was observed: its pod-seconds over the most of its pods observed at one time. A pod left
+    out of the window for a while (its scrapes failing, its counters reset by a restart, its /metrics excluded)
+    shortens its side's span; a pod replaced by another does not."""
+    intervals = [(cell.start, cell.start + cell.seconds) for cell in window.cells
+                 if cell.start is not None and cell.seconds > 0]
+    at_once = _most_at_once(intervals) if intervals and len(intervals) == len(window.cells) else window.pods
+    return window.seconds / at_once if at_once > 0 else window.seconds
+
+
+def _most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals that overlap at one moment (one pod's cells never overlap each other)."""
+    # At equal times an end sorts before a start: a pod's next interval begins where its last one ended.
+    events = sorted([(end, -1) for _, end in intervals] + [(start, 1) for start, _ in intervals])
+    most = current = 0
+    for _, change in events:
+        current += change
+        most = max(most, current)
+    return most
+
+
+def counted_share(canary: WindowStats, stable: WindowStats, expected_share: float) -> float:
+    """The canary's share of the *counted* requests that the weights promise: the route splits requests by
+    weight at every moment, but each side's requests are counted only over the seconds its pods were observed,
+    so the weights apply per observed second (with every pod observed throughout, this is the weight). Without
+    per-pod cells the spans are unknown and the weight stands."""
+    if not canary.cells or not stable.cells or canary.seconds <= 0 or stable.seconds <= 0:
+        return expected_share
+    canary_counted, stable_counted = expected_share * _span(canary), (1 - expected_share) * _span(stable)
+    return canary_counted / (canary_counted + stable_counted)
+
+
 def traffic_mismatches(canary: WindowStats, stable: WindowStats, expected_share: float | None) -> list[str]:
     """Why the two sides did not see the same traffic, if they did not: per-pod offered load, the request
     shares against the weights (sample-ratio mismatch), prompt and output lengths. Each needs a difference
@@ -1088,10 +1120,14 @@ def traffic_mismatches(canary: WindowStats, stable: WindowStats, expected_share:
     total = canary.requests + stable.requests
     if expected_share is not None and 0 < expected_share < 1 and total > 0:
         share = canary.requests / total
-        z = (share - expected_share) / math.sqrt(expected_share * (1 - expected_share) / total)
-        if abs(share / expected_share - 1) > SHARE_TOLERANCE and 2 * _normal_sf(abs(z)) < MIX_SIGNIFICANCE:
+        counted = counted_share(canary, stable, expected_share)
+        z = (share - counted) / math.sqrt(counted * (1 - counted) / total)
+        if abs(share / counted - 1) > SHARE_TOLERANCE and 2 * _normal_sf(abs(z)) < MIX_SIGNIFICANCE:
+            observed = "" if math.isclose(counted, expected_share) else (
+                f", {counted:.1%} of what was counted over the {_span(canary):.0f} s and {_span(stable):.0f} s each "
+                f"side's pods were observed")
             found.append(f"sample-ratio mismatch: the canary served {share:.1%} of the requests, its weight says "
-                         f"{expected_share:.1%}")
+                         f"{expected_share:.1%}{observed}")
     for name, c_hist, s_hist in (("prompt", canary.prompt_buckets, stable.prompt_buckets),
                                  ("output", canary.output_buckets, stable.output_buckets)):
         p_value = rank_test_shifted(c_hist, s_hist)

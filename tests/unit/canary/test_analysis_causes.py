@@ -187,14 +187,58 @@ def test_longer_prompts_on_the_canary_hold_the_step_instead_of_failing_it() -> N
     assert "output lengths" not in verdict.message
 
 
+def on_pods(single: WindowStats, pods: int) -> WindowStats:
+    """The one-pod window's increases as `pods` identical pods observed side by side over the same interval."""
+    (cell,) = single.cells
+    share = 1.0 / pods
+    part = replace(cell, seconds=cell.seconds * share, generation_tokens=cell.generation_tokens * share,
+                   busy_seconds=cell.busy_seconds * share, requests=cell.requests * share,
+                   errors=cell.errors * share, drafts=cell.drafts * share,
+                   accepted_tokens=cell.accepted_tokens * share,
+                   accepted_per_position=tuple(count * share for count in cell.accepted_per_position),
+                   tpot_buckets=tuple((bound, count * share) for bound, count in cell.tpot_buckets))
+    return replace(single, cells=tuple(replace(part, pod=f"{cell.pod}-{index}") for index in range(pods)),
+                   pods=pods)
+
+
 def test_request_shares_off_the_weights_are_a_sample_ratio_mismatch() -> None:
-    # Equal load per pod (one canary pod, three stable pods), but the canary was to get half the requests.
+    # Equal load per pod (one canary pod, three stable pods, all observed for the window's 120 s), but the canary
+    # was to get half the requests.
     canary = window(requests=400.0)
-    stable = window(requests=1200.0, seconds=360.0, tpot_buckets=tpot_spread(0.040, 1200))
+    stable = on_pods(window(requests=1200.0, seconds=360.0, tpot_buckets=tpot_spread(0.040, 1200)), 3)
     verdict = analyse(canary, stable, thresholds(), expected_share=0.5)
     assert (verdict.outcome, verdict.reason) == ("Inconclusive", "TrafficMismatch"), verdict.message
     assert "sample-ratio mismatch: the canary served 25.0% of the requests, its weight says 50.0%" in verdict.message
     assert analyse(canary, stable, thresholds(), expected_share=0.25).outcome == "Pass"
+
+
+def test_a_side_observed_for_less_of_the_window_is_not_a_sample_ratio_mismatch() -> None:
+    # Seen in CI on the real engine: a 50% step whose stable pod was left out of the analysis for 485 of its
+    # 897 s. The route split the requests evenly; the stable's were counted over 412 s only, so the canary
+    # served 68.6% of the counted requests. That is what the weights promise per observed second.
+    canary = window(seconds=897.0, requests=442.0, tpot_buckets=tpot_spread(0.040, 442))
+    stable = window(seconds=412.0, requests=202.0, tpot_buckets=tpot_spread(0.040, 202))
+    assert (canary.pods, stable.pods) == (1, 1)
+    assert analysis.counted_share(canary, stable, 0.5) == pytest.approx(897 / (897 + 412))
+    verdict = analyse(canary, stable, thresholds(), expected_share=0.5)
+    assert verdict.reason != "TrafficMismatch", verdict.message
+    # A split that is off per observed second is still one: the stable's rate per observed second cut to 30%.
+    skewed = window(seconds=412.0, requests=60.0, tpot_buckets=tpot_spread(0.040, 60))
+    verdict = analyse(canary, skewed, thresholds(min_requests=50), expected_share=0.5)
+    assert (verdict.outcome, verdict.reason) == ("Inconclusive", "TrafficMismatch"), verdict.message
+    assert "its weight says 50.0%, 68.5% of what was counted over the 897 s and 412 s" in verdict.message
+
+
+def test_a_pod_replaced_mid_step_does_not_shorten_its_sides_span() -> None:
+    # The canary's pod was replaced halfway (a node failed): two pods, each observed for half the window, one at
+    # a time. Every canary request was counted; an even split is what the weights promise.
+    canary = on_pods(window(seconds=600.0, requests=300.0, tpot_buckets=tpot_spread(0.040, 300)), 2)
+    first, second = canary.cells
+    assert first.start is not None
+    canary = replace(canary, cells=(first, replace(second, start=first.start + first.seconds)))
+    stable = window(seconds=600.0, requests=300.0, tpot_buckets=tpot_spread(0.040, 300))
+    assert analysis.counted_share(canary, stable, 0.5) == pytest.approx(0.5)
+    assert analyse(canary, stable, thresholds(), expected_share=0.5).reason != "TrafficMismatch"
 
 
 # Cause 8: odd inputs.
