@@ -41,7 +41,13 @@ from specdec_operator.api.spec import Canary, Rollout
 from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.canary.analysis import Verdict, WindowStats
 from specdec_operator.canary.evidence import CanaryWindows, PodRestarts
-from specdec_operator.canary.plan import IN_FLIGHT_PHASES, CanaryTarget, equal_load_percent, replica_share_percent
+from specdec_operator.canary.plan import (
+    IN_FLIGHT_PHASES,
+    CanaryTarget,
+    equal_load_percent,
+    replica_share_percent,
+    split_canary_replicas,
+)
 from specdec_operator.canary.progress import StepObservation, advance
 from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.timestamps import parse_stamp
@@ -342,8 +348,7 @@ class Replayer:
         report = self.counters.observe(results)
         if in_flight is not None:
             self.windows.add(report, results, health, restarts)
-        canary_pods = [record for record in records if record.role == "canary"]
-        canary_ready = bool(canary_pods) and all(record.ready for record in canary_pods)
+        canary_ready = self._canary_ready(records)
         weights = [record.weight for record in records if record.weight is not None]
         route_percent = weights[0] if weights else None
         compared = [record for record in records if record.role == self.compare_with and record.ready]
@@ -354,6 +359,21 @@ class Replayer:
         verdict = self._verdict(route_percent, stable_serving)
         self._advance(verdict, at, now, canary_ready=canary_ready, route_percent=route_percent,
                       route_target=self._route_target(records) if route_percent is not None else None)
+
+    def _canary_ready(self, records: list[Record]) -> bool:
+        """Whether the step's canary replicas serve, as the operator reads it from the canary Deployment: at least
+        the step's share of the pool Ready (`split_canary_replicas`) when the recording gives the pool's size, so a
+        pod of the canary's revision beyond the step's (a surge pod, the stable Deployment rolling to it once
+        promoted) does not hold the step; without the size, every canary pod listed."""
+        canary_pods = [record for record in records if record.role == "canary"]
+        if not canary_pods:
+            return False
+        ready = sum(record.ready for record in canary_pods)
+        status, steps = self.status, self.rollout.canary.steps if self.rollout.canary is not None else []
+        if self.spec.replicas is None or status is None or not steps:
+            return ready == len(canary_pods)
+        step_weight = steps[min(status.step, len(steps) - 1)].weight
+        return ready >= max(1, split_canary_replicas(self.spec.replicas, step_weight)[1])
 
     def _target(self, record: Record) -> ScrapeTarget | None:
         """The pod as a scrape target of its revision; None for a role the canary is not compared with."""

@@ -220,3 +220,21 @@ def test_a_fractional_weight_is_read_as_the_operator_reads_a_route_and_t_may_be_
             '{"t": 1764500000.5, "pod": "s", "role": "stable", "weight": 49.4}\n')
     _, records = parse_recording(text)
     assert [(record.at, record.weight) for record in records] == [(1764500000.5, 13), (1764500000.5, 49)]
+
+
+@pytest.mark.parametrize("replicas", [None, 2])
+def test_a_pod_of_the_canarys_revision_beyond_the_steps_replicas_does_not_hold_the_step(replicas: int | None) -> None:
+    """The operator starts and passes a step once the canary Deployment has the step's replicas Ready. A recorder
+    that tells roles by revision also lists pods of the canary's revision outside it (the stable Deployment rolling
+    to it once promoted, a surge pod), Pending: with the pool's size in the header they do not hold the step, as
+    they do not hold the operator's; without it the replay cannot tell them apart and waits for every listed pod."""
+    header, records = parse_recording(HEALTHY.read_text())
+    spec = dataclasses.replace(load_spec(header), replicas=replicas)
+    stamps = sorted({record.at for record in records})
+    pending = [Record(at=at, pod="stable-rolled-0", role="canary", phase="Pending", ready=False, restarts=0,
+                      weight=None, metrics=None) for at in stamps]
+    result = replay(records + pending, spec)
+    if replicas is None:
+        assert result.outcome != "Promoted", format_result(result, spec)
+    else:
+        assert (result.outcome, result.reason) == ("Promoted", "CanaryPromoted"), format_result(result, spec)
