@@ -14,6 +14,10 @@ _POOL = ("namespace", "model", "pool")
 RECONCILES = Counter(
     "specdec_reconcile", "Reconciles of SpeculativeModels by result.", ("result",), registry=REGISTRY
 )
+MODEL_RECONCILES = Counter(
+    "specdec_model_reconciles", "Finished reconcile passes of one SpeculativeModel (ok or invalid).",
+    ("namespace", "model"), registry=REGISTRY,
+)
 RECONCILE_SECONDS = Histogram(
     "specdec_reconcile_duration_seconds", "Duration of one reconcile.", registry=REGISTRY
 )
@@ -206,6 +210,12 @@ def pool_series(metric: MetricT, namespace: str, model: str, pool: str, *labels:
     return metric.labels(namespace, model, pool, *labels)
 
 
+def count_model_pass(namespace: str, model: str) -> None:
+    """One finished reconcile pass of the model: a pass, not a clock, is what "nothing changed for N passes"
+    counts (the e2e tests wait on it)."""
+    MODEL_RECONCILES.labels(namespace, model).inc()
+
+
 def forget_model(namespace: str, model: str) -> None:
     """Remove every series of one model (all its pools)."""
     # Not limited to the tracked pools: a deletion is rare, and this also catches a series made without
@@ -216,6 +226,7 @@ def forget_model(namespace: str, model: str) -> None:
     for key in [key for key in _POSITIONS if key[:2] == (namespace, model)]:
         del _POSITIONS[key]
     MODEL_CONDITION.remove_by_labels({"namespace": namespace, "model": model})
+    MODEL_RECONCILES.remove_by_labels({"namespace": namespace, "model": model})
     for metric in MODEL_METRICS:
         metric.remove_by_labels({"namespace": namespace, "model": model})
 
@@ -242,5 +253,6 @@ def forget_all_models() -> None:
     _EXCLUDED_SERIES.clear()
     _POSITIONS.clear()
     MODEL_CONDITION.clear()
+    MODEL_RECONCILES.clear()
     for metric in MODEL_METRICS:
         metric.clear()

@@ -16,6 +16,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.cluster import LocalCluster
+from tests.e2e.kube import wait_for
 
 # How often the operator scrapes its pods here (tests/e2e/canary_recording.py records at the same period).
 SCRAPE_INTERVAL_S = 2
@@ -169,6 +170,19 @@ class OperatorProcess:
 
     def total(self, prefix: str) -> float:
         return sum(v for k, v in (self.metrics() or {}).items() if k.startswith(prefix + "{"))
+
+    def model_passes(self, namespace: str, model: str) -> float:
+        """Finished reconcile passes of one model since this process started (specdec_model_reconciles_total)."""
+        key = f"specdec_model_reconciles_total{{model={model},namespace={namespace}}}"
+        return (self.metrics() or {}).get(key, 0.0)
+
+    def wait_passes(self, namespace: str, model: str, passes: int, timeout_s: float = 120) -> None:
+        """Until `passes` more passes of the model have finished: a pass, not a clock, is what "nothing changed
+        for N passes" means. The first may have begun before the call, so at least passes - 1 ran whole after."""
+        before = self.model_passes(namespace, model)
+        wait_for(f"{passes} reconcile passes of {namespace}/{model}",
+                 lambda: self.model_passes(namespace, model) >= before + passes, timeout_s, 0.5,
+                 describe=lambda: self.model_passes(namespace, model) - before)
 
 
 # The `scoped_operator` fixture (tests/e2e/conftest.py): settings as keyword arguments, a started operator back.

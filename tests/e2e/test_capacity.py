@@ -241,8 +241,9 @@ def test_two_models_competing_for_one_pool_report_the_shortfall(
     messages = [d["message"] for d in degraded.values() if d.get("reason") == "InsufficientGpus"]
     assert any("need 16 GPUs" in m and "of the 16 GPUs on 2 nodes" in m for m in messages), messages
     print(f"\ncompeting models: {[(n, d.get('reason'), d.get('message')) for n, d in degraded.items()]}")
-    # Stable: nothing flips back to Pending once settled.
-    time.sleep(10)
+    # Stable: nothing flips back to Pending once settled, over two whole passes of each model.
+    for name in ("first", "second"):
+        operator.wait_passes(namespace, name, 3)
     assert settled() is not None
 
 

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.long]
 MODEL = "canaryheld"
 DECISION_S = 180
 STEP_PAUSE_S = 15
-QUIET_AFTER_S = 15
+QUIET_PASSES = 3
 
 
 def _steps(entries: list[AuditEntry]) -> list[tuple[Any, ...]]:
@@ -93,7 +93,7 @@ def test_refused_step_advance_moves_nothing_then_the_canary_goes_on_from_its_ste
              180, 1, describe=lambda: canary_status(kube, MODEL))
     wait_for("canary Deployment removed", lambda: kube.get("deployment", canary_deployment) is None, 60)
     wait_for(f"K={canary_k} on the promoted stable pool", lambda: running_k(kube, stable) == canary_k, 60, 1)
-    time.sleep(QUIET_AFTER_S)
+    operator.wait_passes(namespace, MODEL, QUIET_PASSES + 1)  # nothing more after promotion
     entries = audit.entries(namespace)
     steps = _steps(entries)
     weights = route_weights(entries, f"{MODEL}-route", f"{MODEL}-canary")

@@ -35,7 +35,7 @@ DECISION_S = 180
 # Each canary step lasts at least this long; the restart happens early in step 1.
 STEP_PAUSE_S = 20
 PROMOTION_S = 240
-QUIET_AFTER_S = 15
+QUIET_PASSES = 3
 
 
 def _deployment_revision(kube: Kube, name: str) -> str:
@@ -103,7 +103,8 @@ def test_control_plane_restart_mid_k_rollout_and_mid_canary_step(
              PROMOTION_S, 1, describe=lambda: canary_status(kube, CANARY))
     wait_for("canary Deployment removed", lambda: kube.get("deployment", canary_deployment) is None, 60)
     wait_for(f"K={canary_k} on the promoted stable pool", lambda: running_k(kube, stable) == canary_k, 60, 1)
-    time.sleep(QUIET_AFTER_S)
+    for model in (TUNED, CANARY):
+        operator.wait_passes(namespace, model, QUIET_PASSES + 1)  # nothing more once both are done
     entries = audit.entries(namespace)
 
     k_rollouts = rollouts(entries, tuned_pool, tuned_baseline)

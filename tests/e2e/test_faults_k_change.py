@@ -36,7 +36,7 @@ DECISION_S = 180
 # How long a refusal lasts: several reconcile passes (5 s each in e2e) and a tuning interval.
 REFUSED_FOR_S = 25
 # Passes after the rollout in which a revert or a second rollout would show.
-QUIET_AFTER_S = 20
+QUIET_PASSES = 4
 
 
 def _decisions(entries: list[AuditEntry], model: str, pool: str) -> list[int]:
@@ -82,7 +82,7 @@ def test_refused_status_write_holds_the_deployment_then_it_rolls_once(
         return recorded if recorded not in (None, INITIAL_K) and running_k(kube, pool) == recorded else None
 
     final_k = wait_for("the decision in status and running", running_as_recorded, DECISION_S, 1)
-    time.sleep(QUIET_AFTER_S)
+    operator.wait_passes(namespace, model, QUIET_PASSES + 1)
     entries = audit.entries(namespace)
     changes = rollouts(entries, pool, baseline)
     decisions = _decisions(entries, model, pool)
@@ -127,7 +127,7 @@ def test_operator_killed_between_status_write_and_rollout_applies_the_recorded_k
         operator.start()
         restarted_s = time.monotonic() - killed_at
         wait_for(f"the new operator rolling K={recorded_k}", lambda: running_k(kube, pool) == recorded_k, 120, 1)
-        time.sleep(QUIET_AFTER_S)
+        operator.wait_passes(namespace, model, QUIET_PASSES + 1)
     finally:
         if operator.process is None or operator.process.poll() is not None:
             operator.start()  # the session's other tests need it

@@ -79,7 +79,13 @@ def test_one_acts_and_the_other_takes_over_mid_canary_after_kill_9(
     body["spec"]["rollout"]["canary"]["analysis"]["minTokensPerSecondRatio"] = 0.5
     kube.apply([route(MODEL), body])
     old_revision = settle(kube, MODEL)
-    time.sleep(5)  # a standby that acted too would have reconciled by now: the loop ticks every 5 s
+
+    def passes() -> float:
+        return sum(process.model_passes(str(kube.namespace), MODEL) for process in peered_pair)
+
+    # A standby that acted too would have reconciled the model by the time the active one has twice more.
+    before = passes()
+    wait_for("two more passes of the model", lambda: passes() >= before + 2, 60, 0.5)
     totals = [process.total(RECONCILES) for process in peered_pair]
     assert sorted(total > 0 for total in totals) == [False, True], f"reconciles per operator: {totals}"
     active, standby = sorted(peered_pair, key=lambda process: process.total(RECONCILES), reverse=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -166,11 +165,11 @@ def test_every_pod_knob_is_rendered_stays_quiet_and_survives_drift_correction(
         assert spec["affinity"]["podAntiAffinity"] == KNOBS["pod"]["affinity"]["podAntiAffinity"]
         assert "requiredDuringSchedulingIgnoredDuringExecution" in spec["affinity"]["nodeAffinity"]
 
-        # Steady state: three reconcile intervals without a single write to an owned object (the API
-        # server's defaults on what we render must not look like drift).
-        time.sleep(2)
+        # Steady state: three whole reconcile passes without a single write to an owned object (the API
+        # server's defaults on what we render must not look like drift). The pass that saw the pod run ends first.
+        operator.wait_passes(namespace, "pod-knobs", 1)
         since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        time.sleep(3 * 5 + 2)
+        operator.wait_passes(namespace, "pod-knobs", 4)
         owned_writes = [w for w in operator_writes_since(cluster.paths.logs / "audit.log", since)
                         if "/pod-knobs" in w and not w.split()[1].startswith("speculativemodels")]
         assert owned_writes == [], operator.log_tail()
@@ -196,7 +195,7 @@ def test_every_pod_knob_is_rendered_stays_quiet_and_survives_drift_correction(
 
         wait_for("every knob restored", restored, 30)
         running(kube, "specdec.io/pool=pod-knobs-gfx942", 1)
-        time.sleep(2 * 5 + 2)
+        operator.wait_passes(namespace, "pod-knobs", 3)  # two whole passes after the restore: quiet again
         restoring = deployment_writes(cluster, stripped_at, "pod-knobs-gfx942")
         assert len(restoring) == 1, restoring  # one apply restored them all, then quiet again
         assert failed_creates(kube) == []

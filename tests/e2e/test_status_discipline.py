@@ -62,7 +62,7 @@ def test_a_hand_corrupted_status_field_is_named_and_nothing_acts_on_it(
     name = "corrupted"
     kube.apply(small_model(name))
     wait_for("model Ready", lambda: ready(kube, name), 90)
-    time.sleep(3)  # let the last Ready status write land
+    operator.wait_passes(str(kube.namespace), name, 2)  # a whole pass after Ready: its writes have landed
     deployment = kube.get("deployment", f"{name}-gfx942")
     since = now_iso()
     # A human edits the decision record's time to something no clock can read; the API server stores it.
@@ -83,7 +83,7 @@ def test_a_hand_corrupted_status_field_is_named_and_nothing_acts_on_it(
     warnings = wait_for("a StatusUnreadable event", lambda: [
         e for e in kube.events(name) if e["reason"] == "StatusUnreadable"], 30)
     assert warnings[0]["type"] == "Warning" and "lastDecision.time" in warnings[0]["message"]
-    time.sleep(3 * 5 + 2)  # three reconcile intervals of the e2e settings
+    operator.wait_passes(str(kube.namespace), name, 4)  # three whole passes hold it
     held = kube.get("sm", name)["status"]
     assert held["speculation"]["lastDecision"]["time"] == "last tuesday"  # kept for the human to repair
     assert [p["effectiveK"] for p in held["pools"]] == [3]

@@ -32,6 +32,7 @@ from specdec_operator.metrics import (
     RECONCILE_SECONDS,
     RECONCILES,
     count_k_change,
+    count_model_pass,
     count_rollouts,
     set_canary_weight,
     set_model_conditions,
@@ -245,6 +246,9 @@ async def reconcile(
         # Before the first write's await (see gather): the model takes, keeps or frees its rollout slot.
         ctx.nudge_all(ctx.rollout_slots.record(key, plan.rolls_out, plan.queued))
         changed = await write(ctx, body, baseline, observed, plan, logger)
+        if ctx.departures.get(key, 0) == departures:
+            # Not for a model that left during the writes: its series are gone and must stay gone.
+            count_model_pass(*key)
     except Exception:
         RECONCILES.labels(result="error").inc()
         raise
