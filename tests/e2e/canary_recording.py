@@ -7,6 +7,12 @@ the time its own scrape answered, its role from the revisions in `status.canary`
 readiness and restarts as the API shows them, the route's canary weight as read, and the vLLM families of its
 /metrics text. Rounds start once the operator has started the canary and end a few rounds after the operator
 has decided it (the replay's rounds fall between the operator's scrapes, so it may need one round more).
+
+Besides every period, a round is taken as soon as the set of pods the operator would scrape changes: the operator
+acts on a pod's readiness at once (a step starts, or passes, when its canary replicas are ready), and a pod that
+became ready and the promotion it allowed can both fall between two sampled rounds, a moment no sampled recording
+holds (seen with 8 replicas swapped in place one at a time). Prometheus with kube-state-metrics samples readiness
+too; this recorder is a test tool that keeps the moment the operator acted on.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ RECORD_PERIOD_S = float(SCRAPE_INTERVAL_S)
 # Rounds recorded after the operator's outcome: the replay scrapes between the operator's scrapes, and its last
 # round before the operator's decision may lack the one scrape that decided it.
 ROUNDS_AFTER_OUTCOME = 3
+# How often, between rounds, the recorder reads which pods are ready (one LIST of the model's pods).
+READINESS_POLL_S = 0.25
 
 
 def vllm_families(text: str) -> str:
@@ -93,9 +101,28 @@ class CanaryRecorder:
             # A sampling period, as Prometheus' scrape interval: what the test waits on is the operator's status.
             while not self._stop.is_set() and not self.done:
                 self._round()
-                self._stop.wait(self.period_s)
+                self._until_next_round()
         except BaseException as err:  # surfaced by `recording()`
             self.error = err
+
+    def _until_next_round(self) -> None:
+        """Until the period is over, or sooner once the canary has started and the pods the operator would
+        scrape (Ready, not terminating) are no longer the ones the last round saw (the module's docstring)."""
+        deadline = time.monotonic() + self.period_s
+        seen = self._serving() if self.revisions is not None else None
+        while not self._stop.wait(max(0.0, min(READINESS_POLL_S, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline or (seen is not None and self._serving() != seen):
+                return
+
+    def _pods(self) -> list[dict[str, Any]]:
+        """The model's pods of the recorded canary's two revisions."""
+        assert self.revisions is not None
+        return [pod for pod in self.kube.items("pods", f"{contract.LABEL_MODEL}={self.model}")
+                if pod["metadata"]["labels"].get(contract.LABEL_REVISION) in self.revisions]
+
+    def _serving(self) -> frozenset[str]:
+        """The names of the pods the operator would scrape, by its own rule."""
+        return frozenset(pod["metadata"]["name"] for pod in self._pods() if scrape_targets([pod]))
 
     def _round(self) -> None:
         canary = ((self.kube.get("sm", self.model) or {}).get("status") or {}).get("canary") or {}
@@ -107,9 +134,7 @@ class CanaryRecorder:
             self._after_outcome += 1
         roles = {self.revisions[0]: "stable", self.revisions[1]: "canary"}
         weight = self._route_weight()
-        pods = [pod for pod in self.kube.items("pods", f"{contract.LABEL_MODEL}={self.model}")
-                if pod["metadata"]["labels"].get(contract.LABEL_REVISION) in roles]
-        for pod in pods:
+        for pod in self._pods():
             status = pod.get("status") or {}
             # The pods the operator scrapes (Ready, with an IP, not terminating), by its own rule.
             ready = bool(scrape_targets([pod]))

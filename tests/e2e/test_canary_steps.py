@@ -51,6 +51,7 @@ def canary(kube: Kube, name: str) -> dict[str, Any]:
 @pytest.mark.timeout(180 + 2 * (STEP_TIMEOUT_S * 2 + 4 * PAUSE_S) + 60)
 def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_doubles_mid_step(
     kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess, gateway: GatewayStandIn,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """The tuner's K change on a pool of 8 replicas behind the example's route: when the canary's 50% step starts,
     a second open-loop load of the same rate joins the first (a morning ramp inside a step). Both sides' pods see
@@ -61,7 +62,8 @@ def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_double
     body["spec"]["speculation"]["initialK"] = TUNED_FROM_K
     kube.apply([http_route(name), body])
     wait_for(f"{name} Ready", lambda: ready(kube, name), 180)
-    with BackgroundLoad(gateway.url, hostname(name), seed=11, model=SERVED, rate=RATE):
+    recorder = CanaryRecorder(kube, name, RECORD_PERIOD_S, route=name)
+    with BackgroundLoad(gateway.url, hostname(name), seed=11, model=SERVED, rate=RATE), recorder:
         wait_for("the 50% step started", lambda: canary(kube, name).get("weight") == 50
                  or canary(kube, name).get("phase") in DONE, STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5,
                  describe=lambda: canary_story(kube, name))
@@ -70,6 +72,7 @@ def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_double
         with BackgroundLoad(gateway.url, hostname(name), seed=12, model=SERVED, rate=RATE):
             wait_for("canary decided", lambda: canary(kube, name).get("phase") in DONE,
                      STEP_TIMEOUT_S * 2 + 4 * PAUSE_S, 0.5, describe=lambda: canary_story(kube, name))
+            wait_for("the recorder's rounds after the outcome", lambda: recorder.done or recorder.error, 60)
     final = canary(kube, name)
     assert final.get("phase") == "Promoted", (final, rollback_event(kube, name))
     events = kube.events_once(name, "CanaryPromoted", rolled_out_reason(kube, name))
@@ -77,6 +80,7 @@ def test_a_healthy_k_change_on_8_replicas_promotes_while_the_offered_load_double
     promoted = [e["message"] for e in events if e["reason"] == "CanaryPromoted"]
     print(f"{name}: {passed} {promoted}")  # shown with -rA: the numbers the promotion rests on
     assert len(passed) == 2 and promoted, (passed, promoted)
+    assert_replay_agrees(recorder, body, kube.get("sm", name)["status"], tmp_path / f"{name}.jsonl", __name__)
 
 
 def serving(pod: dict[str, Any]) -> bool:
