@@ -81,6 +81,7 @@ class CanaryRecorder:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"record-{model}", daemon=True)
         self._after_outcome = 0
+        self._serving_at_round: frozenset[str] | None = None  # what the last round saw the operator would scrape
         self.error: BaseException | None = None
 
     def __enter__(self) -> CanaryRecorder:
@@ -109,9 +110,9 @@ class CanaryRecorder:
         """Until the period is over, or sooner once the canary has started and the pods the operator would
         scrape (Ready, not terminating) are no longer the ones the last round saw (the module's docstring)."""
         deadline = time.monotonic() + self.period_s
-        seen = self._serving() if self.revisions is not None else None
+        seen = self._serving_at_round
         while not self._stop.wait(max(0.0, min(READINESS_POLL_S, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline or (seen is not None and self._serving() != seen):
+            if time.monotonic() >= deadline or (seen is not None and self._serving(self._pods()) != seen):
                 return
 
     def _pods(self) -> list[dict[str, Any]]:
@@ -120,9 +121,10 @@ class CanaryRecorder:
         return [pod for pod in self.kube.items("pods", f"{contract.LABEL_MODEL}={self.model}")
                 if pod["metadata"]["labels"].get(contract.LABEL_REVISION) in self.revisions]
 
-    def _serving(self) -> frozenset[str]:
-        """The names of the pods the operator would scrape, by its own rule."""
-        return frozenset(pod["metadata"]["name"] for pod in self._pods() if scrape_targets([pod]))
+    @staticmethod
+    def _serving(pods: list[dict[str, Any]]) -> frozenset[str]:
+        """The names of the pods the operator would scrape (Ready, with an IP, not terminating), by its own rule."""
+        return frozenset(pod["metadata"]["name"] for pod in pods if scrape_targets([pod]))
 
     def _round(self) -> None:
         canary = ((self.kube.get("sm", self.model) or {}).get("status") or {}).get("canary") or {}
@@ -134,10 +136,12 @@ class CanaryRecorder:
             self._after_outcome += 1
         roles = {self.revisions[0]: "stable", self.revisions[1]: "canary"}
         weight = self._route_weight()
-        for pod in self._pods():
+        pods = self._pods()
+        serving = self._serving(pods)
+        self._serving_at_round = serving
+        for pod in pods:
             status = pod.get("status") or {}
-            # The pods the operator scrapes (Ready, with an IP, not terminating), by its own rule.
-            ready = bool(scrape_targets([pod]))
+            ready = pod["metadata"]["name"] in serving
             text = scrape(status["podIP"]) if ready else None
             self.lines.append({
                 "t": round(time.time(), 3), "pod": pod["metadata"]["name"],

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from specdec_operator.api.spec import CanaryStep
 from specdec_operator.api.status import CanaryStatus
 
 IN_FLIGHT_PHASES = ("Progressing", "Paused")
@@ -80,6 +82,12 @@ def split_canary_replicas(total: int, weight: int) -> tuple[int, int]:
         return 0, total
     canary = max(1, math.floor(total * weight / FULL_WEIGHT + 0.5))
     return max(total - canary, 1), canary
+
+
+def step_canary_replicas(total: int, steps: Sequence[CanaryStep], step: int) -> int:
+    """The canary replicas a step needs Ready before it starts or passes: its weight's share of the pool
+    (`split_canary_replicas`); a step index past the last reads the last step."""
+    return split_canary_replicas(total, steps[min(step, len(steps) - 1)].weight)[1]
 
 
 def equal_load_percent(total: int, weight: int) -> int:

@@ -46,7 +46,7 @@ from specdec_operator.canary.plan import (
     CanaryTarget,
     equal_load_percent,
     replica_share_percent,
-    split_canary_replicas,
+    step_canary_replicas,
 )
 from specdec_operator.canary.progress import StepObservation, advance
 from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
@@ -362,18 +362,16 @@ class Replayer:
 
     def _canary_ready(self, records: list[Record]) -> bool:
         """Whether the step's canary replicas serve, as the operator reads it from the canary Deployment: at least
-        the step's share of the pool Ready (`split_canary_replicas`) when the recording gives the pool's size, so a
+        the step's share of the pool Ready (`step_canary_replicas`) when the recording gives the pool's size, so a
         pod of the canary's revision beyond the step's (a surge pod, the stable Deployment rolling to it once
         promoted) does not hold the step; without the size, every canary pod listed."""
         canary_pods = [record for record in records if record.role == "canary"]
         if not canary_pods:
             return False
         ready = sum(record.ready for record in canary_pods)
-        status, steps = self.status, self.rollout.canary.steps if self.rollout.canary is not None else []
-        if self.spec.replicas is None or status is None or not steps:
+        if self.spec.replicas is None or self.status is None:
             return ready == len(canary_pods)
-        step_weight = steps[min(status.step, len(steps) - 1)].weight
-        return ready >= max(1, split_canary_replicas(self.spec.replicas, step_weight)[1])
+        return ready >= max(1, step_canary_replicas(self.spec.replicas, self.spec.canary.steps, self.status.step))
 
     def _target(self, record: Record) -> ScrapeTarget | None:
         """The pod as a scrape target of its revision; None for a role the canary is not compared with."""

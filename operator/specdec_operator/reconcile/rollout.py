@@ -25,6 +25,7 @@ from specdec_operator.canary.plan import (
     equal_load_percent,
     in_place_canary_size,
     split_canary_replicas,
+    step_canary_replicas,
 )
 from specdec_operator.canary.progress import ManualAction, StepObservation, advance
 from specdec_operator.decisions.capacity import RolloutMode
@@ -316,7 +317,7 @@ def _canary_pool(
     if in_place_budget and current is not None and current.phase in IN_FLIGHT_PHASES and rollout.canary:
         # In place the canary grows a budget at a time: its step starts once it has all of the step's replicas.
         steps = rollout.canary.steps
-        step_target = split_canary_replicas(total, steps[min(current.step, len(steps) - 1)].weight)[1]
+        step_target = step_canary_replicas(total, steps, current.step)
         canary_ready = canary_ready and _size(canary_live) >= step_target
     target = CanaryTarget(pool.name, stable_rev, pool.revision, desired_k=pool.k,
                           decision_id=_decision_id(last_decision, pool, current))

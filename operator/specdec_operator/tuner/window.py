@@ -16,10 +16,12 @@ counts, so a counter late in the body can hold engine steps that one early in it
 counters therefore hold exactly only between a scrape and the next one (every read of the first precedes every
 read of the second), and are checked there; within one interval's increases they hold up to what the pod counts
 in READ_SKEW_S at that interval's own rate. A lie smaller than that is caught exactly one scrape later, before its
-next interval counts. A pod that breaks any of these is excluded: none of its
-increases count, for QUARANTINE_S after its last violation, and `excluded` names it with the reason, for a
-condition and a metric. Nothing it sends can raise here, and the other pods' deltas are exactly what they
-would be without it. Work and memory per scrape are bounded by the body, not by the values in it.
+next interval counts.
+
+A pod that breaks any of these is excluded: none of its increases count, for QUARANTINE_S after its last
+violation, and `excluded` names it with the reason, for a condition and a metric. Nothing it sends can raise
+here, and the other pods' deltas are exactly what they would be without it. Work and memory per scrape are
+bounded by the body, not by the values in it.
 """
 
 from __future__ import annotations
