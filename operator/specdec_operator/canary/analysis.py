@@ -1076,29 +1076,24 @@ def load_z(canary: WindowStats, stable: WindowStats) -> tuple[float, float] | No
 
 
 def _span(window: WindowStats) -> float:
-    """Seconds the side was observed: its pod-seconds over the most of its pods observed at one time. A pod left
-    out of the window for a while (its scrapes failing, its counters reset by a restart, its /metrics excluded)
-    shortens its side's span; a pod replaced by another does not."""
-    intervals = [(cell.start, cell.start + cell.seconds) for cell in window.cells
-                 if cell.start is not None and cell.seconds > 0]
-    at_once = _most_at_once(intervals) if intervals and len(intervals) == len(window.cells) else window.pods
-    return window.seconds / at_once if at_once > 0 else window.seconds
-
-
-def _most_at_once(intervals: list[tuple[float, float]]) -> int:
-    """The most intervals that overlap at one moment (one pod's cells never overlap each other)."""
-    # At equal times an end sorts before a start: a pod's next interval begins where its last one ended.
-    events = sorted([(end, -1) for _, end in intervals] + [(start, 1) for start, _ in intervals])
-    most = current = 0
-    for _, change in events:
-        current += change
-        most = max(most, current)
-    return most
+    """Seconds the side was observed: the time at least one of its pods was. All its pods left out for a while
+    (scrapes failing, counters reset by a restart, /metrics excluded) shorten it; a pod replaced by another, or
+    two pods overlapping for a moment, do not. Without interval starts: its pod-seconds per pod."""
+    intervals = sorted((cell.start, cell.start + cell.seconds) for cell in window.cells
+                       if cell.start is not None and cell.seconds > 0)
+    if not intervals or len(intervals) != len(window.cells):
+        return window.seconds / window.pods if window.pods > 0 else window.seconds
+    covered, (begin, end) = 0.0, intervals[0]
+    for start, stop in intervals[1:]:
+        if start > end:
+            covered, begin = covered + end - begin, start
+        end = max(end, stop)
+    return covered + end - begin
 
 
 def counted_share(canary: WindowStats, stable: WindowStats, expected_share: float) -> float:
     """The canary's share of the *counted* requests that the weights promise: the route splits requests by
-    weight at every moment, but each side's requests are counted only over the seconds its pods were observed,
+    weight at every moment, but each side's requests are counted only over the seconds it was observed,
     so the weights apply per observed second (with every pod observed throughout, this is the weight). Without
     per-pod cells the spans are unknown and the weight stands."""
     if not canary.cells or not stable.cells or canary.seconds <= 0 or stable.seconds <= 0:

@@ -325,3 +325,17 @@ def test_the_few_units_penalty_is_a_t_tests_at_the_gates_level() -> None:
     assert penalties[2] == pytest.approx((4.144 / 3.0902) ** 2, rel=1e-3)
     assert penalties[3] == pytest.approx((3.385 / 3.0902) ** 2, rel=2e-3)
     assert penalties == sorted(penalties, reverse=True) and penalties[-1] > 1.0
+
+
+def test_two_pods_of_a_side_overlapping_for_a_moment_do_not_halve_its_span() -> None:
+    # Seen in CI: a stable pod beside another for a few seconds (one replacing it). Dividing pod-seconds by the
+    # most pods observed at once read the stable's span as half the window and held a healthy 10% step on a
+    # sample-ratio mismatch at 49.5% against 50%. The side was observed throughout.
+    canary = window(seconds=300.0, requests=3000.0, tpot_buckets=tpot_spread(0.040, 3000))
+    stable = window(seconds=300.0, requests=3000.0, tpot_buckets=tpot_spread(0.040, 3000))
+    (cell,) = stable.cells
+    assert cell.start is not None
+    brief = replace(cell, pod=f"{cell.pod}-next", start=cell.start + 100.0, seconds=8.0, requests=80.0)
+    stable = replace(stable, cells=(cell, brief), pods=2, seconds=308.0, requests=3080.0)
+    assert analysis.counted_share(canary, stable, 0.5) == pytest.approx(0.5)
+    assert analyse(canary, stable, thresholds(), expected_share=0.5).reason != "TrafficMismatch"
