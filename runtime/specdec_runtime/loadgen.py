@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import math
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -86,6 +87,13 @@ def schedule(shape: LoadShape, duration_s: float | None = None) -> Iterator[Plan
 
 # How much of a failed answer an outcome keeps: enough for a Gateway's or vLLM's error message.
 ERROR_CHARS = 200
+# vLLM answers 200 with finish_reason "abort" for a request its engine dropped (one that reached it as it began to
+# shut down, or one it was serving when its drain ran out): an empty or cut answer. The status says OK; the client
+# got nothing it asked for, so the load counts it as failed.
+ABORTED = re.compile(rb'"finish_reason"\s*:\s*"abort"')
+ABORTED_ERROR = 'finish_reason "abort": the engine dropped the request'
+# Bytes of one chunk kept for the next, so the pattern is found across a chunk boundary.
+ABORTED_OVERLAP = 64
 
 
 @dataclass
@@ -93,7 +101,11 @@ class Outcome:
     status: int  # HTTP status; 0 when the connection failed
     latency_s: float
     first_token_s: float | None
-    error: str = ""  # why it failed: the start of an error answer's body, or the connection's error
+    error: str = ""  # why it failed: the start of an error answer's body, the connection's error, or an abort
+
+    @property
+    def failed(self) -> bool:
+        return self.status != 200 or bool(self.error)
 
 
 @dataclass
@@ -108,7 +120,7 @@ class LoadReport:
     @property
     def failures(self) -> Counter[tuple[int, str]]:
         """Failed answers by status and error: what a test prints beside the statuses, to say which part failed."""
-        return Counter((outcome.status, outcome.error) for outcome in self.outcomes if outcome.status != 200)
+        return Counter((outcome.status, outcome.error) for outcome in self.outcomes if outcome.failed)
 
 
 def _body(shape: LoadShape, model: str, planned: PlannedRequest) -> dict[str, object]:
@@ -128,6 +140,7 @@ async def _send(session: ClientSession, url: str, host: str | None, body: dict[s
     first: float | None = None
     error = ""
     headers = {"Host": host} if host else {}
+    seen = b""  # the end of the answer so far, for ABORTED
     try:
         async with session.post(url, json=body, headers=headers) as response:
             async for chunk in response.content.iter_any():
@@ -135,6 +148,9 @@ async def _send(session: ClientSession, url: str, host: str | None, body: dict[s
                     first = time.monotonic() - started
                 if response.status >= 400 and len(error) < ERROR_CHARS:
                     error += chunk.decode("utf-8", errors="replace")
+                elif response.status == 200 and not error:
+                    seen = seen[-ABORTED_OVERLAP:] + chunk
+                    error = ABORTED_ERROR if ABORTED.search(seen) else ""
             status = response.status
     except (ClientError, OSError) as err:
         status, error = 0, f"{type(err).__name__}: {err}"
