@@ -47,6 +47,7 @@ MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 # aiohttp's default is 15 s.
 UPSTREAM_IDLE_S = 2.0
 ROUTED_BY = "x-specdec-standin-backend"  # which Service a request went to, for logs and debugging
+LOGGED_ENDPOINTS = 8  # endpoints named per change in the log (a fleet's first list has thousands)
 
 
 class KindCache:
@@ -139,6 +140,8 @@ class GatewayStandIn:
             if response is not None and response.prepared:
                 return response  # the backend dropped a stream we had begun to relay: the client sees it cut
             # A Gateway answers 502 when the backend refuses or drops the connection.
+            logger.warning("502 for %s %s%s: upstream %s:%s: %s", request.method, request.host, request.path,
+                           endpoint.ip, endpoint.port, err)
             return web.json_response({"error": {"message": f"upstream {endpoint.ip}:{endpoint.port}: {err}",
                                                  "code": 502}}, status=502)
 
@@ -179,8 +182,16 @@ async def _write_route_status(custom: client.CustomObjectsApi, view: ClusterView
                         err.reason)
 
 
+def _serving(view: ClusterView) -> set[str]:
+    """The ready pods the view routes to, as `namespace/name ip`, for the log."""
+    return {f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')} "
+            f"{(p.get('status') or {}).get('podIP')}" for p in view.pods}
+
+
 async def _keep_router_current(router: Router, caches: dict[str, KindCache], changed: asyncio.Event,
-                               custom: client.CustomObjectsApi, gateway_class: str) -> None:
+                               status_due: asyncio.Event, gateway_class: str) -> None:
+    """Route by every change at once. Route status is written by `_keep_route_status_current`, so a slow status
+    write never holds the router on a pod that is being deleted (its preStop wait is all the time there is)."""
     while True:
         await changed.wait()
         changed.clear()
@@ -190,8 +201,22 @@ async def _keep_router_current(router: Router, caches: dict[str, KindCache], cha
             gateways=[g for g in caches["gateways"].objects.values()
                       if (g.get("spec") or {}).get("gatewayClassName") == gateway_class],
         )
+        before, after = _serving(router.view), _serving(view)
         router.update(view)
-        await _write_route_status(custom, view, router)
+        if before != after:
+            added, removed = sorted(after - before), sorted(before - after)
+            logger.info("endpoints: %d added %s, %d removed %s", len(added), added[:LOGGED_ENDPOINTS], len(removed),
+                        removed[:LOGGED_ENDPOINTS])
+        status_due.set()
+
+
+async def _keep_route_status_current(router: Router, custom: client.CustomObjectsApi, status_due: asyncio.Event
+                                     ) -> None:
+    """As a Gateway controller does, beside the data path: the routes' status from the router's latest view."""
+    while True:
+        await status_due.wait()
+        status_due.clear()
+        await _write_route_status(custom, router.view, router)
 
 
 async def run_gateway_standin(kubeconfig: str | None, host: str, port: int, gateway: str,
@@ -222,7 +247,9 @@ async def run_gateway_standin(kubeconfig: str | None, host: str, port: int, gate
         }
         router = Router(gateway)
         tasks = [asyncio.create_task(cache.run()) for cache in caches.values()]
-        tasks.append(asyncio.create_task(_keep_router_current(router, caches, changed, custom, gateway_class)))
+        status_due = asyncio.Event()
+        tasks.append(asyncio.create_task(_keep_router_current(router, caches, changed, status_due, gateway_class)))
+        tasks.append(asyncio.create_task(_keep_route_status_current(router, custom, status_due)))
         for cache in caches.values():
             await cache.synced.wait()
         async with upstream_session() as session:
