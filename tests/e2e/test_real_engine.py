@@ -34,7 +34,7 @@ from specdec_runtime.routing import STANDIN_GATEWAY_CLASS
 from tests.e2e.canary_recording import RECORD_PERIOD_S, CanaryRecorder, assert_replay_agrees
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.nodes_fixture import FLEET_LABEL, condition, test_nodes, toleration_for_test_nodes  # noqa: F401
-from tests.e2e.operator_process import MAX_PRE_STOP_S, FleetDriverProcess, OperatorProcess
+from tests.e2e.operator_process import FleetDriverProcess, OperatorProcess
 from tests.e2e.traffic import BackgroundLoad, GatewayStandIn
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1800)]
@@ -48,6 +48,10 @@ POOR = "tiny-llama/drafter-poor"
 MODEL_MAP = {TARGET: "target", GOOD: "good", POOR: "poor", "tiny-llama/drafter-same": "same"}
 # 4-8 minutes per engine start measured on the shared 2-core machine under load 9-16, more beside another engine.
 ENGINE_READY_S = 900
+# A deleted pod's preStop wait, capped below the pod's 10 s to keep the tests short, but not to the simulator fleets'
+# MAX_PRE_STOP_S: beside two engines on two cores the Gateway stand-in may see a deletion seconds late, and vLLM
+# fails what reaches it after SIGTERM (HTTP 500, or a 200 whose finish_reason is "abort"; docs/vllm-contract.md).
+ENGINE_PRE_STOP_S = "5"
 # The draft_model pool's test: the tuner evaluates (and status may take new figures) every EVALUATION_S, a refresh
 # that moved goes out at most every STATS_PERIOD_S.
 EVALUATION_S = 30
@@ -70,7 +74,7 @@ class EngineFleetDriver(FleetDriverProcess):
         self.work_dir = cluster.paths.logs / "engines"
         self.command = [str(Path(sys.executable).parent / "specdec-runtime"), "fleet-driver",
                         "--kubeconfig", str(cluster.paths.kubeconfig), "--engine", "vllm", "--max-engines", "2",
-                        "--work-dir", str(self.work_dir), "--max-pre-stop-seconds", MAX_PRE_STOP_S]
+                        "--work-dir", str(self.work_dir), "--max-pre-stop-seconds", ENGINE_PRE_STOP_S]
         for name, checkpoint in MODEL_MAP.items():
             self.command += ["--model-map", f"{name}={checkpoint}"]
 
@@ -184,7 +188,9 @@ def tiny_model(name: str, namespace: str, drafter: str = GOOD, k: int = 3, **spe
                           "tolerations": [toleration_for_test_nodes(namespace)]},
             # A user's flag, passed through as any extraArgs are: without torch.compile a tiny engine on this CPU
             # is healthy in about half the time (measured 101 s -> 50 s), and each test starts one to three.
-            "runtime": {"extraArgs": ["--enforce-eager"]},
+            # drainSeconds: the test load's longest answer (96 tokens, tests/e2e/traffic.py) at the slowest TPOT seen
+            # here (~0.5 s, two engines on two cores) takes ~50 s; the default 30 would cut it when its pod leaves.
+            "runtime": {"extraArgs": ["--enforce-eager"], "drainSeconds": 120},
         },
     }
     for key, value in spec.items():
@@ -381,11 +387,21 @@ def one_revision_left(kube: Kube, name: str) -> bool:
         pod["metadata"].get("deletionTimestamp") for pod in pods)
 
 
-def assert_every_request_answered(load: BackgroundLoad) -> None:
+def assert_every_request_answered(load: BackgroundLoad, cluster: LocalCluster, standin: GatewayStandIn) -> None:
     """Through the canary and the swap after it (the loser's pods leave while requests flow): no request failed.
-    Deleted pods serve through their preStop wait and then drain what they have in flight (docs/runtime-pods.md)."""
+    Deleted pods serve through their preStop wait and then drain what they have in flight (docs/runtime-pods.md).
+    On a failure: what the stand-in logged of its endpoints and 502s, and each engine's shutdown, to tell a late
+    Gateway from a drain that ran out."""
     assert load.report is not None
-    assert not load.report.failures, f"{load.report.statuses}: {load.report.failures.most_common(5)}"
+    if not load.report.failures:
+        return
+    standin_log = (cluster.paths.logs / f"{standin.name}.log").read_text(errors="replace").splitlines()
+    lines = [line for line in standin_log if "endpoints:" in line or " 502 for " in line][-30:]
+    for log in sorted((cluster.paths.logs / "engines").glob("*/engine.log")):
+        lines += [f"{log.parent.name}: {line}" for line in log.read_text(errors="replace").splitlines()
+                  if "[shutdown]" in line or line.startswith("--- start")][-12:]
+    joined = "\n".join(lines)
+    raise AssertionError(f"{load.report.statuses}: {load.report.failures.most_common(5)}\n{joined}")
 
 
 def canary_phase(kube: Kube, name: str) -> str | None:
@@ -394,7 +410,8 @@ def canary_phase(kube: Kube, name: str) -> str | None:
 
 
 def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance(
-    kube: Kube, namespace: str, engine_driver: EngineFleetDriver, gateway_standin: GatewayStandIn,
+    cluster: LocalCluster, kube: Kube, namespace: str, engine_driver: EngineFleetDriver,
+    gateway_standin: GatewayStandIn,
     engine_operator: Callable[..., OperatorProcess],
     test_nodes: Callable[[str, int], list[dict[str, Any]]],  # noqa: F811
     tmp_path: Path,
@@ -427,7 +444,7 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
     assert canary_phase(kube, name) == "RolledBack", events
     assert any("acceptance" in m or "accepted length" in m for m in events), events
     assert any(ch.isdigit() for ch in events[-1]), events
-    assert_every_request_answered(load)
+    assert_every_request_answered(load, cluster, gateway_standin)
     # The same scrapes of vLLM's own counters, replayed through `canary replay`, give the operator's verdict.
     assert_replay_agrees(recorder, body, kube.get("sm", name)["status"], tmp_path / f"{name}.jsonl", __name__)
     leaks = not_loopback(inet_sockets(engine_driver.pids()))
@@ -446,7 +463,8 @@ def last_decision(kube: Kube, name: str) -> dict[str, Any] | None:
 
 
 def test_a_k_change_the_tuner_proposes_from_vllms_counters_rolls_out_as_a_canary_to_a_verdict(
-    kube: Kube, namespace: str, engine_driver: EngineFleetDriver, gateway_standin: GatewayStandIn,
+    cluster: LocalCluster, kube: Kube, namespace: str, engine_driver: EngineFleetDriver,
+    gateway_standin: GatewayStandIn,
     engine_operator: Callable[..., OperatorProcess],
     test_nodes: Callable[[str, int], list[dict[str, Any]]],  # noqa: F811
 ) -> None:
@@ -492,6 +510,6 @@ def test_a_k_change_the_tuner_proposes_from_vllms_counters_rolls_out_as_a_canary
     assert final["verdict"] in ("Pass", "Fail") and any(ch.isdigit() for ch in final["message"]), final
     pool_k = status["pools"][0]["effectiveK"]
     assert pool_k == (decision["toK"] if final["phase"] == "Promoted" else STARTING_K), (pool_k, final)
-    assert_every_request_answered(load)
+    assert_every_request_answered(load, cluster, gateway_standin)
     leaks = not_loopback(inet_sockets(engine_driver.pids()))
     assert not leaks, f"sockets off 127.0.0.0/8: {leaks}"
