@@ -33,8 +33,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 # The tuner's first decision: pods up, 2000 drafts at K=5 and an evaluation every 10 s.
 DECISION_S = 180
-# How long a refusal lasts: several reconcile passes (5 s each in e2e) and a tuning interval.
-REFUSED_FOR_S = 25
+# How long a refusal lasts: this many refused writes of the decision, each a pass that could have rolled the
+# Deployment on a K that status does not hold.
+REFUSED_WRITES = 3
 # Passes after the rollout in which a revert or a second rollout would show.
 QUIET_PASSES = 4
 
@@ -70,7 +71,8 @@ def test_refused_status_write_holds_the_deployment_then_it_rolls_once(
                     if entry.denied and decided_k(written_status(entry), pool) not in (None, INITIAL_K)]
 
         first = wait_for("a refused status write carrying a K decision", refused_decisions, DECISION_S, 1)[0]
-        time.sleep(REFUSED_FOR_S)
+        wait_for(f"{REFUSED_WRITES} refused writes of the decision", lambda: len(refused_decisions()) >= REFUSED_WRITES,
+                 DECISION_S, 1, describe=lambda: len(refused_decisions()))
         held = audit.entries(namespace)
     refused = [entry for entry in status_writes(held, model) if entry.denied]
     early = rollouts(held, pool, baseline)
@@ -86,7 +88,7 @@ def test_refused_status_write_holds_the_deployment_then_it_rolls_once(
     entries = audit.entries(namespace)
     changes = rollouts(entries, pool, baseline)
     decisions = _decisions(entries, model, pool)
-    print(f"\nrefused decision write: {len(refused)} status writes refused over {REFUSED_FOR_S}s after the first "
+    print(f"\nrefused decision write: {len(refused)} status writes refused while the policy held, from the first "
           f"refused decision (K {INITIAL_K}->{decided_k(written_status(first), pool)}); then decisions recorded "
           f"{decisions}, rollouts {[c.k for c in changes]}, operator Deployment write requests "
           f"{len(deployment_writes(entries, pool))}")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -22,6 +23,7 @@ from tests.e2e.test_ha import PEERING_LIFETIME_S, TAKEOVER_SLACK_S
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 KEPT, DELETED = "kept", "deleted"
+PEERING = "specdec-operator"  # the operator's peering_name: a KopfPeering in each namespace it watches
 
 
 def _model(name: str) -> dict[str, object]:
@@ -60,8 +62,10 @@ def pair(cluster: LocalCluster, crds: None, monitoring_crds: None, operator: Ope
     processes: list[OperatorProcess] = []
     try:
         release.install()
-        processes = [OperatorProcess(cluster, name=f"operator-{release.name}-{replica}", SPECDEC_STANDALONE="false",
-                                     SPECDEC_NAMESPACES=json.dumps([namespace])) for replica in ("a", "b")]
+        # POD_ID: kopf's peer identity, as the chart sets it, so the peering object names each process.
+        processes = [OperatorProcess(cluster, name=name, SPECDEC_STANDALONE="false", POD_ID=name,
+                                     SPECDEC_NAMESPACES=json.dumps([namespace]))
+                     for name in (f"operator-{release.name}-{replica}" for replica in ("a", "b"))]
         for process in processes:
             process.start()
         yield release, processes
@@ -81,8 +85,9 @@ def test_no_series_of_deleted_models_none_from_the_standby_and_one_active_replic
     for kind in ("prometheusrule", "podmonitor", "servicemonitor"):
         assert kube.cluster.kubectl("get", kind, "-n", release.namespace, "-o", "name").strip(), kind
 
-    # A replica that starts alone acts until it sees its peer; the verdict must hold for a while.
-    leader = wait_for("exactly one replica acting, the same one 5 s apart", lambda: _stable_leader(processes), 90)
+    # A replica that starts alone acts until it sees its peer: settled once both have announced themselves.
+    leader = wait_for("both replicas in the peering object, the higher priority acting, the other standing by",
+                      lambda: _acting_by_priority(kube, processes), 90, 1)
     (standby,) = [process for process in processes if process is not leader]
     kube.apply([_model(KEPT), _model(DELETED)])
     wait_for("the leader exports both models' series",
@@ -97,14 +102,15 @@ def test_no_series_of_deleted_models_none_from_the_standby_and_one_active_replic
     killed = time.monotonic()
     wait_for("the standby takes over", lambda: active(standby) == 1, PEERING_LIFETIME_S + TAKEOVER_SLACK_S, 0.5)
     print(f"\nfailover: specdec_active=1 on the standby {time.monotonic() - killed:.1f}s after kill -9")
+    restarted = datetime.now(UTC)
     leader.start()
     # The restarted replica draws a new random priority (cli.py): half the time it outranks the survivor and
     # takes over again, which pauses the survivor. Either way the end state is one replica acting with the
-    # kept model's series and one standing by with none.
-    # Settled: the same replica acts 5 s apart (under load the restarted replica can act alone for a moment
-    # before its first keep-alive shows it the survivor).
-    acting = wait_for("one replica acts again and exports the kept model, the same one 5 s apart",
-                      lambda: _stable(lambda: _settled(processes)), 120, 2)
+    # kept model's series and one standing by with none. Its entry in the peering object is this run's once its
+    # lastseen is past the restart (until then it is the killed process's).
+    acting = wait_for("one replica acts again by priority and exports the kept model",
+                      lambda: (found := _acting_by_priority(kube, processes, (leader, restarted)))
+                      and _settled(processes) and found, 120, 1)
     print(f"after the restart {acting.name} acts (the {'survivor' if acting is standby else 'restarted replica'})")
 
     both = {process.name: process.metrics() or {} for process in processes}
@@ -126,19 +132,20 @@ def _settled(processes: list[OperatorProcess]) -> OperatorProcess | None:
     return acting[0] if model_series(acting[0], KEPT) and not model_series(idle[0]) else None
 
 
-def _stable(verdict: Callable[[], OperatorProcess | None]) -> OperatorProcess | None:
-    """The replica `verdict` names, if it names the same one again 5 s later."""
-    first = verdict()
-    if first is None:
+def _acting_by_priority(kube: Kube, processes: list[OperatorProcess],
+                        restarted: tuple[OperatorProcess, datetime] | None = None) -> OperatorProcess | None:
+    """The replica that acts once the pair settled: both have announced themselves in the peering object (a
+    `restarted` one since its restart: until then its entry is the killed process's), the one with the higher
+    priority acts and the other stands by. Kopf never pauses the highest live peer nor resumes one below it, so
+    the verdict holds until a peer leaves: nothing to watch for a while."""
+    text = kube.run("get", "kopfpeering", PEERING, "-o", "json", check=False)
+    peers = (json.loads(text).get("status") or {}) if text else {}
+    fresh = {name: peer for name, peer in peers.items() if isinstance(peer, dict) and "priority" in peer}
+    if restarted is not None and restarted[0].name in fresh and \
+            datetime.fromisoformat(fresh[restarted[0].name]["lastseen"]) < restarted[1]:
+        del fresh[restarted[0].name]
+    if set(fresh) != {process.name for process in processes}:
         return None
-    time.sleep(5)
-    return first if verdict() is first else None
-
-
-def _stable_leader(processes: list[OperatorProcess]) -> OperatorProcess | None:
-    def one_acting() -> OperatorProcess | None:
-        verdicts = sorted(((active(process) or 0, process.name, process) for process in processes),
-                          key=lambda item: item[:2])
-        return verdicts[-1][2] if [v for v, _, _ in verdicts] == [0, 1] else None
-
-    return _stable(one_acting)
+    top = max(processes, key=lambda process: int(fresh[process.name]["priority"]))
+    standing_by = all(active(process) == 0 for process in processes if process is not top)
+    return top if active(top) == 1 and standing_by else None
