@@ -16,7 +16,7 @@ from pathlib import Path
 from aiohttp import web
 
 from specdec_runtime.simulator.profile import Profile, load_profile
-from specdec_runtime.simulator.server import HTTP_KEEP_ALIVE_S, Simulator, build_app
+from specdec_runtime.simulator.server import CANCEL_S, HTTP_KEEP_ALIVE_S, Simulator, build_app
 from specdec_runtime.simulator.vllm_cli import EXIT_STARTUP_REFUSED, ServeOptions, StartupRefusal, check_serve_args
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class HostedSimulator:
         self.simulator = simulator
         self._runner = web.AppRunner(build_app(simulator, background_tick=False), access_log=None,
                                      handle_signals=False, keepalive_timeout=HTTP_KEEP_ALIVE_S,
-                                     shutdown_timeout=simulator.options.drain_s())
+                                     shutdown_timeout=CANCEL_S)
 
     @classmethod
     async def start(cls, argv: list[str], profiles: ProfileCache) -> HostedSimulator:
@@ -102,6 +102,9 @@ class HostedSimulator:
         return hosted
 
     async def stop(self) -> None:
-        """The process's SIGTERM: stop listening, let in-flight requests finish for --shutdown-timeout seconds (vLLM's
-        drain), cancel what is left."""
-        await self._runner.cleanup()
+        """The process's SIGTERM: vLLM's drain (new completions answered 500, those in flight given up to
+        --shutdown-timeout seconds), then the listener closed and what is left cut."""
+        try:
+            await self.simulator.drain()
+        finally:
+            await self._runner.cleanup()

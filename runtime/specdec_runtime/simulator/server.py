@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import random
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +38,12 @@ HTTP_KEEP_ALIVE_S = 5.0
 UNCOUNTED_HANDLERS = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info", "/faults"})
 
 INJECTED_ERROR = "injected fault (simulator profile faults.error_rate)"
+# What vLLM's API server answers (HTTP 500) to a completion that reaches it after SIGTERM, while it drains: it keeps
+# listening until its engine has stopped (measured on the CPU build, docs/vllm-contract.md).
+SHUTTING_DOWN = "cannot schedule new futures after shutdown"
+# aiohttp's shutdown_timeout once the drain is over: what is still running is cancelled (aiohttp reads 0 as no
+# limit at all).
+CANCEL_S = 0.001
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -67,6 +74,32 @@ class Simulator:
             registry=self.replica.registry,
         )
         self.live = LiveBatch(self.replica, self.tick)
+        # SIGTERM: `drain` sets `draining`; completions in flight are counted so the drain knows when it is done.
+        self.draining = asyncio.Event()
+        self.serving = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def began(self) -> None:
+        self.serving += 1
+        self._idle.clear()
+
+    def ended(self) -> None:
+        self.serving -= 1
+        if self.serving == 0:
+            self._idle.set()
+
+    async def drain(self) -> None:
+        """vLLM's SIGTERM with --shutdown-timeout: keep listening, answer new completions 500, and let the ones in
+        flight finish for up to that many seconds (0: none). The caller then closes the server, cutting the rest."""
+        self.draining.set()
+        timeout_s = self.options.shutdown_timeout
+        if timeout_s > 0 and self.serving:
+            logger.info("draining %d requests for up to %ds", self.serving, timeout_s)
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except TimeoutError:
+                logger.warning("%d requests still running at the end of the drain: cut", self.serving)
 
     def tick(self) -> None:
         self.replica.advance_to(max(self.clock(), self.replica.now))
@@ -155,35 +188,46 @@ def _completion_handler(chat: bool) -> Handler:
             return _error(400, str(err), "BadRequestError")
         if completion.model != simulator.options.served_model_name:
             return _error(404, f"The model `{completion.model}` does not exist.", "NotFoundError")
-        # A failing request runs like the others and ends with finished_reason="error" (vLLM's request-level
-        # failure), which the client sees as a 500.
-        errored = simulator.inject_error()
-        steps = generate(simulator.live, simulator.rng, prompt_tokens=completion.prompt_tokens,
-                         max_tokens=completion.max_tokens, errored=errored, clock=simulator.clock,
-                         sleep=simulator.sleep)
-        if not completion.stream:
-            async for _ in steps:
-                pass
-            if errored:
-                return _error(500, INJECTED_ERROR, "InternalServerError")
-            return web.json_response(completion.response(simulator.clock()))
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
+        if simulator.draining.is_set():
+            return _error(500, SHUTTING_DOWN, "InternalServerError")
+        simulator.began()
         try:
-            async for tokens in steps:
-                if not errored:
-                    await response.write(completion.sse_chunk(tokens, simulator.clock()))
+            return await _complete(request, simulator, completion)
         finally:
-            await steps.aclose()
-        if errored:
-            error = {"error": {"message": INJECTED_ERROR, "type": "InternalServerError", "code": 500}}
-            await response.write(f"data: {json.dumps(error)}\n\n".encode() + b"data: [DONE]\n\n")
-        else:
-            await response.write(completion.sse_end(simulator.clock()))
-        await response.write_eof()
-        return response
+            simulator.ended()
 
     return handle
+
+
+async def _complete(request: web.Request, simulator: Simulator, completion: CompletionRequest) -> web.StreamResponse:
+    """One completion on the engine: vLLM's answer, whole or streamed."""
+    # A failing request runs like the others and ends with finished_reason="error" (vLLM's request-level
+    # failure), which the client sees as a 500.
+    errored = simulator.inject_error()
+    steps = generate(simulator.live, simulator.rng, prompt_tokens=completion.prompt_tokens,
+                     max_tokens=completion.max_tokens, errored=errored, clock=simulator.clock,
+                     sleep=simulator.sleep)
+    if not completion.stream:
+        async for _ in steps:
+            pass
+        if errored:
+            return _error(500, INJECTED_ERROR, "InternalServerError")
+        return web.json_response(completion.response(simulator.clock()))
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    try:
+        async for tokens in steps:
+            if not errored:
+                await response.write(completion.sse_chunk(tokens, simulator.clock()))
+    finally:
+        await steps.aclose()
+    if errored:
+        error = {"error": {"message": INJECTED_ERROR, "type": "InternalServerError", "code": 500}}
+        await response.write(f"data: {json.dumps(error)}\n\n".encode() + b"data: [DONE]\n\n")
+    else:
+        await response.write(completion.sse_end(simulator.clock()))
+    await response.write_eof()
+    return response
 
 
 async def _ticker(app: web.Application) -> AsyncIterator[None]:
@@ -239,8 +283,22 @@ def main(argv: list[str]) -> int:
         "serving %s (K=%d) on %s:%d; loaded at %.0f",
         options.served_model_name, simulator.replica.k, options.host, options.port, simulator.replica.ready_at,
     )
-    # On SIGTERM aiohttp stops listening, then lets in-flight requests finish for --shutdown-timeout seconds and
-    # cancels the rest: vLLM's drain (and with 0, its abort).
-    web.run_app(build_app(simulator), host=options.host, port=options.port, print=None, access_log=None,
-                keepalive_timeout=HTTP_KEEP_ALIVE_S, shutdown_timeout=options.drain_s())
+    asyncio.run(_serve_until_sigterm(simulator))
     return 0
+
+
+async def _serve_until_sigterm(simulator: Simulator) -> None:
+    """Serve; at SIGTERM (or SIGINT) drain as vLLM does (`Simulator.drain`), then close, cutting what is left."""
+    runner = web.AppRunner(build_app(simulator), access_log=None, keepalive_timeout=HTTP_KEEP_ALIVE_S,
+                           shutdown_timeout=CANCEL_S, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, simulator.options.host, simulator.options.port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stop.set)
+    try:
+        await stop.wait()
+        await simulator.drain()
+    finally:
+        await runner.cleanup()

@@ -121,11 +121,6 @@ class ServeOptions:
     # vLLM's --shutdown-timeout: on SIGTERM, seconds in-flight requests may finish (0 aborts them, vLLM's default).
     shutdown_timeout: int = 0
 
-    def drain_s(self) -> float:
-        """aiohttp's shutdown_timeout for --shutdown-timeout. aiohttp reads 0 as no limit at all; vLLM's 0 aborts, so
-        it becomes a millisecond: the requests in flight are cancelled, their streams cut."""
-        return float(self.shutdown_timeout) if self.shutdown_timeout > 0 else 0.001
-
     def speculation(self) -> Speculation | None:
         """The engine's view: K, and the batch-size table only behind the --simulate-dynamic-k switch."""
         config = self.speculative_config

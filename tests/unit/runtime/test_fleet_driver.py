@@ -250,13 +250,15 @@ def terminating(pod: RuntimePod, pre_stop_s: float, grace_s: float = 60.0) -> Ru
 async def test_a_deleted_pod_serves_through_its_pre_stop_wait_then_finishes_its_requests_before_it_is_deleted(
     fast_profiles: Path,
 ) -> None:
-    """The kubelet's order, with vLLM's --shutdown-timeout: new requests still answered during the preStop wait,
-    then SIGTERM stops the listener and the request in flight completes, and only then is the pod deleted."""
+    """The kubelet's order, with vLLM's --shutdown-timeout: new requests still answered during the preStop wait;
+    at SIGTERM new ones are answered 500 as vLLM's server answers them while it drains, the request in flight
+    completes, and only then is the pod deleted, its listener closed."""
     deletions = Deletions()
     supervisor = FleetSupervisor(fast_profiles, reporter=deletions)
     pod = make_pod("a", "uid-a", ip=f"{NET}.20")
     pod = replace(pod, config=pod.config.model_copy(update={"shutdown_timeout": 30}))
     await supervisor.reconcile([pod])
+    hosted = supervisor.simulators["uid-a"]
     long_request = await in_flight(f"{NET}.20", max_tokens=300)
 
     await supervisor.reconcile([terminating(pod, pre_stop_s=2.0)])
@@ -264,6 +266,10 @@ async def test_a_deleted_pod_serves_through_its_pre_stop_wait_then_finishes_its_
     status, _ = await completion(f"{NET}.20", max_tokens=5)
     assert status == 200, "during the preStop wait the pod still answers what reaches it"
 
+    await asyncio.wait_for(hosted.simulator.draining.wait(), 30)
+    assert not long_request.done(), "the long request is in flight at SIGTERM"
+    status, _ = await completion(f"{NET}.20", max_tokens=5)
+    assert status == 500, "while it drains the pod still listens and refuses new work with a 500, as vLLM"
     await asyncio.wait_for(deletions.done.wait(), 30)
     status, answered_at = await long_request
     assert status == 200, "the request in flight at SIGTERM finished (vLLM's drain)"
