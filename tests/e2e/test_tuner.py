@@ -45,6 +45,16 @@ def effective_k(kube: Kube, name: str) -> int | None:
     return pools[0]["effectiveK"] if pools else None
 
 
+def decisions(operator: OperatorProcess, namespace: str, name: str) -> dict[str, float]:
+    """The tuner's evaluations of the model's one pool so far, by action (specdec_tuner_decisions_total)."""
+    labels = f"model={name},namespace={namespace},pool={name}-gfx942"
+    found = dict.fromkeys(("Hold", "Change", "Explore"), 0.0)
+    for key, value in (operator.metrics() or {}).items():
+        if key.startswith("specdec_tuner_decisions_total{action=") and key.endswith(f",{labels}}}"):
+            found[key.split("action=")[1].split(",")[0]] = value
+    return found
+
+
 def test_k_converges_to_each_profiles_optimum_and_stays(
     kube: Kube, operator: OperatorProcess, fleet_driver: FleetDriverProcess
 ) -> None:
@@ -63,12 +73,21 @@ def test_k_converges_to_each_profiles_optimum_and_stays(
     wait_for("K at each profile's optimum", converged, CONVERGENCE_S, 2)
     print("\nconverged after " + ", ".join(
         f"{name}: {seconds:.0f}s ({seconds / INTERVAL_S:.1f} intervals)" for name, seconds in converged_after.items()))
-    # An absence over many evaluations: the hold is the measurement, polled every interval.
-    deadline = time.monotonic() + HOLD_INTERVALS * INTERVAL_S
-    while time.monotonic() < deadline:
+    # An absence over many evaluations: each model's next HOLD_INTERVALS evaluations decide no change, and K reads
+    # its optimum throughout (counted on the operator's /metrics, not on the clock).
+    namespace = str(kube.namespace)
+    before = {name: decisions(operator, namespace, name) for name in targets}
+
+    def held() -> bool:
+        now = {name: decisions(operator, namespace, name) for name in targets}
         for name, (_, optimum) in targets.items():
             assert effective_k(kube, name) == optimum, f"{name} left K={optimum}"
-        time.sleep(min(5, INTERVAL_S))
+            moved = {action: now[name][action] - before[name][action] for action in ("Change", "Explore")}
+            assert not any(moved.values()), f"{name} decided {moved} while at its optimum"
+        return all(sum(now[name].values()) - sum(before[name].values()) >= HOLD_INTERVALS for name in targets)
+
+    wait_for(f"{HOLD_INTERVALS} evaluations of each model at its optimum", held, 3 * HOLD_INTERVALS * INTERVAL_S, 1,
+             describe=lambda: {name: decisions(operator, namespace, name) for name in targets})
     for name, (_, optimum) in targets.items():
         status = kube.get("sm", name)["status"]
         decision = status["speculation"]["lastDecision"]
