@@ -192,6 +192,7 @@ async def _keep_router_current(router: Router, caches: dict[str, KindCache], cha
                                status_due: asyncio.Event, gateway_class: str) -> None:
     """Route by every change at once. Route status is written by `_keep_route_status_current`, so a slow status
     write never holds the router on a pod that is being deleted (its preStop wait is all the time there is)."""
+    before = _serving(router.view)  # the endpoints routed to, kept from one change to the next for the log
     while True:
         await changed.wait()
         changed.clear()
@@ -201,12 +202,13 @@ async def _keep_router_current(router: Router, caches: dict[str, KindCache], cha
             gateways=[g for g in caches["gateways"].objects.values()
                       if (g.get("spec") or {}).get("gatewayClassName") == gateway_class],
         )
-        before, after = _serving(router.view), _serving(view)
+        after = _serving(view)
         router.update(view)
         if before != after:
             added, removed = sorted(after - before), sorted(before - after)
             logger.info("endpoints: %d added %s, %d removed %s", len(added), added[:LOGGED_ENDPOINTS], len(removed),
                         removed[:LOGGED_ENDPOINTS])
+        before = after
         status_due.set()
 
 
