@@ -252,4 +252,6 @@ async def run_fleet_driver(
             EngineSupervisor(engine, reporter=source) if engine is not None
             else FleetSupervisor(profiles_dir, default_profile=default_profile, reporter=source)
         )
+        # What a caller waits for to know the driver is up (tests start it and wait for this line, not a clock).
+        logger.info("watching runtime pods (%s)", "vLLM engines" if engine is not None else "simulators")
         await drive(source, supervisor, stop)

@@ -71,14 +71,24 @@ class FleetDriverProcess:
 
     def start(self) -> FleetDriverProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with (self.cluster.paths.logs / "fleet-driver.log").open("ab") as sink:
+        log = self.cluster.paths.logs / "fleet-driver.log"
+        offset = log.stat().st_size if log.exists() else 0
+        with log.open("ab") as sink:
             self.process = subprocess.Popen(self.command, stdout=sink, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         self.pid_file.write_text(str(self.process.pid))
-        time.sleep(1)
-        if self.process.poll() is not None:
-            raise RuntimeError("fleet driver exited at start; see fleet-driver.log")
-        return self
+        # Up once it says it watches the pods (its own line: the log is shared with earlier drivers); a bound, not
+        # a wait, as for the operator.
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("fleet driver exited at start; see fleet-driver.log")
+            with log.open("rb") as text:
+                text.seek(offset)
+                if b"watching runtime pods" in text.read():
+                    return self
+            time.sleep(0.3)
+        raise RuntimeError(f"fleet driver not watching pods after {STARTUP_TIMEOUT_S} s; see fleet-driver.log")
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
