@@ -281,8 +281,8 @@ class Comparison:
         if not self.within_limit and self.passed:
             text += ", within noise"
         if self.excess_bound is not None and self.excess_bound >= TAIL_PASS_MARGIN:
-            text += f"; not yet known within: the canary's share of requests beyond the limit may exceed the " \
-                    f"stable's beyond its quantile by up to {self.excess_bound:.1%} (95%)"
+            text += f"; excess share above the limit up to {self.excess_bound:.1%}, not yet below " \
+                    f"{TAIL_PASS_MARGIN:.1%}"
         return text + ")"
 
 
