@@ -144,11 +144,8 @@ def test_a_k_change_must_deliver_the_goodput_the_tuner_predicted() -> None:
     verdict = verdict_of(canary_at(0.92), stable, status, canary_k=4, stable_k=2, decision=k_change(0.10))
     assert (verdict.outcome, verdict.reason) == ("Fail", "GoodputBelowExpected"), verdict.message
     assert "goodput per sequence (tuner predicted 1.10x)" in verdict.message
-    # The same canary judged as a spec change (no decision) passes on goodput: -8% is within the 10% tolerance.
-    # (Its 414 requests do not yet make its p99 known: the step itself holds for more.)
-    spec_change = verdict_of(canary_at(0.92), stable, status, canary_k=4, stable_k=2)
-    goodput = next(item for item in spec_change.comparisons if item.metric.startswith("goodput"))
-    assert goodput.passed and spec_change.outcome != "Fail", spec_change.message
+    # The same canary judged as a spec change (no decision) passes: -8% is within the 10% tolerance.
+    assert verdict_of(canary_at(0.92), stable, status, canary_k=4, stable_k=2).outcome == "Pass"
 
 
 def test_a_k_change_may_not_lose_goodput_however_large_its_prediction() -> None:
