@@ -110,8 +110,8 @@ def test_a_canary_that_starts_failing_at_the_100_percent_step_rolls_back_citing_
     so the replay (whose rounds fall between the operator's scrapes) must find it there too."""
     name = "late"
     body = model(name, 2, str(kube.namespace))
-    # Each analysed step pauses until its pods have the ~300 requests a step needs to pass (the error rate's bound
-    # and the p99, at 6 requests/s a pod): the step then ends at its pause, in the operator and in the replay
+    # Each analysed step pauses until its pods have the ~300 clean requests a step needs to pass (the error rate's
+    # 95% bound under 1%, at 6 requests/s a pod): the step then ends at its pause, in the operator and in the replay
     # alike. Ended by the requests instead, the two count them from scrapes taken at other moments, and a replay
     # that started the 100% step 40 s earlier passed it on clean requests the operator never judged there.
     for step in body["spec"]["rollout"]["canary"]["steps"]:
