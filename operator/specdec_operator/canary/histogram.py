@@ -9,15 +9,33 @@ three times longer read as 2x). Between bounds this module follows a monotone cu
 Carlson) through the cumulative counts over log(bound): the density inside a bucket follows its neighbours',
 the counts at the bounds are kept exactly, and the curve never decreases. Below the first bound, where log
 has no lower end, it stays linear. docs/canary.md shows what each reads on vLLM's buckets.
+
+A second reading, `POWER_LAW`, lets the share of requests above a value fall as a power of the value between
+two bounds (straight in log-log) in the tail: buckets above the median. A steep tail, crowded at a bucket's
+low end, is read there; the cubic cannot crowd it (monotonicity caps its slope at three times the bucket's
+average). Where nothing lies above a bucket, its upper bound counts half a request above it. The canary's p99
+must be within its limit under both readings before it passes: nothing between two bounds is known, and a
+tail is not given the benefit of that doubt.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 # (upper bound, cumulative count), as in Prometheus `le` buckets; the last bound is +Inf.
 Buckets = tuple[tuple[float, float], ...]
+# How counts are read between bounds (module docstring).
+Reading = Literal["cubic", "power-law"]
+CUBIC: Reading = "cubic"
+POWER_LAW: Reading = "power-law"
+# Requests counted above a bound that has none above it, for the power-law reading: its log has no zero.
+_EMPTY_SURVIVAL = 0.5
+# The power law reads the tail only: buckets with at most this share of the requests above their lower bound
+# (above the median, where latencies crowd at a bucket's low end). A bucket holding the body of a distribution
+# (all of a narrow one, say) is no tail: read as a power law, a uniform spread over 17-25 ms put its p99 at 16 ms.
+TAIL_SHARE = 0.5
 
 _BISECTIONS = 60  # halvings of a bucket's log-width: far below any bound's precision
 
@@ -97,6 +115,57 @@ class _Curve:
         return math.exp(high)
 
 
+class _PowerLawCurve:
+    """The cumulative count with the share above a value falling as a power of the value between two positive
+    bounds, in the tail: a bucket with at most TAIL_SHARE of the requests above its lower bound. Elsewhere (the
+    body, below the first bound, above the last finite one) it reads as the cubic does."""
+
+    def __init__(self, points: list[tuple[float, float]]) -> None:
+        self.cubic = _Curve(points)
+        self.total = points[-1][1] if points else 0.0
+        self.nodes, self.xs, self.ys = self.cubic.nodes, self.cubic.xs, self.cubic.ys
+
+    def _in_tail(self, index: int) -> bool:
+        return self.total - self.ys[index] <= TAIL_SHARE * self.total
+
+    def _survivals(self, index: int) -> tuple[float, float]:
+        """Requests above the segment's lower and upper bound; an empty upper one counts as part of a request."""
+        above_low = self.total - self.ys[index]
+        above_high = self.total - self.ys[index + 1]
+        return above_low, above_high if above_high > 0 else min(_EMPTY_SURVIVAL, above_low / 2)
+
+    def count_at_or_below(self, value: float) -> float:
+        if not self.nodes or value <= self.nodes[0][0] or value >= self.nodes[-1][0]:
+            return self.cubic.count_at_or_below(value)
+        x = math.log(value)
+        index = _segment(self.xs, x)
+        if not self._in_tail(index):
+            return self.cubic.count_at_or_below(value)
+        if self.ys[index + 1] <= self.ys[index]:
+            return self.ys[index]
+        t = (x - self.xs[index]) / (self.xs[index + 1] - self.xs[index])
+        if t >= 1:
+            return self.ys[index + 1]  # exact at a bound, whatever counts as above an empty one
+        above_low, above_high = self._survivals(index)
+        above = above_low * math.exp(t * math.log(above_high / above_low))
+        return min(self.ys[index + 1], self.total - above)
+
+    def value_at_count(self, rank: float) -> float:
+        if rank <= self.nodes[0][1]:
+            return self.cubic.value_at_count(rank)
+        index = next(i for i in range(len(self.ys) - 1) if self.ys[i + 1] >= rank)
+        if not self._in_tail(index):
+            return self.cubic.value_at_count(rank)
+        above_low, above_high = self._survivals(index)
+        above = max(self.total - rank, above_high)
+        t = math.log(above / above_low) / math.log(above_high / above_low)
+        return math.exp(self.xs[index] + min(1.0, max(0.0, t)) * (self.xs[index + 1] - self.xs[index]))
+
+
+def _curve(points: list[tuple[float, float]], reading: Reading) -> _Curve | _PowerLawCurve:
+    return _PowerLawCurve(points) if reading == POWER_LAW else _Curve(points)
+
+
 def _segment(xs: list[float], x: float) -> int:
     """The index i with xs[i] < x <= xs[i + 1] (x strictly inside the nodes' range)."""
     low, high = 0, len(xs) - 1
@@ -139,12 +208,12 @@ def _end_slope(width: float, next_width: float, secant: float, next_secant: floa
     return min(slope, 3 * secant)  # beyond 3x its secant the cubic would overshoot the next count
 
 
-def count_at_or_below(buckets: Buckets, value: float) -> float:
+def count_at_or_below(buckets: Buckets, value: float, reading: Reading = CUBIC) -> float:
     """Observations at or below `value`: exact at a bound, interpolated between bounds (module docstring)."""
-    return _Curve(monotone_points(buckets)).count_at_or_below(value)
+    return _curve(monotone_points(buckets), reading).count_at_or_below(value)
 
 
-def quantile_of(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+def quantile_of(q: float, buckets: Sequence[tuple[float, float]], reading: Reading = CUBIC) -> float | None:
     """The `q` quantile of a cumulative histogram, interpolated as `count_at_or_below` counts.
 
     None when the histogram is empty, has no +Inf bucket or has fewer than two buckets. A quantile in the
@@ -158,7 +227,7 @@ def quantile_of(q: float, buckets: Sequence[tuple[float, float]]) -> float | Non
     total = points[-1][1]
     if total <= 0:
         return None
-    curve = _Curve(points)
+    curve = _curve(points, reading)
     rank = q * total
     if not curve.nodes:
         return None

@@ -148,8 +148,10 @@ def test_a_clean_error_count_on_110_requests_does_not_pass_a_1_percent_limit(err
     canary = window(requests=110.0, errors=errors, tpot_buckets=tpot_spread(0.040, 110))
     stable = window(requests=110.0, tpot_buckets=tpot_spread(0.040, 110))
     with_baseline = analyse(canary, stable, thresholds())
-    assert (with_baseline.outcome, with_baseline.reason) == ("Inconclusive", "ErrorRateUncertain")
-    assert "upper bound" in with_baseline.message
+    # 110 requests a side do not make a p99 known either (its reason leads); the error gate holds too.
+    assert with_baseline.outcome == "Inconclusive"
+    assert with_baseline.reason in {"ErrorRateUncertain", "DifferenceUncertain"}
+    assert "upper bound" in with_baseline.message and "not below 1.00% yet" in with_baseline.message
     alone = analyse(canary, None, thresholds())
     assert (alone.outcome, alone.reason) == ("Inconclusive", "ErrorRateUncertain")
     # With enough clean requests the bound is below the limit and both pass.

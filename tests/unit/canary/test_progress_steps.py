@@ -4,6 +4,7 @@ requests alone, and a one-shot promote meant for one canary promoted the next on
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, InsufficientTraffic, Rollout
@@ -12,6 +13,7 @@ from specdec_operator.canary.analysis import Comparison, Verdict, analyse
 from specdec_operator.canary.progress import StepObservation, advance, judge_step
 from tests.unit.canary.canaryfactories import (
     PASS,
+    TPOT_BOUNDS,
     at,
     buckets,
     canary_status,
@@ -191,6 +193,31 @@ def test_a_clean_canary_too_small_to_bound_its_errors_or_tail_is_a_quiet_model()
     assert verdict is not None and (verdict.outcome, verdict.reason) == ("Inconclusive", "InsufficientTraffic")
     held = step(canary_status(), verdict, 901)
     assert held.status.phase == "Progressing" and held.status.hold_reason == "InsufficientTraffic"
+
+
+def _counts(upto_200ms: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
+    """A TPOT histogram on vLLM's bounds from its cumulative counts up to 200 ms (none beyond)."""
+    counts = list(upto_200ms) + [upto_200ms[-1]] * (len(TPOT_BOUNDS) - len(upto_200ms))
+    return (*zip(TPOT_BOUNDS, counts, strict=True), (math.inf, upto_200ms[-1]))
+
+
+def test_a_p99_that_reads_within_its_limit_while_its_tail_is_beyond_it_is_not_a_quiet_model() -> None:
+    """Shaped on the bench's promoted "p99 x3" canaries (seed 1, example steps): one pod a side at 1 request/s,
+    3,580 requests each, the stable with none above 50 ms. Here 2.5% of the canary lies above 50 ms and 1.0%
+    above 75 ms. The cubic reads the stable's p99 at 39 ms (about 31 under the power law) and the canary's ratio
+    within the limit of 2; under the power law about 1.6% of the canary lies beyond the limit, more than the
+    margin allows (TAIL_PASS_MARGIN). Before, its p99 passed (a whole point of margin, the cubic alone). Its
+    ratio within the limit must not make it a quiet model's hold, promoted at the hold's end on a clean window:
+    more requests would not pass it. It holds as DifferenceUncertain and the timeout rolls it back."""
+    limits = thresholds(min_requests=100)
+    canary = window(requests=3580.0, tpot_buckets=_counts((175, 3232, 3490, 3545, 3566, 3578, 3580)))
+    stable = window(requests=3573.0, tpot_buckets=_counts((172, 3342, 3573)))
+    verdict = judge_step(analyse(canary, stable, limits), canary, canary_status(), limits)
+    assert verdict is not None and (verdict.outcome, verdict.reason) == ("Inconclusive", "DifferenceUncertain"), \
+        verdict.message
+    p99 = next(item for item in verdict.comparisons if item.metric == "TPOT p99")
+    assert p99.estimate_within_limit and not p99.passes_with_more_requests, p99
+    assert step(canary_status(), verdict, 901).status.phase == "RolledBack"
 
 
 def test_a_small_window_with_a_failed_request_is_not_a_quiet_model() -> None:
