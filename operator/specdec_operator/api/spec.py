@@ -365,7 +365,9 @@ class CanaryAnalysis(ApiModel):
     max_tpot_p99_ratio: float = Field(
         default=2.0, ge=1, le=100,
         description="Canary TPOT p99 / stable TPOT p99, at most this (the tail gate); an excess fails only when "
-        "significant, as for the p90.",
+        "significant, as for the p90. The tail passes once it is known: at most 1.5% of the canary's requests "
+        "beyond this multiple of the stable's p99 (95% bound, however the histogram buckets are read), which takes "
+        "about 120 stable requests.",
     )
     max_error_rate: float = Field(
         default=0.01, ge=0, le=1,
