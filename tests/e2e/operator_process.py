@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -186,13 +186,17 @@ class OperatorProcess:
         key = f"specdec_model_reconciles_total{{model={model},namespace={namespace}}}"
         return (self.metrics() or {}).get(key, 0.0)
 
-    def wait_passes(self, namespace: str, model: str, passes: int, timeout_s: float = 120) -> None:
-        """Until `passes` more passes of the model have finished: a pass, not a clock, is what "nothing changed
-        for N passes" means. The first may have begun before the call, so at least passes - 1 ran whole after."""
-        before = self.model_passes(namespace, model)
-        wait_for(f"{passes} reconcile passes of {namespace}/{model}",
-                 lambda: self.model_passes(namespace, model) >= before + passes, timeout_s, 0.5,
-                 describe=lambda: self.model_passes(namespace, model) - before)
+    def wait_passes(self, namespace: str, model: str | Sequence[str], passes: int, timeout_s: float = 120) -> None:
+        """Until `passes` more passes of the model (of each model named) have finished: a pass, not a clock, is
+        what "nothing changed for N passes" means. The first may have begun before the call, so at least
+        passes - 1 ran whole after."""
+        models = (model,) if isinstance(model, str) else tuple(model)
+        before = {name: self.model_passes(namespace, name) for name in models}
+
+        def done() -> dict[str, float]:
+            return {name: self.model_passes(namespace, name) - before[name] for name in models}
+        wait_for(f"{passes} reconcile passes of each of {namespace}/{','.join(models)}",
+                 lambda: min(done().values()) >= passes, timeout_s, 0.5, describe=done)
 
 
 # The `scoped_operator` fixture (tests/e2e/conftest.py): settings as keyword arguments, a started operator back.
