@@ -13,7 +13,8 @@ this module only compares them. The method (docs/canary.md) in short:
 - a step passes on evidence: the error rate's upper confidence bound below the limit, a known tail, and
   every other figure within its limit or within the noise of one look;
 - a K change is judged on what K changes: acceptance per draft position on the positions both sides draft
-  must hold, and goodput must reach what the tuner predicted (within the tolerance).
+  must hold (the stable's re-weighted to the canary's K: the same requests show other rates at another K),
+  and goodput must reach what the tuner predicted (within the tolerance).
 """
 
 from __future__ import annotations
@@ -344,6 +345,16 @@ READING_PAIRS = ((POWER_LAW, POWER_LAW), (POWER_LAW, CUBIC), (CUBIC, POWER_LAW))
 # is not evidence of a regression: it passes. More than this and not yet proven: Inconclusive.
 DOUBT_Z = 0.8416212335729143
 TAIL_PASS_Z = 1.6448536269514722
+# How much pods of one revision differ in speed (log-sd per pod) when too few pods say: hardware of one SKU is
+# not equal (8% average performance variation, outliers 1.5x slower, across same-SKU GPUs in five clusters,
+# AMD MI60 included: Sinha et al., "Not All GPUs Are Created Equal", SC22), and nodes differ besides. One canary
+# pod against one stable pod compares two draws of it: taking their difference for the revision's, the
+# equality tests at 5% rejected identical revisions in a third of such windows (the canary bench). A prior of
+# POD_SPREAD_FREEDOM degree of freedom, as much as two pods a side: it yields to pods as soon as they measure
+# their spread (eight a side weigh fourteen times more). Four degrees slowed the bench's detection of a 10%
+# goodput loss (median 910 s against 670 s, default steps) for no gain in calibration: one pod a side decides it.
+POD_SPREAD = 0.03
+POD_SPREAD_FREEDOM = 1
 # Mixture scales of the sequential tests: the size of a regression the test is most sensitive to, on the
 # scale of each statistic (log ratio; share of requests above a tail threshold).
 LOG_RATIO_SCALE = 0.1
@@ -715,46 +726,75 @@ DEFAULT_LOG_SPREAD = 0.3
 MIN_LOG_SPREAD = 0.12
 
 
-def _goodput_log_variance(window: WindowStats, pod_variance: float = 0.0) -> float:
-    """Variance of log goodput per sequence: from the spread between pods and intervals, never below what
-    independent requests with the TPOT histogram's spread would give, nor below the pod-to-pod spread
-    (`pod_variance`, per pod) over the side's pods: a pod's hardware stays as fast or slow all window."""
+def _goodput_sampling_variance(window: WindowStats) -> float:
+    """Variance of a side's log goodput per sequence from the requests and intervals it saw: the spread between
+    its cells (pods x intervals), never below what independent requests with the TPOT histogram's spread give."""
     measured = _log_spread(window.tpot_buckets)
     spread = max(measured if measured is not None else DEFAULT_LOG_SPREAD, MIN_LOG_SPREAD)
-    floor = max(spread**2 / max(window.requests, 1.0), pod_variance / max(_pod_count(window), 1))
+    floor = spread**2 / max(window.requests, 1.0)
     ratio, variance = _ratio([(cell.generation_tokens, cell.busy_seconds) for cell in _cells(window)])
     if ratio is None or ratio <= 0 or variance is None:
         return floor
     return max(variance / ratio**2, floor)
 
 
-def _pod_count(window: WindowStats) -> int:
-    return len({cell.pod for cell in window.cells}) or window.pods
+def _pod_log_goodputs(window: WindowStats) -> list[float]:
+    per_pod: dict[str, list[float]] = {}
+    for cell in window.cells:
+        sums = per_pod.setdefault(cell.pod, [0.0, 0.0])
+        sums[0] += cell.generation_tokens
+        sums[1] += cell.busy_seconds
+    return [math.log(tokens / busy) for tokens, busy in per_pod.values() if tokens > 0 and busy > 0]
 
 
-def _pooled_between_pod_variance(sides: Sequence[Sequence[float]]) -> float:
-    """Variance between the pods of each side (one value per pod), pooled over the sides: how much pods of one
-    revision differ from each other. 0 without two pods on a side."""
-    squares, freedom = 0.0, 0
-    for values in sides:
+def goodput_log_variances(canary: WindowStats, stable: WindowStats) -> tuple[float, float]:
+    """Variance of log(canary / stable goodput per sequence), with POD_SPREAD assumed where too few pods measure
+    their spread and without it (what the window measured). Each side's is what its pods say (the spread of
+    their means over their count: a pod's hardware stays as fast or slow all window, so its intervals are
+    not independent), never below what its requests and intervals say."""
+    sides = [(_pod_log_goodputs(window), _goodput_sampling_variance(window)) for window in (canary, stable)]
+
+    def total(prior: float) -> float:
+        per_pod = _pod_variance([(values, sampling, prior) for values, sampling in sides])
+        return sum(max(sampling, per_pod / max(len(values), 1)) for values, sampling in sides)
+
+    return total(POD_SPREAD**2), total(0.0)
+
+
+def _pod_variance(sides: Sequence[tuple[Sequence[float], float, float]]) -> float:
+    """The variance of one pod's figure over a window, from each side's (per-pod figures, sampling variance of
+    the side's figure, prior): the spread between the pods of each side, pooled over the sides, and never below
+    what the prior says once moderated by the pods. A side's prior is POD_SPREAD on the figure's scale (how much
+    pods of one revision differ); a pod's own requests and intervals add to it. One pod a side measures no
+    spread at all, and two measure it from one degree of freedom, as often a tenth of the truth as twice it:
+    the prior, worth POD_SPREAD_FREEDOM degrees of freedom, is what the comparison assumes until pods say
+    otherwise, and only ever makes it more careful than the pods alone."""
+    squares, freedom, assumed = 0.0, 0, []
+    for values, sampling, prior in sides:
+        if values:
+            assumed.append(prior + sampling * len(values))
         if len(values) >= 2:
             mean = sum(values) / len(values)
             squares += sum((value - mean) ** 2 for value in values)
             freedom += len(values) - 1
-    return squares / freedom if freedom else 0.0
+    measured = squares / freedom if freedom else 0.0
+    if not assumed:
+        return measured
+    moderated = (POD_SPREAD_FREEDOM * sum(assumed) / len(assumed) + squares) / (POD_SPREAD_FREEDOM + freedom)
+    return max(measured, moderated)
 
 
-def _pod_goodput_variance(*windows: WindowStats) -> float:
-    """Between-pod variance of log goodput per sequence within each side, pooled over both sides."""
-    sides = []
-    for window in windows:
-        per_pod: dict[str, list[float]] = {}
-        for cell in window.cells:
-            sums = per_pod.setdefault(cell.pod, [0.0, 0.0])
-            sums[0] += cell.generation_tokens
-            sums[1] += cell.busy_seconds
-        sides.append([math.log(tokens / busy) for tokens, busy in per_pod.values() if tokens > 0 and busy > 0])
-    return _pooled_between_pod_variance(sides)
+def _pod_share_prior(window: WindowStats, threshold: float) -> float:
+    """POD_SPREAD on the scale of a side's share of requests above `threshold`: a pod POD_SPREAD slower moves
+    every request's TPOT by that factor, and the share above the threshold by the requests that lie within it
+    (half the side's share between threshold / e^spread and threshold x e^spread), squared."""
+    buckets = window.tpot_buckets
+    total = histogram_total(buckets)
+    if total <= 0:
+        return 0.0
+    spread = math.exp(POD_SPREAD)
+    within = (count_at_or_below(buckets, threshold * spread) - count_at_or_below(buckets, threshold / spread)) / total
+    return (within / 2) ** 2
 
 
 def goodput_z(canary: WindowStats, stable: WindowStats) -> float | None:
@@ -763,8 +803,7 @@ def goodput_z(canary: WindowStats, stable: WindowStats) -> float | None:
     c, s = canary.goodput_per_sequence, stable.goodput_per_sequence
     if c is None or s is None:
         return None
-    pods = _pod_goodput_variance(canary, stable)
-    return math.log(c / s) / math.sqrt(_goodput_log_variance(canary, pods) + _goodput_log_variance(stable, pods))
+    return math.log(c / s) / math.sqrt(goodput_log_variances(canary, stable)[0])
 
 
 @dataclass(frozen=True)
@@ -810,15 +849,18 @@ def _pod_floored_variance(side: _Share, pods: float) -> float:
 @dataclass(frozen=True)
 class TailShortfall:
     """The canary's share of requests slower than a multiple of the stable's quantile, minus the stable's share
-    above that quantile (`excess`), with two variances. `variance` is floored by the spread between the
-    revisions' pods: which pods a side drew stays with it all window, so a canary is only failed on a
-    difference larger than that. `sampling_variance` counts only the requests and intervals seen (pod x
-    interval cells, never below the binomial): it shrinks as requests come, and says whether a tail is known
-    yet. Pods whose tails genuinely differ (a hot pod) would otherwise keep a p99 unknown however long the step
-    ran."""
+    above that quantile (`excess`), with three variances. `variance` is floored by the spread between the
+    revisions' pods, assumed (POD_SPREAD) where too few pods measure it: which pods a side drew stays with it
+    all window, so a canary is only failed on a difference larger than that. `measured_variance` is floored
+    only by the spread the pods show: it sizes the benefit of the doubt, which an assumed spread is no
+    evidence for (one pod a side would pass a 20% slower canary whose pod drew 4% faster).
+    `sampling_variance` counts only the requests and intervals seen (pod x interval cells, never below the
+    binomial): it shrinks as requests come, and says whether a tail is known yet. Pods whose tails genuinely
+    differ (a hot pod) would otherwise keep a p99 unknown however long the step ran."""
 
     excess: float
     variance: float
+    measured_variance: float
     sampling_variance: float
 
 
@@ -837,13 +879,19 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float, li
     stable_share = _share_above(stable, q, stable_reading)
     if canary_share is None or stable_share is None:
         return None
-    pods = _pooled_between_pod_variance([canary_share.per_pod, stable_share.per_pod])
+    # A pod's speed moves the canary's share above limit x q whichever side it serves: the canary's requests
+    # directly, the stable's through q.
+    prior = _pod_share_prior(canary, limit * q)
+    sides = (canary_share, stable_share)
+    pods = _pod_variance([(side.per_pod, side.variance, prior) for side in sides])
+    measured = _pod_variance([(side.per_pod, side.variance, 0.0) for side in sides])
     # The stable has 1 - quantile of its requests above its quantile by definition; its share read back from
     # the counts says the same except where the quantile is read at a bound (the power law's with an empty
     # bucket above it: none there). Its variance still comes from the cells.
     return TailShortfall(
         excess=canary_share.share - (1 - quantile),
-        variance=sum(_pod_floored_variance(side, pods) for side in (canary_share, stable_share)),
+        variance=sum(_pod_floored_variance(side, pods) for side in sides),
+        measured_variance=sum(_pod_floored_variance(side, measured) for side in sides),
         sampling_variance=canary_share.variance + stable_share.variance,
     )
 
@@ -861,10 +909,14 @@ def tpot_against_reference(canary: WindowStats, reference_ms: float, reference_r
     it was read from; 0 when unknown), and an estimate beyond the limit by less than the noise of one look
     passes. None without a canary p90."""
     p90 = canary.tpot_ms(0.9)
-    share = _share_above(canary, limit * reference_ms / 1000.0)
+    threshold = limit * reference_ms / 1000.0
+    share = _share_above(canary, threshold)
     if p90 is None or share is None or reference_ms <= 0:
         return None
-    variance = _pod_floored_variance(share, _pooled_between_pod_variance([share.per_pod]))
+    # No pod prior: every pod of the pool serves the canary here, against a figure the stable recorded, and
+    # a canary whose requests all lie in the bucket that holds the limit would be held for a slowness it has
+    # (pods are compared side by side, with the prior, in the steps before).
+    variance = _pod_floored_variance(share, _pod_variance([(share.per_pod, share.variance, 0.0)]))
     if reference_requests:
         variance += P90_TAIL_SHARE * (1 - P90_TAIL_SHARE) / reference_requests
     excess = share.share - P90_TAIL_SHARE
@@ -980,11 +1032,11 @@ def _goodput(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysi
     log_limit = _limit_log(limit)
     p_value = None
     if log_limit is not None:
-        pods = _pod_goodput_variance(canary, stable)
-        variance = _goodput_log_variance(canary, pods) + _goodput_log_variance(stable, pods)
+        variance, measured = goodput_log_variances(canary, stable)
         p_value = sequential_p(log_limit - math.log(c / s), variance * few_units_penalty(canary, stable),
                                LOG_RATIO_SCALE)
-        beyond = (log_limit - math.log(c / s)) / math.sqrt(variance) if variance > 0 else None
+        # The benefit of the doubt counts only the spread the window shows, not the assumed one (TailShortfall).
+        beyond = (log_limit - math.log(c / s)) / math.sqrt(measured) if measured > 0 else None
         return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value, beyond_z=beyond)
     return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value)
 
@@ -1000,7 +1052,8 @@ def tpot_comparison(canary: WindowStats, stable: WindowStats, quantile: float, l
     tail = tail_shortfall(canary, stable, quantile, limit)
     p_value = None if tail is None else sequential_p(
         tail.excess, tail.variance * few_units_penalty(canary, stable), scale)
-    beyond = tail.excess / math.sqrt(tail.variance) if tail is not None and tail.variance > 0 else None
+    beyond = tail.excess / math.sqrt(tail.measured_variance) if tail is not None and tail.measured_variance > 0 \
+        else None
     bound = None
     if quantile >= 0.99:
         # Known from the requests seen: the pods' spread sizes the failing test, not the wait for requests. And
@@ -1016,8 +1069,76 @@ def tpot_comparison(canary: WindowStats, stable: WindowStats, quantile: float, l
     return Comparison(label, c, s, limit, False, " ms", 1, p_value, beyond_z=beyond)
 
 
+def _acceptance_mix(rates: Sequence[float]) -> tuple[tuple[float, float], ...]:
+    """(acceptance, share of drafts) of the simplest mix of requests that gives a side's per-position rates,
+    each request accepting every draft token with its own probability a, so that rates[i] is the drafts'
+    mean of a^(i+1). From three rates, two kinds of request (the two-node Gauss quadrature whose moments
+    they are); from two, or where three fit no such mix, two kinds equally common at the mean plus and minus
+    the spread; one kind where the rates show no spread between requests (acceptance that falls with depth
+    within every request looks like that, and rightly gets no correction)."""
+    # A draft accepted at a position was accepted at every one before: rates that rise are noise, not a mix.
+    rates = [rate for index, rate in enumerate(rates) if all(rate <= earlier for earlier in rates[:index])]
+    mean = rates[0]
+    spread = rates[1] - mean * mean if len(rates) >= 2 else 0.0
+    if mean <= 0 or spread <= 1e-9:
+        return ((mean, 1.0),)
+    if len(rates) >= 3:
+        second, third = rates[1], rates[2]
+        # The nodes are the roots of x^2 + slope x + offset, orthogonal to 1 and x under the rates.
+        offset = (mean * third - second * second) / spread
+        slope = (mean * second - third) / spread
+        discriminant = slope * slope - 4 * offset
+        if discriminant > 0:
+            low = (-slope - math.sqrt(discriminant)) / 2
+            high = (-slope + math.sqrt(discriminant)) / 2
+            if 0.0 <= low < high <= 1.0:
+                share_high = (mean - low) / (high - low)
+                return ((low, 1.0 - share_high), (high, share_high))
+    deviation = math.sqrt(spread)
+    return ((max(mean - deviation, 0.0), 0.5), (min(mean + deviation, 1.0), 0.5))
+
+
+def _geometric_length(acceptance: float, k: int) -> float:
+    """Tokens one draft step yields at K for a request accepting each draft token with this probability."""
+    return 1.0 + sum(acceptance ** (i + 1) for i in range(k))
+
+
+def composition_factors(canary: WindowStats, stable: WindowStats) -> tuple[float, ...]:
+    """Per position both sides draft: the canary's acceptance over the stable's that the SAME requests give at
+    the two Ks (1 at equal K). A rate per position is a mean over drafts, and a request takes one draft per
+    step: one that accepts little takes more steps per token, and how many more depends on K. At a higher K
+    the drafts of well-accepted requests fall more than those of the others, so the same requests show a
+    lower rate at every position, by as much as their acceptance differs: 4% at position 3 for K 3 -> 4 on
+    requests spread as Beta(3.7, 2.3), 12% on half code at 0.95 and half chat at 0.3, 27% for K 3 -> 6 there
+    (Simpson's paradox). Read from the side drafting more positions (`_acceptance_mix`), which shows more of
+    how requests differ."""
+    shared = min(canary.k, stable.k)
+    if canary.k == stable.k or shared <= 0:
+        return (1.0,) * max(shared, 0)
+    reference = canary if canary.k > stable.k else stable
+    measured = [reference.position_acceptance(position) for position in range(min(reference.k, 3))]
+    rates = [rate for rate in measured if rate is not None]
+    if len(rates) < len(measured):
+        return (1.0,) * shared
+    mix = _acceptance_mix(rates)
+
+    def rate_at(k: int, position: int) -> float:
+        # A request's drafts per token are 1 / its accepted length: re-weight the reference's drafts to K.
+        weights = [share * _geometric_length(a, reference.k) / _geometric_length(a, k) for a, share in mix]
+        total = sum(weights)
+        return sum(w * a ** (position + 1) for w, (a, _) in zip(weights, mix, strict=True)) / total
+
+    factors = []
+    for position in range(shared):
+        expected_stable = rate_at(stable.k, position)
+        factors.append(rate_at(canary.k, position) / expected_stable if expected_stable > 0 else 1.0)
+    return tuple(factors)
+
+
 def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis) -> list[Comparison | str]:
-    """Acceptance per draft position, on the positions both sides draft: a K change must not move it."""
+    """Acceptance per draft position, on the positions both sides draft: a K change must not move what a
+    request accepts. At different K the stable's rate is re-weighted to the canary's K for the same requests
+    (`composition_factors`): the rates themselves move with K."""
     shared = min(canary.k, stable.k)
     if shared <= 0:
         return []
@@ -1047,12 +1168,14 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
         return [Comparison("accepted length", c, s, limit, True, p_value=p_value)]
     found: list[Comparison | str] = []
     penalty = few_units_penalty(canary, stable)
+    factors = composition_factors(canary, stable)
     for position in range(shared):
-        c, s = canary.position_acceptance(position), stable.position_acceptance(position)
-        if c is None or s is None:
+        c, measured = canary.position_acceptance(position), stable.position_acceptance(position)
+        if c is None or measured is None:
             return [f"no acceptance measured at draft position {position + 1}"]
-        if s <= 0:
+        if measured <= 0:
             continue
+        s = measured * factors[position]  # the stable's requests at the canary's K
         p_value = beyond = None
         if log_limit is not None:
             if c <= 0:
@@ -1067,7 +1190,7 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
             else:
                 # Failing counts the drafts as they are worth (`draft_trials`); the benefit of the doubt counts
                 # every draft, so that neither is granted on a spread nobody measured.
-                sides = ((canary, c), (stable, s))
+                sides = ((canary, c), (stable, measured))
                 variance = _position_log_variance(sides, position, draft_trials)
                 doubt = _position_log_variance(sides, position, lambda side: side.drafts)
                 # Bonferroni across positions: the positions together keep the gate's level.
@@ -1075,8 +1198,10 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
                                                          variance * penalty,
                                                          LOG_RATIO_SCALE))
                 beyond = (log_limit - math.log(c / s)) / math.sqrt(doubt) if doubt > 0 else None
-        found.append(Comparison(f"acceptance at position {position + 1}", c, s, limit, True, p_value=p_value,
-                                beyond_z=beyond))
+        metric = f"acceptance at position {position + 1}"
+        if canary.k != stable.k:
+            metric += f" (stable {measured:.2f} at K {stable.k}, re-weighted to K {canary.k})"
+        found.append(Comparison(metric, c, s, limit, True, p_value=p_value, beyond_z=beyond))
     return found
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from specdec_operator.api.spec import CanaryAnalysis
 from specdec_operator.api.status import CanaryStatus, TuningDecision
-from specdec_operator.canary.analysis import Verdict
+from specdec_operator.canary.analysis import Verdict, WindowStats, composition_factors
 from specdec_operator.canary.evidence import CanaryWindows, VerdictInputs, canary_verdicts
 from specdec_operator.canary.histogram import Buckets
 from specdec_operator.tuner.samples import RequestCounters
@@ -106,18 +106,76 @@ def test_a_tpot_p90_on_three_requests_is_no_verdict() -> None:
 
 
 def test_a_k_change_that_loses_acceptance_per_position_fails_on_it() -> None:
-    # K 2 -> 4 with a drafter whose acceptance fell by 30% on the positions both sides draft; the step time
-    # is such that speed and TPOT alone look the same.
+    # K 2 -> 4 with a drafter whose acceptance per token fell by 30% (0.7x at position 1, 0.49x at 2); the
+    # step time is such that speed and TPOT alone look the same. Neither side's rates show requests that
+    # differ (the second is below the first squared), so no re-weighting to K excuses it.
     stable = delta(pods=1, batch=8.0, k=2, positions=(0.8, 0.6))
-    canary_positions = (0.56, 0.42, 0.6, 0.6)
+    canary_positions = (0.56, 0.294, 0.15, 0.07)
     canary_length = 1 + sum(canary_positions)
     stable_length = 1 + 0.8 + 0.6
     canary = delta(pods=1, batch=8.0, k=4, positions=canary_positions, step_s=0.040 * canary_length / stable_length)
     verdict = verdict_of(canary, stable, canary_status(canary_k=4), canary_k=4, stable_k=2)
     assert (verdict.outcome, verdict.reason) == ("Fail", "AcceptanceDropped"), verdict.message
-    assert verdict.message.startswith("acceptance at position 1 0.56 vs stable 0.80 (ratio 0.70 < 0.90, p=")
+    assert verdict.message.startswith("acceptance at position 1 (stable 0.80 at K 2, re-weighted to K 4) 0.56 vs "
+                                      "stable 0.80 (ratio 0.70 < 0.90, p="), verdict.message
     assert "acceptance at position 3" not in verdict.message  # the stable never drafts it
     assert verdict.canary_requests > 0 and verdict.stable_requests > 0
+
+
+def mix_positions(mix: Sequence[tuple[float, float]], k: int) -> tuple[float, ...]:
+    """Per-position acceptance at K of requests of several kinds, (acceptance per draft token, share of
+    the tokens): a request takes one draft per accepted length, so its drafts weigh 1 / that length."""
+    weights = [share / (1 + sum(a ** (i + 1) for i in range(k))) for a, share in mix]
+    return tuple(sum(w * a ** (i + 1) for w, (a, _) in zip(weights, mix, strict=True)) / sum(weights)
+                 for i in range(k))
+
+
+CODE_AND_CHAT = ((0.95, 0.5), (0.3, 0.5))
+
+
+@pytest.mark.parametrize(("stable_k", "canary_k"), [(3, 4), (4, 3), (3, 6), (2, 5), (1, 5)])
+def test_a_k_change_on_requests_that_differ_passes_acceptance(stable_k: int, canary_k: int) -> None:
+    # The same requests at another K: half code accepting 95% of draft tokens, half chat accepting 30%. At K 3
+    # -> 4 their drafts' rate at position 3 falls from 0.257 to 0.226 (0.88x, 0.73x at K 3 -> 6): the code
+    # requests take fewer steps per token at the higher K, so fewer of the drafts are theirs. No request
+    # accepted less, yet K 3 -> 4 held on position 3 (0.88x) until its timeout rolled it back, and K 1 -> 5
+    # failed on position 1 (0.78x, p=0.011).
+    stable_positions, canary_positions = mix_positions(CODE_AND_CHAT, stable_k), mix_positions(CODE_AND_CHAT, canary_k)
+    stable = delta(pods=4, batch=8.0, k=stable_k, positions=stable_positions)
+    step_s = 0.040 * (1 + sum(canary_positions)) / (1 + sum(stable_positions))  # goodput unchanged
+    canary = delta(pods=4, batch=8.0, k=canary_k, positions=canary_positions, step_s=step_s)
+    verdict = verdict_of(canary, stable, canary_status(canary_k=canary_k), canary_k=canary_k, stable_k=stable_k)
+    assert verdict.outcome == "Pass", verdict.message
+    assert f"acceptance at position 1 (stable {stable_positions[0]:.2f} at K {stable_k}, re-weighted to K " \
+           f"{canary_k}) {canary_positions[0]:.2f} vs stable" in verdict.message
+    # The same K change with a drafter 30% worse on every request fails on acceptance.
+    worse = tuple((a * 0.7, share) for a, share in CODE_AND_CHAT)
+    worse_positions = mix_positions(worse, canary_k)
+    canary = delta(pods=4, batch=8.0, k=canary_k, positions=worse_positions, step_s=step_s)
+    verdict = verdict_of(canary, stable, canary_status(canary_k=canary_k), canary_k=canary_k, stable_k=stable_k)
+    assert (verdict.outcome, verdict.reason) == ("Fail", "AcceptanceDropped"), verdict.message
+
+
+THREE_KINDS = ((0.97, 0.3), (0.6, 0.4), (0.2, 0.3))
+
+
+@pytest.mark.parametrize(("stable_k", "canary_k"), [(3, 6), (6, 3), (1, 5), (4, 8)])
+def test_re_weighting_to_k_corrects_for_a_mix_it_cannot_represent_too_little_never_too_much(
+        stable_k: int, canary_k: int) -> None:
+    # Three kinds of request: the two-kind mix read from the rates cannot reproduce them, so the correction is
+    # approximate: close at position 1, and short of the truth (never beyond it) further on.
+    def window(k: int) -> WindowStats:
+        rates = mix_positions(THREE_KINDS, k)
+        return WindowStats(seconds=120.0, gpus=1, k=k, drafts=1e6, accepted_per_position=tuple(1e6 * r for r in rates))
+
+    canary_rates, stable_rates = mix_positions(THREE_KINDS, canary_k), mix_positions(THREE_KINDS, stable_k)
+    truth = [c / s for c, s in zip(canary_rates, stable_rates, strict=False)]
+    factors = composition_factors(window(canary_k), window(stable_k))
+    assert len(factors) == min(stable_k, canary_k)
+    assert factors[0] == pytest.approx(truth[0], rel=0.025)
+    for factor, true in zip(factors, truth, strict=False):
+        assert 1.0 <= factor / true <= 1.2 if canary_k > stable_k else 0.8 <= factor / true <= 1.0
+    assert min(truth) < 0.85 or max(truth) > 1.15  # the effect corrected is far from small
 
 
 def k_change(predicted_gain: float) -> TuningDecision:
