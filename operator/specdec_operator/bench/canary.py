@@ -6,7 +6,8 @@ machine decide, nothing is reimplemented here. The traffic has the variety the a
 
 - heavy-tailed output lengths (log-normal, median 180 tokens, sigma 1.0, up to 4096) and prompt lengths;
 - per-request acceptance spread (each request's per-token acceptance drawn from a Beta around the mean);
-- pod-to-pod speed spread (3% log-sd per pod) and per-interval batch noise shared by a pod's requests;
+- pod-to-pod speed spread (1% to 5% log-sd per pod, drawn per trial: the analysis assumes 3% until pods say
+  otherwise) and per-interval batch noise shared by a pod's requests;
 - 1 to 4 requests/s per pod, pool sizes 1 to 16, equal per-pod load by construction (the route's weights
   follow the replica split: ceil(n x weight) canary pods beside the rest of the pool);
 - load drift (the offered load doubles over the canary), mix bursts (long prompts and outputs on both
@@ -49,9 +50,14 @@ STABLE_K, CANARY_K = 3, 4
 PREDICTED_GAIN = 0.10  # what the tuner predicts for K 3 -> 4 in the K-change classes
 MEAN_ACCEPTANCE = 0.62  # per-token acceptance, mean over requests
 ACCEPTANCE_CONCENTRATION = 6.0  # Beta(a, b) with a + b this: requests differ a lot
+# (share of requests, mean per-token acceptance) of two kinds of request, each Beta with a + b =
+# KIND_CONCENTRATION around its mean: code drafts well, chat poorly; the mean over requests stays near
+# MEAN_ACCEPTANCE.
+CODE_AND_CHAT = ((0.5, 0.90), (0.5, 0.35))
+KIND_CONCENTRATION = 20.0
 BASE_STEP_S = 0.030  # an engine step at K=3 on an idle pod
 LOAD_SLOPE = 0.02  # a decode step grows ~2% per running request
-POD_SPEED_SD = 0.03
+POD_SPEED_SDS = (0.01, 0.02, 0.03, 0.04, 0.05)  # how much a trial's pods differ; one drawn per trial
 INTERVAL_NOISE_SD = 0.04  # a pod's step time wanders with its batch from interval to interval
 REQUEST_NOISE_SD = 0.10
 BASELINE_ERROR_RATE = 0.002
@@ -64,7 +70,8 @@ class Scenario:
 
     name: str
     healthy: bool
-    k_change: bool = True  # canary K 4 against stable K 3
+    k_change: bool = True  # canary K (CANARY_K unless `canary_k` says) against stable K 3
+    canary_k: int = CANARY_K
     predicted_gain: float = PREDICTED_GAIN  # what the tuner predicted for the K change
     true_gain: float = PREDICTED_GAIN  # goodput the K change really brings (healthy: what was predicted)
     canary_step_factor: float = 1.0  # canary engine steps slower by this (after the K change's own cost)
@@ -74,6 +81,7 @@ class Scenario:
     full_step_error_rate: float | None = None  # the canary's error rate once it has all the traffic (100% step)
     drift: bool = False  # offered load doubles over the canary
     bursts: bool = False  # long-prompt/long-output bursts on both sides
+    code_and_chat: bool = False  # requests of two kinds (CODE_AND_CHAT) instead of one Beta around the mean
     resets: bool = False  # stable pods restart (counter resets) and scrapes go missing
 
 
@@ -96,6 +104,13 @@ SCENARIOS: tuple[Scenario, ...] = (
     # Healthy through every analysed step, failing once the stable no longer serves (a dependency only the full
     # load reaches): the last step must judge its own window.
     Scenario("errors 5% at 100%", False, k_change=False, true_gain=0.0, full_step_error_rate=0.05),
+    # Requests of two kinds, as code and chat share a deployment, and a K change as long as the tuner makes
+    # them: every per-position rate moves (fewer of the drafts are the well-accepted kind's at a higher K,
+    # 0.84x at position 3 here) though no request accepts less. Last, so that the classes before it keep
+    # their trials. (At K 6 the same +10% leaves each step 3% slower, and chat requests, whose accepted
+    # length K barely moves, that much slower: a TPOT margin as narrow as K +8%'s goodput one, a second
+    # probe of one canary pod's hardware rather than of acceptance.)
+    Scenario("K 3 -> 5, code + chat", True, canary_k=5, code_and_chat=True),
 )
 
 EXAMPLE_ANALYSIS = CanaryAnalysis(min_accepted_length_ratio=0.9, max_tpot_ratio=1.15, max_error_rate=0.01,
@@ -191,6 +206,7 @@ class _Side:
     alpha_mean: float
     error_rate: float
     stall_share: float = 0.0
+    code_and_chat: bool = False
 
 
 @dataclass
@@ -205,7 +221,7 @@ class _Trial:
     def spec(self) -> ReplaySpec:
         canary, _ = STEP_SETS[self.steps]
         if self.scenario.k_change:
-            return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=CANARY_K,
+            return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=self.scenario.canary_k,
                               predicted_gain=self.scenario.predicted_gain, replicas=self.pool)
         return ReplaySpec(canary=canary, pool="bench", stable_k=STABLE_K, canary_k=STABLE_K, replicas=self.pool)
 
@@ -236,7 +252,7 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
             last_windows[step] = (canary, stable)
 
     replayer = Replayer(spec, on_verdict=on_verdict)
-    canary_k = CANARY_K if scenario.k_change else STABLE_K
+    canary_k = scenario.canary_k if scenario.k_change else STABLE_K
     pods: dict[str, _Pod] = {}
     # The canary's step time: a K change's engine step costs what its predicted gain does not deliver.
     length_ratio = _accepted_length(MEAN_ACCEPTANCE, canary_k) / _accepted_length(MEAN_ACCEPTANCE, STABLE_K)
@@ -246,9 +262,11 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
     # end, so a regression the analysis reads as waiting for requests is not caught by a stray error. Drawn
     # apart from the traffic, which stays the same draw for draw.
     background = 0.0 if random.Random(f"{trial.seed}/background").random() < CLEAN_TRIALS else BASELINE_ERROR_RATE
+    pod_speed_sd = random.Random(f"{trial.seed}/pods").choice(POD_SPEED_SDS)
     canary_errors = background if scenario.canary_error_rate == BASELINE_ERROR_RATE else scenario.canary_error_rate
-    canary_side = _Side(canary_k, canary_step, alpha_canary, canary_errors, scenario.canary_stall_share)
-    stable_side = _Side(STABLE_K, BASE_STEP_S, MEAN_ACCEPTANCE, background)
+    canary_side = _Side(canary_k, canary_step, alpha_canary, canary_errors, scenario.canary_stall_share,
+                        scenario.code_and_chat)
+    stable_side = _Side(STABLE_K, BASE_STEP_S, MEAN_ACCEPTANCE, background, code_and_chat=scenario.code_and_chat)
     canary_settings = spec.canary
     horizon = sum(step.pause_seconds for step in canary_settings.steps) + \
         canary_settings.analysis.timeout_seconds * len(canary_settings.steps) + 600
@@ -278,7 +296,7 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
                 name = f"{role}-{index}"
                 pod = pods.get(name)
                 if pod is None:
-                    pod = pods[name] = _Pod(name, side.k, math.exp(rng.gauss(0.0, POD_SPEED_SD)), created=at)
+                    pod = pods[name] = _Pod(name, side.k, math.exp(rng.gauss(0.0, pod_speed_sd)), created=at)
                 if weight > 0 or role == "stable":
                     _serve(pod, rng, trial.rate * drift, trial.interval, side, burst)
                 if scenario.resets and role == "stable" and rng.random() < 0.01:
@@ -323,7 +341,12 @@ def _serve(pod: _Pod, rng: random.Random, rate: float, interval: float, side: _S
     for _ in range(arrivals):
         output = min(4096, max(1, round(math.exp(rng.gauss(math.log(360 if burst else 180), 1.0)))))
         prompt = min(16000, max(1, round(math.exp(rng.gauss(math.log(2400 if burst else 600), 0.9)))))
-        alpha = rng.betavariate(a, b) if a > 0 and b > 0 else alpha_mean
+        if side.code_and_chat:
+            kind = rng.choices([mean for _, mean in CODE_AND_CHAT], [share for share, _ in CODE_AND_CHAT])[0]
+            mean = kind * (alpha_mean / MEAN_ACCEPTANCE)
+            alpha = rng.betavariate(mean * KIND_CONCENTRATION, (1 - mean) * KIND_CONCENTRATION)
+        else:
+            alpha = rng.betavariate(a, b) if a > 0 and b > 0 else alpha_mean
         length = _accepted_length(alpha, pod.k)
         drafts = output / length
         tpot = step / length * math.exp(rng.gauss(0.0, REQUEST_NOISE_SD))
