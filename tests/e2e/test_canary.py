@@ -203,7 +203,10 @@ def test_bad_canary_is_rolled_back_with_its_numbers(
         checks = message.split(": ", 1)[1].split("; ")
         match = re.match(r"TPOT p90 [0-9.]+ ms vs stable [0-9.]+ ms \(ratio ([0-9.]+) > 1.15, p=", checks[0])
         assert match and 1.3 < float(match.group(1)) < 1.8, message
-        assert all(">=" in check for check in checks if check.startswith(("acceptance", "goodput"))), message
+        # Acceptance and goodput pass: within their limits, or beyond by less than one look's noise (a passed
+        # check: "within noise"). A CI run read position 3 at 0.898 of the stable's from 20 canary requests.
+        assert all(">=" in check or "within noise" in check
+                   for check in checks if check.startswith(("acceptance", "goodput"))), message
 
 
 def test_operator_killed_mid_canary_resumes_at_the_same_step(
