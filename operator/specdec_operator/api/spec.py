@@ -348,7 +348,8 @@ class CanaryAnalysis(ApiModel):
     min_accepted_length_ratio: float = Field(
         default=0.9, ge=0, le=2,
         description="Canary acceptance / stable, at least this, per draft position both sides draft (accepted "
-        "length when per-position counters are missing). A shortfall fails only when significant.",
+        "length when per-position counters are missing); at different K the stable's rates are re-weighted to "
+        "the canary's K for the same requests. A shortfall fails only when significant.",
     )
     min_tokens_per_second_ratio: float = Field(
         default=0.9, gt=0, le=2,
