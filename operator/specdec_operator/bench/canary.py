@@ -54,6 +54,8 @@ ACCEPTANCE_CONCENTRATION = 6.0  # Beta(a, b) with a + b this: requests differ a 
 # KIND_CONCENTRATION around its mean: code drafts well, chat poorly; the mean over requests stays near
 # MEAN_ACCEPTANCE.
 CODE_AND_CHAT = ((0.5, 0.90), (0.5, 0.35))
+_KIND_SHARES = tuple(share for share, _ in CODE_AND_CHAT)
+_KIND_MEANS = tuple(mean for _, mean in CODE_AND_CHAT)
 KIND_CONCENTRATION = 20.0
 BASE_STEP_S = 0.030  # an engine step at K=3 on an idle pod
 LOAD_SLOPE = 0.02  # a decode step grows ~2% per running request
@@ -342,7 +344,7 @@ def _serve(pod: _Pod, rng: random.Random, rate: float, interval: float, side: _S
         output = min(4096, max(1, round(math.exp(rng.gauss(math.log(360 if burst else 180), 1.0)))))
         prompt = min(16000, max(1, round(math.exp(rng.gauss(math.log(2400 if burst else 600), 0.9)))))
         if side.code_and_chat:
-            kind = rng.choices([mean for _, mean in CODE_AND_CHAT], [share for share, _ in CODE_AND_CHAT])[0]
+            kind = rng.choices(_KIND_MEANS, _KIND_SHARES)[0]
             mean = kind * (alpha_mean / MEAN_ACCEPTANCE)
             alpha = rng.betavariate(mean * KIND_CONCENTRATION, (1 - mean) * KIND_CONCENTRATION)
         else:

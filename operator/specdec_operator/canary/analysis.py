@@ -1122,17 +1122,14 @@ def composition_factors(canary: WindowStats, stable: WindowStats) -> tuple[float
         return (1.0,) * shared
     mix = _acceptance_mix(rates)
 
-    def rate_at(k: int, position: int) -> float:
+    def rates_at(k: int) -> list[float]:
         # A request's drafts per token are 1 / its accepted length: re-weight the reference's drafts to K.
         weights = [share * _geometric_length(a, reference.k) / _geometric_length(a, k) for a, share in mix]
         total = sum(weights)
-        return sum(w * a ** (position + 1) for w, (a, _) in zip(weights, mix, strict=True)) / total
+        return [sum(w * a ** (position + 1) for w, (a, _) in zip(weights, mix, strict=True)) / total
+                for position in range(shared)]
 
-    factors = []
-    for position in range(shared):
-        expected_stable = rate_at(stable.k, position)
-        factors.append(rate_at(canary.k, position) / expected_stable if expected_stable > 0 else 1.0)
-    return tuple(factors)
+    return tuple(c / s if s > 0 else 1.0 for c, s in zip(rates_at(canary.k), rates_at(stable.k), strict=True))
 
 
 def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis) -> list[Comparison | str]:
