@@ -19,7 +19,7 @@ REFERENCE_K = 5
 
 def is_shifting(profile: Profile) -> bool:
     """A profile whose load or acceptance changes over time (so no single K is best throughout)."""
-    shapes = {(segment.concurrency, tuple(profile.acceptance_for(segment))) for segment in profile.load}
+    shapes = {(segment.concurrency, profile.kinds_for(segment)) for segment in profile.load}
     return len(shapes) > 1
 
 

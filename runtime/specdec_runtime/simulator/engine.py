@@ -8,16 +8,22 @@ fault (1 unless set), times a uniform ±5% jitter.
 Steps are timed one by one (so the clock and the latency histograms are exact), but the acceptance
 outcomes of a run of steps with the same B, K and acceptances are drawn together: the per-position
 counts of M drafts are a chain of binomials, distributed exactly as M separate draws.
+
+A profile may mix kinds of request with their own acceptance (`request_kinds`). Each finished request's slot
+takes a new one of a kind drawn by the kinds' shares, so a kind holds batch slots in proportion to its share
+times the steps its requests take (output_tokens / E_kind(K)): at a higher K the well-accepted kinds finish in
+fewer steps and hold fewer slots. The drafts of a run are split among the kinds by that steady state.
 """
 
 from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specdec_runtime.simulator.profile import Profile
-from specdec_runtime.simulator.sampling import accepted_per_position, rate_at
+from specdec_runtime.simulator.profile import Profile, RequestKinds
+from specdec_runtime.simulator.sampling import accepted_per_position, binomial, rate_at
 
 JITTER = 0.05
 
@@ -140,23 +146,31 @@ class LiveOutcome:
 
 @dataclass
 class _Run:
-    """The current (B, K, acceptance) and the steps taken with it since the last flush."""
+    """The current (B, K, request kinds) and the steps taken with it since the last flush."""
 
     batch: int  # the profile's virtual sequences, whose tokens this run counts
     k: int
-    acceptance: list[float]
+    kinds: RequestKinds
     live: int = 0  # live requests sharing the steps: they make them longer and count their own tokens
     steps: int = 0
     elapsed: float = 0.0
 
 
-def expected_accepted_length(acceptance: list[float], k: int) -> float:
+def expected_accepted_length(acceptance: Sequence[float], k: int) -> float:
     """E(K): 1 + expected accepted tokens per draft of length k (tokens emitted per sequence per step)."""
     expected, survive = 1.0, 1.0
     for position in range(k):
         survive *= rate_at(acceptance, position)
         expected += survive
     return expected
+
+
+def batch_shares(kinds: RequestKinds, k: int) -> list[float]:
+    """The share of batch slots (and so of drafts) each kind holds at K: its share of requests times the steps
+    one of its requests takes, 1 / E_kind(K) per token (every request has the same output length)."""
+    weights = [share / expected_accepted_length(acceptance, k) for share, acceptance in kinds]
+    total = sum(weights)
+    return [weight / total for weight in weights]
 
 
 def analytic_tokens_per_second(profile: Profile, acceptance: list[float], batch: int, k: int) -> float:
@@ -256,14 +270,14 @@ class Engine:
                 self.now = min(t, segment_end)
                 continue
             k = self.speculation.k_for_batch(self.batch) if self.speculation else 0
-            acceptance = self.profile.acceptance_for(segment)
+            kinds = self.profile.kinds_for(segment)
             run = self._run
-            if run is None or (run.batch, run.k, run.acceptance, run.live) != (
-                    self._running, k, acceptance, self.live_running):
+            if run is None or (run.batch, run.k, run.kinds, run.live) != (
+                    self._running, k, kinds, self.live_running):
                 self._flush()
                 # A drawn step belongs to its (B, K): a new run draws afresh.
                 self._next_step_s = None
-                run = self._run = _Run(self._running, k, acceptance, live=self.live_running)
+                run = self._run = _Run(self._running, k, kinds, live=self.live_running)
             if not self._step_within(run, min(t, segment_end), t):
                 break
         self._flush()
@@ -323,7 +337,10 @@ class Engine:
         counters = self.counters
         generated = sequence_steps
         if run.k > 0:
-            per_position = accepted_per_position(self._rng, sequence_steps, run.acceptance, run.k)
+            per_position = [0] * run.k
+            for drafts, acceptance in self._drafts_by_kind(run, sequence_steps):
+                for position, count in enumerate(accepted_per_position(self._rng, drafts, acceptance, run.k)):
+                    per_position[position] += count
             accepted = sum(per_position)
             counters.drafts += sequence_steps
             counters.draft_tokens += sequence_steps * run.k
@@ -334,6 +351,18 @@ class Engine:
         counters.generation_tokens += generated
         self._finish_requests(run, generated)
         run.steps, run.elapsed = 0, 0.0
+
+    def _drafts_by_kind(self, run: _Run, drafts: int) -> list[tuple[int, tuple[float, ...]]]:
+        """The run's drafts split among its kinds of request by the slots each holds (a multinomial draw)."""
+        if len(run.kinds) == 1:
+            return [(drafts, run.kinds[0][1])]
+        split: list[tuple[int, tuple[float, ...]]] = []
+        remaining, remaining_share = drafts, 1.0
+        for (_, acceptance), share in zip(run.kinds, batch_shares(run.kinds, run.k), strict=True):
+            count = binomial(self._rng, remaining, min(1.0, share / remaining_share)) if remaining_share > 0 else 0
+            split.append((count, acceptance))
+            remaining, remaining_share = remaining - count, remaining_share - share
+        return split
 
     def _finish_requests(self, run: _Run, generated: int) -> None:
         # Requests are symmetric, so finishes are counted from the pooled output: every output_tokens

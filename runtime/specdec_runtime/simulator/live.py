@@ -6,7 +6,8 @@ takes one engine step per round: the step's length is the profile's step time at
 the accepted draft prefix plus one token. Its first step is the prefill that emits its first token. The engine
 counts each step as it ends, as vLLM counts per iteration: tokens, the draft and its accepted tokens per position,
 one inter-token latency (the prefill: prompt tokens and time to first token). When the request finishes it counts
-its time per output token, its end-to-end latency, and success or finished_reason="error".
+its time per output token, its end-to-end latency, and success or finished_reason="error". Where the profile has
+kinds of request, a request draws its kind once and accepts as that kind at every step.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from specdec_runtime.simulator.engine import JITTER, LiveOutcome, LiveStep
+from specdec_runtime.simulator.profile import RequestKinds
 from specdec_runtime.simulator.sampling import rate_at
 from specdec_runtime.simulator.virtual import VirtualReplica
 
@@ -75,6 +77,7 @@ async def generate(
     replica = batch.replica
     held = prompt_tokens + max_tokens // 2
     arrived = clock()
+    kind_draw: float | None = None  # where this request falls among a profile's kinds of request, drawn once
     await batch.admit(held)
     emitted = 0
     first_token_at = last_token_at = 0.0
@@ -85,7 +88,10 @@ async def generate(
             batch.tick()
             k = engine.speculation.k_for_batch(engine.batch) if engine.speculation else 0
             segment, _ = replica.profile.segment_at(replica.now)
-            acceptance = replica.profile.acceptance_for(segment)
+            kinds = replica.profile.kinds_for(segment)
+            if len(kinds) > 1 and kind_draw is None:
+                kind_draw = rng.random()
+            acceptance = _kind_of(kinds, kind_draw)
             step_s = replica.profile.step_seconds(engine.batch, k) * (1 + JITTER * (2 * rng.random() - 1))
             await pause(step_s)
             now = clock()
@@ -112,3 +118,13 @@ async def generate(
                 decode_seconds=last_token_at - first_token_at, generated_tokens=emitted,
                 latency_seconds=last_token_at - arrived, errored=errored,
             ))
+
+
+def _kind_of(kinds: RequestKinds, draw: float | None) -> list[float]:
+    """The acceptance of the kind a request's draw falls in, by the kinds' shares of requests."""
+    if draw is not None:
+        for share, acceptance in kinds:
+            draw -= share
+            if draw < 0:
+                return list(acceptance)
+    return list(kinds[-1][1])

@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+# The requests a segment serves: (share of the requests that arrive, conditional acceptance per draft position)
+# per kind of request, shares summing to 1. One kind when every request accepts alike.
+RequestKinds = tuple[tuple[float, tuple[float, ...]], ...]
 
 
 # The profiles shipped with the package; the launcher and the fleet driver resolve names here.
@@ -56,6 +59,17 @@ class LoadSegment(BaseModel):
     acceptance: list[Probability] | None = Field(default=None, min_length=1)
 
 
+class RequestKind(BaseModel):
+    """Requests of one kind (code completion, open chat): `share` of the arriving requests, each accepting draft
+    tokens with `acceptance`. Real traffic mixes kinds whose acceptance differs a lot, and a mean over drafts
+    then depends on K: the kinds that accept little take more steps per token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    share: float = Field(gt=0)
+    acceptance: list[Probability] = Field(min_length=1)
+
+
 class RequestShape(BaseModel):
     """Sizes of the synthetic requests, so token, request and KV-cache metrics move like vLLM's."""
 
@@ -88,13 +102,20 @@ class Faults(BaseModel):
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    acceptance: list[Probability] = Field(min_length=1)
+    acceptance: list[Probability] | None = Field(default=None, min_length=1)
+    request_kinds: list[RequestKind] | None = Field(default=None, min_length=2)
     step_time: StepTime
     load: list[LoadSegment] = Field(min_length=1)
     restart_s: float = Field(default=120.0, ge=0)
     replicas: int = Field(default=1, ge=1)
     requests: RequestShape = Field(default_factory=RequestShape)
     faults: Faults = Field(default_factory=Faults)
+
+    @model_validator(mode="after")
+    def _one_acceptance(self) -> Profile:
+        if (self.acceptance is None) == (self.request_kinds is None):
+            raise ValueError("set exactly one of acceptance (every request alike) and request_kinds")
+        return self
 
     def step_seconds(self, batch: int, k: int) -> float:
         """Mean duration of one engine step, with the slowdown fault applied."""
@@ -117,8 +138,15 @@ class Profile(BaseModel):
         # Floating-point rounding can leave offset == cycle: that instant belongs to the next cycle's start.
         return self.load[0], cycle_start + cycle + self.load[0].duration_s
 
-    def acceptance_for(self, segment: LoadSegment) -> list[float]:
-        return segment.acceptance if segment.acceptance is not None else self.acceptance
+    def kinds_for(self, segment: LoadSegment) -> RequestKinds:
+        """The kinds of request the segment serves; a segment's own `acceptance` makes every request alike."""
+        if segment.acceptance is not None:
+            return ((1.0, tuple(segment.acceptance)),)
+        if self.acceptance is not None:
+            return ((1.0, tuple(self.acceptance)),)
+        kinds = self.request_kinds or []
+        total = sum(kind.share for kind in kinds)
+        return tuple((kind.share / total, tuple(kind.acceptance)) for kind in kinds)
 
 
 def load_profile(path: Path | str) -> Profile:

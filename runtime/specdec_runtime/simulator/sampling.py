@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 
 # Below this mean the waiting-time method is cheap (expected n*p iterations); above it BTRS's rejection
 # sampler, whose acceptance region is only valid for n*p >= 10, takes over.
@@ -70,12 +71,12 @@ def _binomial_btrs(rng: random.Random, n: int, p: float) -> int:
             return k
 
 
-def rate_at(acceptance: list[float], position: int) -> float:
+def rate_at(acceptance: Sequence[float], position: int) -> float:
     """Conditional acceptance at a draft position; positions past the list reuse the last value."""
     return acceptance[min(position, len(acceptance) - 1)]
 
 
-def accepted_per_position(rng: random.Random, drafts: int, acceptance: list[float], k: int) -> list[int]:
+def accepted_per_position(rng: random.Random, drafts: int, acceptance: Sequence[float], k: int) -> list[int]:
     """How many of `drafts` drafts of length k accepted at least i+1 tokens, for i in 0..k-1.
 
     `acceptance[i]` is the conditional acceptance at position i; positions past the list reuse the last.

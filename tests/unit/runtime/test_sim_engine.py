@@ -11,6 +11,7 @@ from specdec_runtime.simulator.engine import (
     Engine,
     Speculation,
     analytic_tokens_per_second,
+    batch_shares,
     expected_accepted_length,
 )
 from specdec_runtime.simulator.sampling import binomial
@@ -147,3 +148,31 @@ def test_batch_size_table_is_capped_by_k_and_can_turn_drafting_off() -> None:
 def test_batch_size_table_rejects_what_vllm_rejects(table: tuple[tuple[int, int, int], ...]) -> None:
     with pytest.raises(ValueError):
         Speculation(3, table)
+
+
+CODE, CHAT = [0.9], [0.55, 0.42, 0.35, 0.31, 0.28, 0.26]
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_kinds_of_request_hold_batch_slots_by_the_steps_their_requests_take(k: int) -> None:
+    # Half the requests are code and half chat: at K a kind holds slots in proportion to 1 / E_kind(K), so the
+    # drafts are mostly chat's, and more so at a higher K.
+    kinds = ((0.5, tuple(CODE)), (0.5, tuple(CHAT)))
+    profile = make_profile(concurrency=8, acceptance=None,
+                           request_kinds=[{"share": 0.5, "acceptance": CODE}, {"share": 0.5, "acceptance": CHAT}])
+    assert profile.kinds_for(profile.load[0]) == kinds
+    engine = Engine(profile, Speculation(k), random.Random(k), start=0.0)
+    engine.run_until(40_000 / 8 * profile.step_time.seconds(8, k))
+    counters = engine.counters
+    code_share, chat_share = batch_shares(kinds, k)
+    assert code_share == pytest.approx(0.5 / expected_accepted_length(CODE, k) / (
+        0.5 / expected_accepted_length(CODE, k) + 0.5 / expected_accepted_length(CHAT, k)))
+    for position in range(k):
+        chain = [expected_accepted_length(kind, position + 1) - expected_accepted_length(kind, position)
+                 for kind in (CODE, CHAT)]
+        expected = code_share * chain[0] + chat_share * chain[1]
+        assert counters.accepted_per_position[position] / counters.drafts == pytest.approx(expected, rel=0.03)
+    # Tokens per step are the mean over slots, E_eff(K), not the chain of another K's rates.
+    per_step = counters.generation_tokens / counters.drafts
+    assert per_step == pytest.approx(code_share * expected_accepted_length(CODE, k)
+                                     + chat_share * expected_accepted_length(CHAT, k), rel=0.02)

@@ -157,3 +157,23 @@ async def test_a_request_in_flight_is_counted_step_by_step_as_vllm_counts_iterat
         assert after["vllm:e2e_request_latency_seconds_count"] == 1
     finally:
         await client.close()
+
+
+async def test_a_live_request_keeps_its_kind_of_request_for_every_step() -> None:
+    # One kind accepts every draft token, the other none: a request of the first takes 10 drafts of K 3 for its
+    # 40 tokens after the first, one of the second 40. Kinds drawn per step would mix both within a request.
+    client = await _client(step_time={"base_s": 0.01, "per_token_s": 0.0}, acceptance=None,
+                           request_kinds=[{"share": 0.5, "acceptance": [1.0]}, {"share": 0.5, "acceptance": [0.0]}])
+    try:
+        body = {"model": "target", "prompt": "x", "max_tokens": 41}
+        responses = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(12)))
+        assert [r.status for r in responses] == [200] * 12
+        after = await _metrics(client)
+        drafts = after["vllm:spec_decode_num_drafts_total"]
+        full = [after[f"vllm:spec_decode_num_accepted_tokens_per_pos_total[('position', '{p}')]"] for p in range(3)]
+        assert full[0] == full[1] == full[2], "a draft is accepted whole or not at all"
+        accepting, rest = divmod(full[0], 10)
+        assert rest == 0 and 0 < accepting < 12, "both kinds served, each request whole"
+        assert drafts == 10 * accepting + 40 * (12 - accepting)
+    finally:
+        await client.close()
