@@ -38,6 +38,7 @@ from specdec_operator.canary.histogram import (
     quantile_of,
     rebin,
 )
+from specdec_operator.tuner.composition import FITTED_POSITIONS, acceptance_mix, rates_at
 
 Outcome = Literal["Pass", "Fail", "Inconclusive"]
 
@@ -1069,40 +1070,6 @@ def tpot_comparison(canary: WindowStats, stable: WindowStats, quantile: float, l
     return Comparison(label, c, s, limit, False, " ms", 1, p_value, beyond_z=beyond)
 
 
-def _acceptance_mix(rates: Sequence[float]) -> tuple[tuple[float, float], ...]:
-    """(acceptance, share of drafts) of the simplest mix of requests that gives a side's per-position rates,
-    each request accepting every draft token with its own probability a, so that rates[i] is the drafts'
-    mean of a^(i+1). From three rates, two kinds of request (the two-node Gauss quadrature whose moments
-    they are); from two, or where three fit no such mix, two kinds equally common at the mean plus and minus
-    the spread; one kind where the rates show no spread between requests (acceptance that falls with depth
-    within every request looks like that, and rightly gets no correction)."""
-    # A draft accepted at a position was accepted at every one before: rates that rise are noise, not a mix.
-    rates = [rate for index, rate in enumerate(rates) if all(rate <= earlier for earlier in rates[:index])]
-    mean = rates[0]
-    spread = rates[1] - mean * mean if len(rates) >= 2 else 0.0
-    if mean <= 0 or spread <= 1e-9:
-        return ((mean, 1.0),)
-    if len(rates) >= 3:
-        second, third = rates[1], rates[2]
-        # The nodes are the roots of x^2 + slope x + offset, orthogonal to 1 and x under the rates.
-        offset = (mean * third - second * second) / spread
-        slope = (mean * second - third) / spread
-        discriminant = slope * slope - 4 * offset
-        if discriminant > 0:
-            low = (-slope - math.sqrt(discriminant)) / 2
-            high = (-slope + math.sqrt(discriminant)) / 2
-            if 0.0 <= low < high <= 1.0:
-                share_high = (mean - low) / (high - low)
-                return ((low, 1.0 - share_high), (high, share_high))
-    deviation = math.sqrt(spread)
-    return ((max(mean - deviation, 0.0), 0.5), (min(mean + deviation, 1.0), 0.5))
-
-
-def _geometric_length(acceptance: float, k: int) -> float:
-    """Tokens one draft step yields at K for a request accepting each draft token with this probability."""
-    return 1.0 + sum(acceptance ** (i + 1) for i in range(k))
-
-
 def composition_factors(canary: WindowStats, stable: WindowStats) -> tuple[float, ...]:
     """Per position both sides draft: the canary's acceptance over the stable's that the SAME requests give at
     the two Ks (1 at equal K). A rate per position is a mean over drafts, and a request takes one draft per
@@ -1110,26 +1077,20 @@ def composition_factors(canary: WindowStats, stable: WindowStats) -> tuple[float
     the drafts of well-accepted requests fall more than those of the others, so the same requests show a
     lower rate at every position, by as much as their acceptance differs: 4% at position 3 for K 3 -> 4 on
     requests spread as Beta(3.7, 2.3), 12% on half code at 0.95 and half chat at 0.3, 27% for K 3 -> 6 there
-    (Simpson's paradox). Read from the side drafting more positions (`_acceptance_mix`), which shows more of
+    (Simpson's paradox, tuner/composition.py). Read from the side drafting more positions, which shows more of
     how requests differ."""
     shared = min(canary.k, stable.k)
     if canary.k == stable.k or shared <= 0:
         return (1.0,) * max(shared, 0)
     reference = canary if canary.k > stable.k else stable
-    measured = [reference.position_acceptance(position) for position in range(min(reference.k, 3))]
+    measured = [reference.position_acceptance(position) for position in range(min(reference.k, FITTED_POSITIONS))]
     rates = [rate for rate in measured if rate is not None]
     if len(rates) < len(measured):
         return (1.0,) * shared
-    mix = _acceptance_mix(rates)
-
-    def rates_at(k: int) -> list[float]:
-        # A request's drafts per token are 1 / its accepted length: re-weight the reference's drafts to K.
-        weights = [share * _geometric_length(a, reference.k) / _geometric_length(a, k) for a, share in mix]
-        total = sum(weights)
-        return [sum(w * a ** (position + 1) for w, (a, _) in zip(weights, mix, strict=True)) / total
-                for position in range(shared)]
-
-    return tuple(c / s if s > 0 else 1.0 for c, s in zip(rates_at(canary.k), rates_at(stable.k), strict=True))
+    mix = acceptance_mix(rates)
+    canary_rates = rates_at(mix, reference.k, canary.k, shared)
+    stable_rates = rates_at(mix, reference.k, stable.k, shared)
+    return tuple(c / s if s > 0 else 1.0 for c, s in zip(canary_rates, stable_rates, strict=True))
 
 
 def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysis) -> list[Comparison | str]:

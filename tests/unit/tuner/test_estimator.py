@@ -98,3 +98,62 @@ def test_faded_deep_positions_are_extrapolated_from_fresh_shallow_ones() -> None
 def test_position_rates_are_shares_of_drafts() -> None:
     assert position_rates(chain_delta([0.5], 2, 1000)) == pytest.approx([0.5, 0.25])
     assert position_rates(WindowDelta()) == []
+
+
+def _mixed(kinds: list[tuple[float, list[float]]], k: int, drafts: float = 100_000.0) -> WindowDelta:
+    """The counters of requests of several kinds at K, (share of requests, conditional acceptance) each: a kind
+    holds drafts in proportion to its share times the steps its requests take, 1 / E_kind(K) per token."""
+    weights = [share / analytic_length(acceptance, k) for share, acceptance in kinds]
+    parts = [chain_delta(acceptance, k, drafts * weight / sum(weights)) for (_, acceptance), weight in
+             zip(kinds, weights, strict=True)]
+    return WindowDelta(
+        drafts=drafts, draft_tokens=drafts * k, accepted=sum(part.accepted for part in parts),
+        accepted_per_position=tuple(sum(part.accepted_per_position[i] for part in parts) for i in range(k)),
+        generation_tokens=sum(part.generation_tokens for part in parts), pod_seconds=60.0,
+        itl_sum=sum(part.itl_sum for part in parts), itl_count=sum(part.itl_count for part in parts))
+
+
+def _tokens_per_step(kinds: list[tuple[float, list[float]]], k: int) -> float:
+    """What the same requests yield per step at K: a kind's drafts re-weighted to K."""
+    weights = [share / analytic_length(acceptance, k) for share, acceptance in kinds]
+    return sum(w * analytic_length(a, k) for w, (_, a) in zip(weights, kinds, strict=True)) / sum(weights)
+
+
+CODE_AND_CHAT = [(0.5, [0.9]), (0.5, [0.35])]
+
+
+@pytest.mark.parametrize("k_prime", [1, 2, 3, 4, 7])
+def test_a_mix_of_requests_is_re_weighted_to_the_k_it_would_run(k_prime: int) -> None:
+    # Read at K 5, the chain of the rates puts E(1) 6% low and E(7) 5% high: chat requests hold most drafts at
+    # K 5, and fewer at a lower K. The tuner would keep too high a K.
+    read = _mixed(CODE_AND_CHAT, 5)
+    truth = _tokens_per_step(CODE_AND_CHAT, k_prime)
+    chain = 1 + sum(position_rates(read)[:k_prime]) if k_prime <= 5 else None
+    if chain is not None:
+        assert abs(chain / truth - 1) > 0.02, "the chain alone is off: the correction is what this test checks"
+    length = estimate_acceptance({5: read}, "eagle3").expected_length(k_prime)
+    assert length is not None
+    assert length.mean == pytest.approx(truth, rel=0.01)
+    assert length.low <= truth <= length.high
+
+
+def test_acceptance_that_falls_within_every_request_gets_no_correction() -> None:
+    estimate = estimate_acceptance({4: chain_delta(ACCEPTANCE, 4)}, "eagle3")
+    assert len(estimate.mix) == 1
+    length = estimate.expected_length(2)
+    assert length is not None
+    assert length.mean == analytic_length(ACCEPTANCE, 2)
+
+
+@pytest.mark.parametrize("chat", [[0.55, 0.42, 0.35, 0.31, 0.28, 0.26], [0.45, 0.40, 0.37, 0.35, 0.33]])
+def test_a_mix_masked_by_falling_acceptance_is_corrected_too_little_never_too_much(chat: list[float]) -> None:
+    # Each chat request's acceptance also falls with depth: from one K's rates that is indistinguishable from a
+    # narrower mix, so what the estimator re-weights is a lower bound of the effect, on the right side.
+    kinds = [(0.5, [0.94, 0.93, 0.92, 0.91, 0.90]), (0.5, chat)]
+    read = _mixed(kinds, 5)
+    estimate = estimate_acceptance({5: read}, "eagle3")
+    for k_prime in (1, 2, 3):
+        chain = 1 + sum(position_rates(read)[:k_prime])
+        length = estimate.expected_length(k_prime)
+        assert length is not None
+        assert chain <= length.mean <= _tokens_per_step(kinds, k_prime) * (1 + 1e-9)
