@@ -15,6 +15,7 @@ The model never sees a simulator profile: only scraped numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # (B*(K+1) tokens at which verification compute equals the fixed step cost). Roughly peak dense
@@ -194,23 +195,31 @@ class StepCostModel:
 
     def predict(self, batch: float, ks: range) -> dict[int, StepPrediction]:
         """Step time at `batch` for every K in `ks`, each with its doubt from the priors' sensitivity."""
+        return self.predict_at([batch], ks)[0]
+
+    def predict_at(self, batches: Sequence[float], ks: range) -> list[dict[int, StepPrediction]]:
+        """`predict` at several batch sizes from one fit (the fits, not the evaluations, are what cost)."""
         central = self.fit()
         shifted: list[tuple[StepCoefficients, StepCoefficients]] = []
         for index in range(3):
             up, down = [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]
             up[index], down[index] = self.prior_factors[index], 1 / self.prior_factors[index]
             shifted.append((self.fit((up[0], up[1], up[2])), self.fit((down[0], down[1], down[2]))))
-        predictions = {}
-        for k in ks:
-            seconds = central.seconds(batch, k)
-            if seconds <= 0:
-                continue
-            variance = 0.0
-            for up_fit, down_fit in shifted:
-                swing = max(abs(up_fit.seconds(batch, k) / seconds - 1), abs(down_fit.seconds(batch, k) / seconds - 1))
-                variance += (swing / 2) ** 2  # the trusted factor is two standard deviations
-            predictions[k] = StepPrediction(seconds, math.hypot(MIN_RELATIVE_SD, math.sqrt(variance)))
-        return predictions
+        every: list[dict[int, StepPrediction]] = []
+        for batch in batches:
+            predictions = {}
+            for k in ks:
+                seconds = central.seconds(batch, k)
+                if seconds <= 0:
+                    continue
+                variance = 0.0
+                for up_fit, down_fit in shifted:
+                    swing = max(abs(up_fit.seconds(batch, k) / seconds - 1),
+                                abs(down_fit.seconds(batch, k) / seconds - 1))
+                    variance += (swing / 2) ** 2  # the trusted factor is two standard deviations
+                predictions[k] = StepPrediction(seconds, math.hypot(MIN_RELATIVE_SD, math.sqrt(variance)))
+            every.append(predictions)
+        return every
 
     def _forget_until(self, at: float) -> None:
         if self._at is not None and at > self._at:

@@ -12,6 +12,11 @@ restarts every pod of the pool, and an in-place rollout serves without some of t
 That lost capacity, as a fraction of what the pool serves until its next K change, is added to minGain: a
 change must pay for its restart before it pays at all.
 
+A K must serve the load the pool sees while it holds, not only the load of the last interval: each K's tokens/s is
+its mean over the pool's recent load levels (`LoadLevel`, the batch of each past interval, the recent weighing
+more), so a load that flips faster than a K change pays back is served by the K that is best over the flips
+instead of being chased (each chase restarts the pool's pods). A steady load is one level: the current batch.
+
 A K whose canary was rolled back on the pool's current revision (status.speculation.rejectedKs) is not
 proposed again until the evidence says otherwise: the tuner, from acceptance and step times measured since,
 predicts for it a gain at least REJECTED_MARGIN above the gain it predicted when the canary failed, with
@@ -56,6 +61,16 @@ Action = Literal["Hold", "Change", "Explore"]
 
 
 @dataclass(frozen=True)
+class LoadLevel:
+    """A batch size the pool ran at recently, weighted by how long and how recently (tuner/engine.py), with the
+    predicted step time of every K in range at it."""
+
+    batch: float
+    weight: float
+    steps: Mapping[int, StepPrediction]
+
+
+@dataclass(frozen=True)
 class PoolEvidence:
     """Everything the policy knows about one pool."""
 
@@ -78,6 +93,8 @@ class PoolEvidence:
     # Replicas a rollout of this pool takes out of service at once: maxUnavailable of an in-place rollout, 0 for a
     # surge rollout (new pods start beside the serving ones).
     out_at_once: int = 1
+    # The recent load a K must serve, the current batch among it; empty: the current batch alone (`steps`).
+    loads: tuple[LoadLevel, ...] = ()
 
     def allowed_ks(self, speculation: Speculation) -> tuple[int, ...]:
         if self.legal_ks is not None:
@@ -90,8 +107,8 @@ class Candidate:
     k: int
     expected_length: Interval
     step: StepPrediction
-    tokens_per_s: float  # per pod
-    tpot_s: float
+    tokens_per_s: float  # per pod, over the recent load levels
+    tpot_s: float  # at the current batch
     log_sd: float  # sd of log(objective), from acceptance and step-time doubt
 
 
@@ -339,11 +356,25 @@ def _candidates(pool: PoolEvidence, speculation: Speculation) -> tuple[Candidate
         length, step = pool.acceptance.expected_length(k), pool.steps.get(k)
         if length is None or step is None or step.seconds <= 0:
             continue
+        tokens_per_s = _tokens_over_loads(pool, k, length.mean)
+        if tokens_per_s is None:
+            tokens_per_s = pool.batch * length.mean / step.seconds
         log_sd = math.hypot(length.sd / length.mean, step.relative_sd)
-        found.append(
-            Candidate(k, length, step, pool.batch * length.mean / step.seconds, step.seconds / length.mean, log_sd)
-        )
+        found.append(Candidate(k, length, step, tokens_per_s, step.seconds / length.mean, log_sd))
     return tuple(found)
+
+
+def _tokens_over_loads(pool: PoolEvidence, k: int, length: float) -> float | None:
+    """Tokens/s per pod at K, the weighted mean over the pool's recent load levels; None without levels (or
+    without a step time at one of them)."""
+    total = weights = 0.0
+    for level in pool.loads:
+        step = level.steps.get(k)
+        if step is None or step.seconds <= 0:
+            return None
+        total += level.weight * level.batch * length / step.seconds
+        weights += level.weight
+    return total / weights if weights > 0 else None
 
 
 def _score(candidate: Candidate, objective: str, tpot_target_ms: float | None) -> tuple[bool, float]:
@@ -395,8 +426,9 @@ def _confidence(gain: float, current: Candidate, other: Candidate) -> float:
 def _describe(candidate: Candidate, pool: PoolEvidence) -> str:
     e = candidate.expected_length
     extrapolated = " extrapolated" if candidate.k > pool.acceptance.observed_k and candidate.k else ""
+    over = f" over {len(pool.loads)} recent loads" if len(pool.loads) > 1 else ""
     return (
         f"K={candidate.k} E={e.mean:.2f}[{e.low:.2f},{e.high:.2f}]{extrapolated} "
         f"step={candidate.step.seconds * 1000:.1f}ms B={pool.batch:.1f} "
-        f"{candidate.tokens_per_s:.0f}tok/s/pod TPOT={candidate.tpot_s * 1000:.1f}ms"
+        f"{candidate.tokens_per_s:.0f}tok/s/pod{over} TPOT={candidate.tpot_s * 1000:.1f}ms"
     )

@@ -7,14 +7,22 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec_operator.api.spec import Autotune, Speculation
 from specdec_operator.api.status import SpeculationStatus, TuningDecision
 from specdec_operator.bench.closedloop import BenchOptions, run_tuner, settings_for
-from specdec_operator.tuner.engine import PoolContext, TunerReport, TunerState
+from specdec_operator.tuner.engine import (
+    LOAD_MEMORY_S,
+    PoolContext,
+    TunerReport,
+    TunerState,
+    _expected_load_duration,
+)
 from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, parse_metrics
+from specdec_runtime.simulator.engine import analytic_tokens_per_second
 from specdec_runtime.simulator.profile import load_profile
 from specdec_runtime.simulator.virtual import VirtualReplica
 from tests.unit.tuner.factories import target
@@ -373,3 +381,66 @@ def test_scrape_stamps_that_lag_the_counters_do_not_bend_the_step_cost_model(see
                 break
     assert decision is not None and decision.to_k == 2, decision
     assert 0.15 < decision.predicted_gain < 0.35, decision
+
+
+def _level_profile(tmp_path: Path, segments: list[tuple[float, int]]) -> Path:
+    path = tmp_path / "levels.yaml"
+    path.write_text(yaml.safe_dump({
+        "acceptance": FLIP_ACCEPTANCE,
+        "step_time": {"base_s": 0.022, "per_token_s": 0.00012, "draft_base_s": 0.0022, "draft_per_token_s": 0.00002},
+        "load": [{"duration_s": seconds, "concurrency": concurrency} for seconds, concurrency in segments],
+        "restart_s": 120, "replicas": 4,
+    }))
+    return path
+
+
+FLIP_ACCEPTANCE = [0.80, 0.74, 0.70, 0.66, 0.63]
+
+
+def _best_k(profile_path: Path, segments: list[tuple[float, int]]) -> int:
+    """The K that serves the most tokens over the segments, from the simulator's own analytic model."""
+    profile = load_profile(profile_path)
+    return max(range(11), key=lambda k: sum(seconds * analytic_tokens_per_second(profile, FLIP_ACCEPTANCE, b, k)
+                                            for seconds, b in segments))
+
+
+@pytest.mark.parametrize("period", [300.0, 900.0, 1800.0])
+def test_a_load_that_flips_faster_than_a_k_change_pays_back_is_served_not_chased(tmp_path: Path, period: float) -> None:
+    # Each chase of the load between 4 and 96 running sequences restarts every pod; the K best over both serves
+    # more. Before the forecast the tuner went 2 -> 4 -> 2 ... 11 to 35 times in 6 h, at 0.75-0.92 of the best K.
+    segments = [(period, 4), (period, 96)]
+    path = _level_profile(tmp_path, segments)
+    run = run_tuner(load_profile(path), BenchOptions(duration_s=6 * 3600))
+    assert len(run.changes) <= 2, [(c.at, c.to_k) for c in run.changes]
+    assert run.final_k == _best_k(path, segments)
+
+
+def test_a_load_whose_levels_last_hours_is_followed_level_by_level(tmp_path: Path) -> None:
+    # Two quiet hours, one busy hour, again: each level lasts long enough for a K change to pay, and the tuner
+    # follows every one once it has seen one level end (and the first before it has seen any end).
+    segments = [(7200.0, 2), (3600.0, 128)]
+    path = _level_profile(tmp_path, segments)
+    run = run_tuner(load_profile(path), BenchOptions(duration_s=6 * 3600))
+    profile = load_profile(path)
+
+    def share_of_best(k: int, batch: int) -> float:
+        tokens = [analytic_tokens_per_second(profile, FLIP_ACCEPTANCE, batch, kk) for kk in range(11)]
+        return tokens[k] / max(tokens)
+
+    def k_at(t: float) -> int:
+        return next((c.to_k for c in reversed(run.changes) if c.at <= t), run.initial_k)
+
+    assert _best_k(path, [(1.0, 2)]) != _best_k(path, [(1.0, 128)])
+    # The K in force as each level ends serves it within 3% of its own best K (K 2 serves the quiet level at 92%
+    # of its best, K 5 the busy one at 75%).
+    ends = [(7190.0, 2), (10790.0, 128), (17990.0, 2), (21590.0, 128)]
+    assert [round(share_of_best(k_at(t), batch), 2) >= 0.97 for t, batch in ends] == [True] * 4, run.changes
+
+
+def test_the_expected_duration_of_a_load_level_is_what_its_runs_lasted() -> None:
+    steady = [(t, 40.0 + (t % 3), 60.0) for t in range(0, 3600, 60)]  # noise within one level
+    assert _expected_load_duration(steady, 3600.0) == LOAD_MEMORY_S
+    flips = [(float(t), 4.0 if (t // 600) % 2 == 0 else 96.0, 60.0) for t in range(0, 7200, 60)]
+    assert _expected_load_duration(flips, 7200.0) == 600.0
+    settled = [*flips, *((float(t), 4.0, 60.0) for t in range(7200, 7200 + 3600, 60))]
+    assert _expected_load_duration(settled, 10_800.0) == 10_800.0 - 7200.0  # longer than its runs: as long again

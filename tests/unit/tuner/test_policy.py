@@ -9,7 +9,7 @@ import pytest
 from specdec_operator.api.spec import Autotune, Speculation
 from specdec_operator.tuner.costmodel import StepCoefficients, StepPrediction
 from specdec_operator.tuner.estimator import estimate_acceptance
-from specdec_operator.tuner.policy import PoolEvidence, decide
+from specdec_operator.tuner.policy import LoadLevel, PoolEvidence, decide
 from tests.unit.tuner.factories import chain_delta
 
 STEP = StepCoefficients(base_s=0.022, per_token_s=0.00012, draft_base_s=0.0022, draft_per_token_s=0.00002)
@@ -133,3 +133,15 @@ def test_recommended_k_is_reported_even_while_holding() -> None:
     outcome = decide([evidence(samples=10)], speculation(), now=NOW, last_change_at=None)
     assert outcome.assessments[0].recommended_k == 2
     assert outcome.decision is None
+
+
+def test_a_k_is_scored_over_the_recent_load_levels_not_only_the_current_batch() -> None:
+    # Now the pool runs 4 sequences, where a deep K pays; over the forecast it runs 96 most of the time, where
+    # K 2 serves most tokens. The K best over the levels is chosen, and the reason says it was scored over them.
+    levels = tuple(LoadLevel(batch, weight, {kk: StepPrediction(STEP.seconds(batch, kk), 0.01) for kk in range(17)})
+                   for batch, weight in ((4.0, 600.0), (96.0, 3000.0)))
+    alone = decided(evidence(k=5, batch=4.0, acceptance=[0.8, 0.74, 0.70, 0.66, 0.63]))
+    over = decided(evidence(k=5, batch=4.0, acceptance=[0.8, 0.74, 0.70, 0.66, 0.63], loads=levels))
+    assert alone.to_k >= 5
+    assert (over.action, over.to_k) == ("Change", 2)
+    assert "over 2 recent loads" in over.reason
