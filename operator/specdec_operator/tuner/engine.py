@@ -23,6 +23,7 @@ from specdec_operator.decisions.legal_k import legal_ks
 from specdec_operator.timestamps import stamp_seconds
 from specdec_operator.tuner.costmodel import StepCostModel
 from specdec_operator.tuner.estimator import EVIDENCE_FLOOR, estimate_acceptance, position_rates
+from specdec_operator.tuner.loadforecast import LOAD_LOOKBACK_S, LoadHistory
 from specdec_operator.tuner.policy import LoadLevel, PoolEvidence, RestartCost, decide
 from specdec_operator.tuner.samples import ScrapeResult
 from specdec_operator.tuner.window import CounterWindows, Exclusion, WindowDelta, WindowReport
@@ -31,18 +32,6 @@ from specdec_operator.tuner.window import CounterWindows, Exclusion, WindowDelta
 ACCEPTANCE_HALF_LIFE_S = 180.0
 # Step costs depend on hardware and batch size only, so they are remembered much longer.
 COST_HALF_LIFE_S = 7200.0
-# The load a new K will serve over LOAD_LOOKBACK_S (the shortest horizon a K change's restart is spread over,
-# tuner/policy.py), forecast from the pool's past load: the current load is expected to last as long as its loads
-# have lasted (the median run of one load level over LOAD_MEMORY_S, or how long this one has lasted if longer), and
-# the rest of the time to be what the last LOAD_LOOKBACK_S held. A load that flips every few minutes is then served
-# by the K best over its levels rather than chased (each chase restarts the pool's pods); one whose levels last
-# hours is served at its current level, as is any load before it has been seen to change.
-LOAD_LOOKBACK_S = 3600.0
-LOAD_MEMORY_S = 6 * 3600.0
-# Intervals whose batch is within this ratio of a run's first continue that run (one load level).
-SAME_LOAD_RATIO = 1.5
-# Batches within this ratio are one load level in the forecast (bounds the step predictions a decision needs).
-LOAD_LEVEL_RATIO = 1.05
 # Why a pool's decision window started afresh (specdec_tuner_window_restarts_total): its size changed, its K
 # changed, its drafter changed, or its pods began to roll (the window stays closed until they are all up).
 RESTART_CAUSES = ("resize", "k_change", "drafter", "rollout")
@@ -111,8 +100,7 @@ class _PoolHistory:
     # increases begin
     held: bool = False  # its pods were rolling at the last look: the window stays closed
     restarts: Counter[str] = field(default_factory=Counter)  # window restarts by cause, not yet reported
-    # (when, mean batch per pod, pod-seconds) of each evaluation interval at the pool's current size: its load
-    loads: list[tuple[float, float, float]] = field(default_factory=list)
+    load: LoadHistory = field(default_factory=LoadHistory)  # at the pool's current size (tuner/loadforecast.py)
 
 
 class TunerState:
@@ -283,9 +271,11 @@ class TunerState:
         if history is None or history.drafter != drafter:
             # A different drafter accepts differently and costs differently: start over.
             cost = StepCostModel(pool.gfx_target, pool.drafter_method, half_life_s=self._cost_half_life_s)
-            fresh = _PoolHistory(drafter, cost, k=pool.effective_k, replicas=pool.replicas, window_started=at)
+            fresh = _PoolHistory(drafter, cost, k=pool.effective_k, replicas=pool.replicas, window_started=at,
+                                 load=LoadHistory(self._load_lookback_s))
             if history is not None:
                 fresh.restarts = history.restarts
+                fresh.load = history.load  # the load does not depend on the drafter
                 fresh.restarts["drafter"] += 1
             history = self._pools[pool.name] = fresh
         if history.k != pool.effective_k:
@@ -297,7 +287,7 @@ class TunerState:
             # A resize moves the batch each pod runs, and with it the best K: the window starts afresh at the new
             # size, so no decision rests on samples that straddle the resize.
             history.replicas = pool.replicas
-            history.loads = []  # each pod's share of the load moved with the size
+            history.load = LoadHistory(self._load_lookback_s)  # each pod's share of the load moved with the size
             _restart(history, "resize", at)
         if pool.rolling:
             # Pods still starting or being replaced: what is counted now is not the settled pool's load. The
@@ -331,7 +321,8 @@ class TunerState:
         k_range = range(speculation.min_k, speculation.max_k + 1)
         levels: tuple[tuple[float, float], ...] = ()
         if batch is not None and recent is not None:
-            levels = self._load_levels(history, now, batch, recent.pod_seconds)
+            history.load.record(now, batch, recent.pod_seconds)
+            levels = history.load.forecast(now, batch)
         predicted = history.cost.predict_at([batch, *(level for level, _ in levels)], k_range) if batch else [{}]
         steps = predicted[0]
         loads = tuple(LoadLevel(level, weight, at_level)
@@ -355,31 +346,6 @@ class TunerState:
             loads=loads,
         )
 
-    def _load_levels(
-        self, history: _PoolHistory, now: float, batch: float, pod_seconds: float
-    ) -> tuple[tuple[float, float], ...]:
-        """Record the interval's load, then forecast the load a K would serve as (batch, weight) levels: the current
-        batch for as long as it is expected to last (at most the lookback), the lookback's load for the rest."""
-        if not history.loads or now > history.loads[-1][0]:
-            history.loads.append((now, batch, max(pod_seconds, 0.0)))
-        history.loads = [load for load in history.loads if now - load[0] <= LOAD_MEMORY_S and load[1] > 0]
-        lookback = self._load_lookback_s
-        expected = min(_expected_load_duration(history.loads, now), lookback)
-        recent = [load for load in history.loads if now - load[0] <= lookback]
-        binned: dict[int, tuple[float, float]] = {}
-
-        def add(level: float, weight: float) -> None:
-            key = round(math.log(level) / math.log(LOAD_LEVEL_RATIO))
-            total, weighted = binned.get(key, (0.0, 0.0))
-            binned[key] = (total + weight, weighted + weight * level)
-
-        add(batch, max(expected, 1.0))
-        seconds = sum(pod_s for _, _, pod_s in recent)
-        if expected < lookback and seconds > 0:
-            for _, level, pod_s in recent:
-                add(level, (lookback - expected) * pod_s / seconds)
-        return tuple((weighted / total, total) for total, weighted in (binned[key] for key in sorted(binned)))
-
     def _stats(self, pool: PoolContext, recommended_k: int | None, span: float, now: float) -> PoolSpeculationStats:
         history = self._history(pool, now)
         k = pool.effective_k
@@ -402,23 +368,6 @@ class TunerState:
             tokens_per_second=_round(tokens_per_second),
             recommended_k=recommended_k,
         )
-
-
-def _expected_load_duration(loads: Sequence[tuple[float, float, float]], now: float) -> float:
-    """How long the current load level is expected to last: as long as the pool's completed runs of one level
-    lasted (their median), or as long as this one has lasted if that is longer; with no run completed yet (a
-    load never seen to change), as long as the memory reaches."""
-    runs: list[float] = []  # durations of completed runs
-    start = first_level = None
-    for at, level, _ in loads:
-        if first_level is None or max(level, first_level) > SAME_LOAD_RATIO * min(level, first_level):
-            if start is not None:
-                runs.append(at - start)
-            start, first_level = at, level
-    if start is None or not runs:
-        return LOAD_MEMORY_S
-    runs.sort()
-    return max(runs[len(runs) // 2], now - start)
 
 
 def _learn_step_costs(history: _PoolHistory) -> None:

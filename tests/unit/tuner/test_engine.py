@@ -14,13 +14,8 @@ from hypothesis import strategies as st
 from specdec_operator.api.spec import Autotune, Speculation
 from specdec_operator.api.status import SpeculationStatus, TuningDecision
 from specdec_operator.bench.closedloop import BenchOptions, run_tuner, settings_for
-from specdec_operator.tuner.engine import (
-    LOAD_MEMORY_S,
-    PoolContext,
-    TunerReport,
-    TunerState,
-    _expected_load_duration,
-)
+from specdec_operator.tuner.engine import PoolContext, TunerReport, TunerState
+from specdec_operator.tuner.loadforecast import LOAD_LOOKBACK_S, LOAD_MEMORY_S, LoadHistory
 from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, parse_metrics
 from specdec_runtime.simulator.engine import analytic_tokens_per_second
 from specdec_runtime.simulator.profile import load_profile
@@ -437,10 +432,28 @@ def test_a_load_whose_levels_last_hours_is_followed_level_by_level(tmp_path: Pat
     assert [round(share_of_best(k_at(t), batch), 2) >= 0.97 for t, batch in ends] == [True] * 4, run.changes
 
 
+def _history(loads: list[tuple[float, float]]) -> LoadHistory:
+    history = LoadHistory()
+    for at, batch in loads:
+        history.record(at, batch, 60.0)
+    return history
+
+
 def test_the_expected_duration_of_a_load_level_is_what_its_runs_lasted() -> None:
-    steady = [(t, 40.0 + (t % 3), 60.0) for t in range(0, 3600, 60)]  # noise within one level
-    assert _expected_load_duration(steady, 3600.0) == LOAD_MEMORY_S
-    flips = [(float(t), 4.0 if (t // 600) % 2 == 0 else 96.0, 60.0) for t in range(0, 7200, 60)]
-    assert _expected_load_duration(flips, 7200.0) == 600.0
-    settled = [*flips, *((float(t), 4.0, 60.0) for t in range(7200, 7200 + 3600, 60))]
-    assert _expected_load_duration(settled, 10_800.0) == 10_800.0 - 7200.0  # longer than its runs: as long again
+    steady = _history([(float(t), 40.0 + (t % 3)) for t in range(60, 3660, 60)])  # noise within one level
+    assert steady.expected_duration(3600.0) == LOAD_MEMORY_S
+    assert steady.forecast(3600.0, 41.0) == ((41.0, 3600.0),)
+    flips = [(float(t), 4.0 if (t // 600) % 2 == 0 else 96.0) for t in range(0, 7200, 60)]
+    assert _history(flips).expected_duration(7200.0) == 600.0
+    settled = _history([*flips, *((float(t), 4.0) for t in range(7200, 10_800, 60))])
+    assert settled.expected_duration(10_800.0) == 10_800.0 - 7200.0  # longer than its runs: as long again
+    levels = _history(flips).forecast(7200.0, 96.0)
+    # 600 s of the current level, then the last hour: half of it at each level.
+    assert [batch for batch, _ in levels] == pytest.approx([4.0, 96.0])
+    assert [weight for _, weight in levels] == pytest.approx([1500.0, 600.0 + 1500.0], rel=0.05)
+
+
+def test_the_load_history_is_bounded() -> None:
+    history = _history([(float(t), 4.0 if (t // 300) % 2 else 96.0) for t in range(0, 48 * 3600, 60)])
+    assert len(history.intervals) <= LOAD_LOOKBACK_S / 60 + 1
+    assert len(history.runs) <= LOAD_MEMORY_S / 300 + 1
