@@ -320,10 +320,11 @@ class TunerState:
         batch = recent.mean_batch if recent is not None else None
         k_range = range(speculation.min_k, speculation.max_k + 1)
         levels: tuple[tuple[float, float], ...] = ()
-        if batch is not None and recent is not None:
+        if batch is not None and recent is not None and batch > 0 and math.isfinite(batch):
             history.load.record(now, batch, recent.pod_seconds)
             levels = history.load.forecast(now, batch)
-        predicted = history.cost.predict_at([batch, *(level for level, _ in levels)], k_range) if batch else [{}]
+        predicted = history.cost.predict_at([batch, *(level for level, _ in levels)], k_range) if batch is not None \
+            else [{}]
         steps = predicted[0]
         loads = tuple(LoadLevel(level, weight, at_level)
                       for (level, weight), at_level in zip(levels, predicted[1:], strict=True))

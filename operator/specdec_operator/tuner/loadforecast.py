@@ -55,7 +55,9 @@ class LoadHistory:
 
     def forecast(self, now: float, batch: float) -> tuple[tuple[float, float], ...]:
         """(batch, weight in seconds) levels of the next lookback: `batch` for as long as it is expected to last, the
-        last lookback's intervals (by their pod-seconds) for the rest."""
+        last lookback's intervals (by their pod-seconds) for the rest; none for a batch that is no load."""
+        if not (batch > 0 and math.isfinite(batch)):
+            return ()
         current = min(self.expected_duration(now), self.lookback_s)
         binned: dict[int, tuple[float, float]] = {}
 

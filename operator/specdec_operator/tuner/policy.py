@@ -12,10 +12,10 @@ restarts every pod of the pool, and an in-place rollout serves without some of t
 That lost capacity, as a fraction of what the pool serves until its next K change, is added to minGain: a
 change must pay for its restart before it pays at all.
 
-A K must serve the load the pool sees while it holds, not only the load of the last interval: each K's tokens/s is
-its mean over the pool's recent load levels (`LoadLevel`, the batch of each past interval, the recent weighing
-more), so a load that flips faster than a K change pays back is served by the K that is best over the flips
-instead of being chased (each chase restarts the pool's pods). A steady load is one level: the current batch.
+A K must serve the load the pool will see while it holds, not only the load of the last interval: each K's tokens/s
+is its mean over the levels of the pool's load forecast (`LoadLevel`, tuner/loadforecast.py), so a load that flips
+faster than a K change pays back is served by the K that is best over the flips instead of being chased (each chase
+restarts the pool's pods). A steady load is one level: the current batch.
 
 A K whose canary was rolled back on the pool's current revision (status.speculation.rejectedKs) is not
 proposed again until the evidence says otherwise: the tuner, from acceptance and step times measured since,
@@ -62,8 +62,8 @@ Action = Literal["Hold", "Change", "Explore"]
 
 @dataclass(frozen=True)
 class LoadLevel:
-    """A batch size the pool ran at recently, weighted by how long and how recently (tuner/engine.py), with the
-    predicted step time of every K in range at it."""
+    """A batch size of the pool's load forecast, weighted by the seconds of the next hour expected at it
+    (tuner/loadforecast.py), with the predicted step time of every K in range at it."""
 
     batch: float
     weight: float

@@ -457,3 +457,12 @@ def test_the_load_history_is_bounded() -> None:
     history = _history([(float(t), 4.0 if (t // 300) % 2 else 96.0) for t in range(0, 48 * 3600, 60)])
     assert len(history.intervals) <= LOAD_LOOKBACK_S / 60 + 1
     assert len(history.runs) <= LOAD_MEMORY_S / 300 + 1
+
+
+@pytest.mark.parametrize("batch", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_batch_that_is_no_load_is_neither_recorded_nor_forecast(batch: float) -> None:
+    # A pod's /metrics is its tenant's: counters that make the batch 0 or not a number must not raise.
+    history = _history([(60.0, 8.0)])
+    history.record(120.0, batch, 60.0)
+    assert len(history.intervals) == 1
+    assert history.forecast(120.0, batch) == ()
