@@ -69,7 +69,7 @@ class AcceptanceEstimate:
     draft_share: float  # draft_tokens / (drafts * K) at the observed K values; 1.0 means full-length drafts
     opaque: bool  # block drafter: positions are not a chain
     measured_lengths: Mapping[int, Interval]  # E(K) measured directly at each K observed
-    mix: Mix = ((1.0, 1.0),)  # the requests the rates show (composition.py), read at mix_read_at
+    mix: Mix = ()  # the requests the rates show (composition.py), read at mix_read_at; () or one kind: no mix
     mix_read_at: int = 0
 
     @property
@@ -164,10 +164,9 @@ def _request_mix(windows: Mapping[int, WindowDelta]) -> tuple[Mix, int]:
     no spread between requests), and that K. One kind of request where no K tells."""
     readable = {k: delta for k, delta in windows.items() if k >= 2 and len(delta.accepted_per_position) >= 2}
     if not readable:
-        return ((1.0, 1.0),), 0
+        return (), 0
     read_at = max(readable, key=lambda k: (readable[k].drafts, k))
-    rates = position_rates(readable[read_at])[:FITTED_POSITIONS]
-    return acceptance_mix(rates) or ((1.0, 1.0),), read_at
+    return acceptance_mix(position_rates(readable[read_at])[:FITTED_POSITIONS]), read_at
 
 
 def _measured_length(delta: WindowDelta, k: int) -> Interval:

@@ -30,28 +30,27 @@ class LoadHistory:
     lookback_s: float = LOAD_LOOKBACK_S
     intervals: list[tuple[float, float, float]] = field(default_factory=list)  # (end, batch, pod-seconds)
     runs: list[tuple[float, float]] = field(default_factory=list)  # (ended at, lasted) of completed runs
-    run_started: float | None = None
-    run_level: float | None = None
+    run: tuple[float, float] | None = None  # (started at, first batch) of the current run
 
     def record(self, at: float, batch: float, pod_seconds: float) -> None:
         """One evaluation interval's mean batch per pod, ending at `at`; an interval not after the last is ignored."""
         if batch <= 0 or not math.isfinite(batch) or (self.intervals and at <= self.intervals[-1][0]):
             return
-        if self.run_level is None or self.run_started is None:
-            self.run_started, self.run_level = at, batch
-        elif max(batch, self.run_level) > SAME_LOAD_RATIO * min(batch, self.run_level):
-            self.runs.append((at, at - self.run_started))
-            self.run_started, self.run_level = at, batch
+        if self.run is None:
+            self.run = (at, batch)
+        elif max(batch, self.run[1]) > SAME_LOAD_RATIO * min(batch, self.run[1]):
+            self.runs.append((at, at - self.run[0]))
+            self.run = (at, batch)
         self.intervals.append((at, batch, max(pod_seconds, 0.0)))
         self.intervals = [interval for interval in self.intervals if at - interval[0] <= self.lookback_s]
         self.runs = [run for run in self.runs if at - run[0] <= LOAD_MEMORY_S]
 
     def expected_duration(self, now: float) -> float:
         """How long the current level is expected to last from now."""
-        if not self.runs or self.run_started is None:
+        if not self.runs or self.run is None:
             return LOAD_MEMORY_S
         lasted = sorted(duration for _, duration in self.runs)
-        return max(lasted[len(lasted) // 2], now - self.run_started)
+        return max(lasted[len(lasted) // 2], now - self.run[0])
 
     def forecast(self, now: float, batch: float) -> tuple[tuple[float, float], ...]:
         """(batch, weight in seconds) levels of the next lookback: `batch` for as long as it is expected to last, the

@@ -120,11 +120,11 @@ async def generate(
             ))
 
 
-def _kind_of(kinds: RequestKinds, draw: float | None) -> list[float]:
+def _kind_of(kinds: RequestKinds, draw: float | None) -> tuple[float, ...]:
     """The acceptance of the kind a request's draw falls in, by the kinds' shares of requests."""
     if draw is not None:
         for share, acceptance in kinds:
             draw -= share
             if draw < 0:
-                return list(acceptance)
-    return list(kinds[-1][1])
+                return acceptance
+    return kinds[-1][1]

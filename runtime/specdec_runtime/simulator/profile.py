@@ -7,6 +7,7 @@ JSON syntax.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -57,6 +58,11 @@ class LoadSegment(BaseModel):
     duration_s: float = Field(gt=0)
     concurrency: int = Field(ge=0)
     acceptance: list[Probability] | None = Field(default=None, min_length=1)
+
+    @functools.cached_property
+    def kinds(self) -> RequestKinds | None:
+        """Every request alike at the segment's own acceptance; None: the profile's kinds."""
+        return None if self.acceptance is None else ((1.0, tuple(self.acceptance)),)
 
 
 class RequestKind(BaseModel):
@@ -139,9 +145,12 @@ class Profile(BaseModel):
         return self.load[0], cycle_start + cycle + self.load[0].duration_s
 
     def kinds_for(self, segment: LoadSegment) -> RequestKinds:
-        """The kinds of request the segment serves; a segment's own `acceptance` makes every request alike."""
-        if segment.acceptance is not None:
-            return ((1.0, tuple(segment.acceptance)),)
+        """The kinds of request the segment serves; a segment's own `acceptance` makes every request alike.
+        Asked at every engine step: both answers are computed once."""
+        return segment.kinds if segment.kinds is not None else self._kinds
+
+    @functools.cached_property
+    def _kinds(self) -> RequestKinds:
         if self.acceptance is not None:
             return ((1.0, tuple(self.acceptance)),)
         kinds = self.request_kinds or []
