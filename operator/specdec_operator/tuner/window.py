@@ -2,7 +2,8 @@
 
 Counters restart from zero whenever vLLM restarts, and the tuner restarts vLLM on every K change, so
 resets are the normal case here, not an accident. A reset is recognised by any counter going down,
-by the `_created` start time changing, or by the pod's UID or restart count changing; the scrape
+by the `_created` start time changing, by the pod's UID or restart count changing, or by the K its counters
+show changing (two known Ks that differ: a K not shown yet, before a pod's first draft, is no change); the scrape
 after a reset only sets a new baseline, it never yields a (negative or inflated) delta.
 
 A pod's /metrics is untrusted (spec.runtime.image is the tenant's). Counters are accepted only as vLLM can
@@ -219,9 +220,11 @@ class CounterWindows:
                 self._baselines.pop(target.uid, None)
                 self._exclude(target, result.at, f"runs K={sample.k}, above the spec's maxK {k_limit}", report)
                 continue
-            if sample.k != target.k:
+            shown_k = known_k(sample)
+            if shown_k is not None and shown_k != target.k:
                 report.events["k_mismatch"] += 1
-            key = WindowKey(target.pool, target.revision, sample.k)
+            # A pod that shows no K yet (it has not drafted) runs the K the operator set on it, not K=0.
+            key = WindowKey(target.pool, target.revision, target.k if shown_k is None else shown_k)
             previous = self._baselines.get(target.uid)
             self._baselines[target.uid] = _Baseline(target.uid, target.restart_count, sample, result.at,
                                                     (target.pool, target.revision))
@@ -305,13 +308,26 @@ class CounterWindows:
             del self._tpot_layouts[revision]
 
 
+def known_k(sample: PodSample) -> int | None:
+    """The K the pod's counters show, or None while they show none. vLLM creates one position series per draft
+    position at start, so with them K shows from the first scrape (counters at zero included). Without them (a
+    vLLM or an export that lacks vllm:spec_decode_num_accepted_tokens_per_pos) K is draft tokens per draft, and
+    a pod that has not drafted yet shows no K: that is no evidence of K=0 (speculation off, which shows as no
+    spec-decode counters at all), and its first drafts are no change of K."""
+    spec = sample.spec
+    if spec is not None and not spec.accepted_per_position and not spec.drafts > 0:
+        return None
+    return sample.k
+
+
 def _reset_reason(previous: _Baseline, restart_count: int, sample: PodSample) -> str:
     before = previous.sample
     if restart_count != previous.restart_count:
         return "restart_count"
     if sample.created is not None and before.created is not None and sample.created != before.created:
         return "created"
-    if sample.k != before.k:
+    k_before, k_now = known_k(before), known_k(sample)
+    if k_before is not None and k_now is not None and k_before != k_now:
         return "k_changed"
     if _any_decrease(before, sample):
         return "counter_decrease"

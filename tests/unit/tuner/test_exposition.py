@@ -4,6 +4,8 @@ output and on the corners of the grammar; see differential.py for what "agree" m
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.openmetrics.exposition import generate_latest
 
 from specdec_operator.tuner.exposition import parse_samples
 from specdec_operator.tuner.samples import MetricsParseError, parse_metrics
@@ -185,3 +187,110 @@ def test_comment_lines_are_not_read() -> None:
     broken_comment = _BASE + "# TYPE vllm:generation_tokens_total\n"
     assert outcome(reference_parse_metrics, broken_comment) == PARSE_ERROR
     assert repr(parse_metrics(broken_comment)) == repr(parse_metrics(_BASE))
+
+
+# --- OpenMetrics: exemplars and timestamps in seconds, in a body that ends with `# EOF` ---
+
+_EOF = "# EOF\n"
+_SUCCESS = 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"}'
+_BUCKET = 'vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"}'
+
+OPENMETRICS = {
+    "exemplar": f'{_SUCCESS} 12 # {{trace_id="abc"}} 1.0',
+    "exemplar-with-timestamp": f'{_SUCCESS} 12 # {{trace_id="abc"}} 1.0 1764500000.123',
+    "timestamp-and-exemplar": f'{_SUCCESS} 12 1764500000.5 # {{trace_id="abc"}} 1.0 1764500000.123',
+    "float-seconds-timestamp": f"{_SUCCESS} 12 1764500000.123",
+    "integer-seconds-timestamp": f"{_SUCCESS} 12 1764500000",
+    "exponent-timestamp": f"{_SUCCESS} 12 1.764500000123e9",
+    "exemplar-empty-labels": f"{_SUCCESS} 12 # {{}} 1",
+    "exemplar-two-labels": f'{_SUCCESS} 12 # {{trace_id="a",span_id="b"}} 0.25',
+    "exemplar-inf-value": f'{_SUCCESS} 12 # {{trace_id="a"}} +Inf',
+    "exemplar-braces-in-values": f'{_SUCCESS} 12 # {{trace_id="}} # {{x=\\"1\\"}} 2"}} 1',
+    "braces-and-hash-in-the-sample-labels":
+        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m} 7 # {t=\\"a\\"} 1"} 12'
+        ' # {trace_id="abc"} 1',
+    "no-labels": 'vllm:request_success_total 12 # {trace_id="abc"} 1 1764500000.123',
+}
+
+
+def _openmetrics_body(*lines: str) -> str:
+    return metrics_text(extra_lines=lines) + _EOF
+
+
+@pytest.mark.parametrize("line", OPENMETRICS.values(), ids=OPENMETRICS.keys())
+def test_openmetrics_exemplars_and_timestamps_in_seconds_are_read_and_ignored(line: str) -> None:
+    """OpenMetrics writes timestamps in seconds, fractional or not, and may follow a counter's or a bucket's value
+    with an exemplar; both were refused as "not Prometheus text"."""
+    value_only = line.split(" 12")[0] + " 12"
+    expected = parse_metrics(_openmetrics_body(value_only))
+    assert expected.requests.finished == 12
+    assert parse_metrics(_openmetrics_body(line)) == expected
+
+
+def test_an_openmetrics_bucket_exemplar_leaves_the_histogram_as_it_is() -> None:
+    body = metrics_text() + _EOF
+    bucket = next(line for line in body.splitlines() if line.startswith(_BUCKET))
+    with_exemplar = body.replace(bucket + "\n", bucket + ' # {trace_id="0af7651916cd43dd"} 0.031 1764500000.123\n')
+    assert with_exemplar != body
+    assert parse_metrics(with_exemplar) == parse_metrics(body)
+    names = {"vllm:inter_token_latency_seconds_bucket"}
+    assert parse_samples(with_exemplar, names) == parse_samples(body, names)
+
+
+OPENMETRICS_MALFORMED = {
+    "exemplar-without-value": (f'{_SUCCESS} 12 # {{trace_id="abc"}}', "malformed sample line"),
+    "exemplar-without-labels": (f"{_SUCCESS} 12 # 1.0", "malformed sample line"),
+    "exemplar-unquoted-value": (f"{_SUCCESS} 12 # {{trace_id=abc}} 1", "malformed sample line"),
+    "exemplar-unclosed": (f'{_SUCCESS} 12 # {{trace_id="abc" 1', "malformed sample line"),
+    "exemplar-garbage-value": (f'{_SUCCESS} 12 # {{trace_id="abc"}} x', "malformed sample line"),
+    "exemplar-two-timestamps": (f'{_SUCCESS} 12 # {{trace_id="abc"}} 1 2 3', "malformed sample line"),
+    "exemplar-after-garbage": (f'{_SUCCESS} 12 x # {{trace_id="abc"}} 1', "malformed sample line"),
+    "hash-without-blank": (f'{_SUCCESS} 12 #{{trace_id="abc"}} 1', "malformed sample line"),
+    "exemplar-repeated-label": (f'{_SUCCESS} 12 # {{a="1",a="2"}} 1', "repeated label name in the exemplar"),
+    "exemplar-too-long": (f'{_SUCCESS} 12 # {{trace_id="{"a" * 121}"}} 1', "exemplar labels of 129 characters"),
+    "exemplar-bad-escape": (f'{_SUCCESS} 12 # {{trace_id="a\\tb"}} 1', "malformed sample line"),
+    "nan-timestamp": (f"{_SUCCESS} 12 NaN", "malformed sample line"),
+    "inf-timestamp": (f"{_SUCCESS} 12 +Inf", "malformed sample line"),
+    "two-dots-timestamp": (f"{_SUCCESS} 12 1.5.3", "malformed sample line"),
+    "three-tokens": (f"{_SUCCESS} 12 1 2", "malformed sample line"),
+    "overflow-before-exemplar": (f'{_SUCCESS} 1e400 # {{trace_id="Inf"}} 1', "value out of range"),
+    "bad-label-set-before-exemplar": (
+        'vllm:request_success_total{engine="0",finished_reason=stop} 12 # {trace_id="abc"} 1', "malformed"),
+}
+
+
+@pytest.mark.parametrize(("line", "reason"), OPENMETRICS_MALFORMED.values(), ids=OPENMETRICS_MALFORMED.keys())
+def test_malformed_openmetrics_lines_are_still_refused_with_the_reason(line: str, reason: str) -> None:
+    with pytest.raises(MetricsParseError, match=f"not Prometheus text: .*{reason}"):
+        parse_metrics(_openmetrics_body(line))
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [(OPENMETRICS["exemplar"], "an exemplar, which only OpenMetrics has"),
+     (OPENMETRICS["exemplar-with-timestamp"], "an exemplar, which only OpenMetrics has"),
+     (OPENMETRICS["float-seconds-timestamp"], "a timestamp in seconds, which only OpenMetrics has")],
+    ids=["exemplar", "exemplar-with-timestamp", "float-seconds-timestamp"],
+)
+def test_openmetrics_syntax_in_a_prometheus_text_body_is_refused_saying_why(line: str, reason: str) -> None:
+    """The Prometheus text format (a body without `# EOF`) has no exemplars and integer millisecond timestamps, and
+    Prometheus refuses such a scrape: so does the operator, naming what it found."""
+    with pytest.raises(MetricsParseError, match=f"{reason}.*# EOF"):
+        parse_metrics(metrics_text(extra_lines=[line]))
+
+
+def test_prometheus_clients_own_openmetrics_exemplars_are_read_as_the_samples_without_them() -> None:
+    """prometheus_client (vLLM's exporter) writes exemplars with a timestamp in fractional seconds."""
+    def body(exemplar: dict[str, str] | None) -> str:
+        registry = CollectorRegistry()
+        Counter("vllm:request_success", "", ["finished_reason"], registry=registry).labels("stop").inc(
+            12, exemplar=exemplar)
+        Histogram("vllm:inter_token_latency_seconds", "", registry=registry).observe(0.03, exemplar=exemplar)
+        return generate_latest(registry).decode()
+
+    with_exemplars = body({"trace_id": "0af7651916cd43dd8448eb211c80319c"})
+    assert ' # {trace_id="0af7651916cd43dd8448eb211c80319c"} 12.0 1' in with_exemplars
+    names = {"vllm_request_success_total", "vllm_inter_token_latency_seconds_bucket"}
+    samples = parse_samples(with_exemplars, names)
+    assert samples == parse_samples(body(None), names) and ("vllm_request_success_total",
+                                                            frozenset({("finished_reason", "stop")}), 12.0) in samples

@@ -149,3 +149,63 @@ def test_any_sequence_of_scrapes_never_raises_and_never_yields_negative_counts(
                 >= 0.0
             )
             assert delta.pod_seconds > 0
+
+
+def _without_per_position(text: str) -> str:
+    """A vLLM that serves the spec-decode totals but not vllm:spec_decode_num_accepted_tokens_per_pos: K is read
+    as draft tokens per draft, and a pod that has not drafted yet shows no K at all."""
+    return "".join(line + "\n" for line in text.splitlines() if "_per_pos" not in line)
+
+
+@pytest.mark.parametrize("annotated_k", [3, None], ids=["operator-annotation", "k-from-the-sample"])
+def test_a_fresh_pod_without_per_position_counters_counts_its_first_interval(annotated_k: int | None) -> None:
+    """Zero drafts read as K=0 and the first drafts as K=3: a "K change" that reset the window and lost every fresh
+    pod's first interval. A K nothing shows yet is no change; only two known Ks that differ are."""
+    windows = CounterWindows()
+
+    def scrape(drafts: float, at: float) -> ScrapeResult:
+        text = _without_per_position(metrics_text(drafts=drafts, per_position=(0.8 * drafts, 0.6 * drafts,
+                                                                                0.45 * drafts)))
+        result = ok(text, at)
+        return result if annotated_k is None else ok(text, at, target(k=annotated_k))
+
+    fresh = scrape(0.0, 0.0)
+    assert fresh.sample is not None and fresh.sample.complete and fresh.sample.spec is not None
+    assert windows.observe([fresh]).events["baseline"] == 1
+    report = windows.observe([scrape(100.0, 15.0)])
+    assert not [event for event in report.events if event.startswith("reset")], report.events
+    assert list(report.deltas) == [WindowKey("p", "r1", 3)]
+    assert report.deltas[WindowKey("p", "r1", 3)].drafts == 100.0
+    assert windows.observe([scrape(150.0, 30.0)]).deltas[WindowKey("p", "r1", 3)].drafts == 50.0
+
+
+def test_per_position_counters_present_but_zero_show_k_and_the_first_interval_counts() -> None:
+    windows = CounterWindows()
+    windows.observe([ok(metrics_text(drafts=0.0, per_position=(0.0, 0.0, 0.0)), 0.0)])
+    report = windows.observe([ok(_counts(100.0), 15.0)])
+    assert report.deltas[WindowKey("p", "r1", 3)].drafts == 100.0
+
+
+def test_an_interval_without_drafts_is_credited_to_the_pods_k_not_to_k0() -> None:
+    """Requests and tokens a speculating pod counts before its first draft (prefill only, errors) are evidence of
+    its K, as the operator set it: not of K=0, which the tuner reads as speculation off, and no K mismatch."""
+    windows = CounterWindows()
+
+    def scrape(tokens: float, at: float) -> ScrapeResult:
+        text = _without_per_position(metrics_text(drafts=0.0, per_position=(0.0, 0.0, 0.0),
+                                                  generation_tokens=tokens))
+        return ok(text, at, target(k=3))
+
+    windows.observe([scrape(0.0, 0.0)])
+    report = windows.observe([scrape(40.0, 15.0)])
+    assert list(report.deltas) == [WindowKey("p", "r1", 3)]
+    assert report.deltas[WindowKey("p", "r1", 3)].generation_tokens == 40.0
+    assert report.events["k_mismatch"] == 0
+
+
+def test_two_known_ks_that_differ_are_still_a_change_without_per_position_counters() -> None:
+    windows = CounterWindows()
+    windows.observe([ok(_without_per_position(metrics_text(drafts=100.0, draft_tokens=300.0)), 0.0)])
+    report = windows.observe([ok(_without_per_position(metrics_text(drafts=1000.0, draft_tokens=2100.0)), 15.0)])
+    assert report.deltas == {}
+    assert report.events["reset_k_changed"] == 1
