@@ -26,6 +26,7 @@ generated rounds; the CLI and the tests call `replay` on a file's lines.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import statistics
@@ -39,6 +40,7 @@ from pydantic import ValidationError
 
 from specdec_operator.api.spec import Canary, Rollout
 from specdec_operator.api.status import CanaryStatus, TuningDecision
+from specdec_operator.api.vocabulary import MAX_K
 from specdec_operator.canary.analysis import Verdict, WindowStats
 from specdec_operator.canary.evidence import CanaryWindows, PodRestarts
 from specdec_operator.canary.plan import (
@@ -58,6 +60,7 @@ Role = Literal["stable", "canary", "baseline"]
 ROLES: tuple[Role, ...] = ("stable", "canary", "baseline")
 STABLE_REVISION = "stable"
 CANARY_REVISION = "canary"
+MAX_NOTES = 20  # `note:` lines in the output at most
 
 
 class RecordingError(ValueError):
@@ -77,6 +80,7 @@ class Record:
     restarts: int = 0
     weight: int | None = None
     health: bool | None = None
+    line: int = field(default=0, compare=False)  # the recording's line, for messages (0: not from a file)
 
 
 @dataclass(frozen=True)
@@ -123,9 +127,17 @@ class ReplayResult:
     message: str
     seconds: float  # from the canary's start to the outcome (or the last round)
     steps: tuple[StepResult, ...]
+    # Scrapes the operator's path could not use, per pod and kind, with the first line and why: a recording whose
+    # every canary scrape is unreadable ends Unfinished for want of requests, and says why here.
+    notes: tuple[str, ...] = ()
 
 
 VerdictHook = Callable[[int, WindowStats, WindowStats | None, Verdict], None]
+
+
+# Unix seconds the replay can turn into a moment: 1970 up to the end of year 9999 (what datetime holds). A stamp
+# past it is most likely milliseconds (as Prometheus and OpenMetrics timestamps are written) or nanoseconds.
+LATEST_STAMP = 253402300799.0
 
 
 def _stamp(value: Any, where: str) -> float:
@@ -137,16 +149,27 @@ def _stamp(value: Any, where: str) -> float:
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise RecordingError(f"{where}: t must be finite")
+        if not 0 <= value <= LATEST_STAMP:
+            raise RecordingError(f"{where}: t {value!r} is not Unix seconds between 1970 and 9999 (milliseconds?)")
         return float(value)
     try:
-        moment = parse_stamp(str(value), assume_utc=True)
+        # RFC 3339 lets the "T" and "Z" be lower case (section 5.6); Python's reader takes upper case only.
+        moment = parse_stamp(str(value).strip().upper(), assume_utc=True)
     except ValueError as err:
         raise RecordingError(f"{where}: t {value!r} is not an RFC 3339 time") from err
     return moment.timestamp()
 
 
-def parse_record(line: Mapping[str, Any], where: str) -> Record:
+def _optional(line: Mapping[str, Any], key: str, default: Any) -> Any:
+    """A field's value; JSON null reads as the field left out."""
+    value = line.get(key)
+    return default if value is None else value
+
+
+def parse_record(line: Mapping[str, Any], where: str, number: int = 0) -> Record:
     role = line.get("role")
+    if isinstance(role, str):
+        role = role.strip().lower()  # "Canary", as a label value or a spreadsheet may write it
     if role not in ROLES:
         raise RecordingError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}")
     pod = line.get("pod")
@@ -163,23 +186,27 @@ def parse_record(line: Mapping[str, Any], where: str) -> Record:
         # A share read from the route's backend weights may be fractional (1 of 8 is 12.5%): the operator reads a
         # route to the whole percent, half up (canary/traffic.py, `canary_percent`).
         weight = math.floor(weight + 0.5)
-    restarts = line.get("restarts", 0)
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+    restarts = _optional(line, "restarts", 0)
+    # JSON has one number type: 2.0 is the integer 2 (a Prometheus export writes every value as a float).
+    if (isinstance(restarts, bool) or not isinstance(restarts, (int, float)) or not math.isfinite(restarts)
+            or restarts < 0 or restarts != int(restarts)):
         raise RecordingError(f"{where}: restarts must be a non-negative integer, got {restarts!r}")
     health = line.get("health")
     if health is not None and not isinstance(health, bool):
-        raise RecordingError(f"{where}: health must be true, false or null")
-    ready = line.get("ready", True)
+        raise RecordingError(f"{where}: health must be true, false or null, got {health!r}")
+    ready = _optional(line, "ready", True)
     if not isinstance(ready, bool):
-        raise RecordingError(f"{where}: ready must be true or false")
+        raise RecordingError(f"{where}: ready must be true or false, got {ready!r}")
     return Record(at=_stamp(line.get("t"), where), pod=pod, role=cast(Role, role), metrics=metrics,
-                  phase=str(line.get("phase", "Running")), ready=ready, restarts=restarts, weight=weight,
-                  health=health)
+                  phase=str(_optional(line, "phase", "Running")), ready=ready, restarts=int(restarts),
+                  weight=weight, health=health, line=number)
 
 
 def parse_recording(text: str) -> tuple[dict[str, Any] | None, list[Record]]:
     """(the YAML header, if any, and the records) of a recording."""
-    lines = text.splitlines()
+    # A byte-order mark (Windows tools write one) is no part of the first line: left there, a first JSON line
+    # would read as a YAML header, and its record would be lost.
+    lines = text.removeprefix("\ufeff").splitlines()
     first = next((index for index, line in enumerate(lines) if line.lstrip().startswith("{")), len(lines))
     header_text = "\n".join(line for line in lines[:first] if line.strip() != "---")
     header: dict[str, Any] | None = None
@@ -201,7 +228,7 @@ def parse_recording(text: str) -> tuple[dict[str, Any] | None, list[Record]]:
             raise RecordingError(f"line {number}: not JSON: {err.msg}") from err
         if not isinstance(decoded, dict):
             raise RecordingError(f"line {number}: must be a JSON object")
-        records.append(parse_record(decoded, f"line {number}"))
+        records.append(parse_record(decoded, f"line {number}", number))
     return header, records
 
 
@@ -222,16 +249,24 @@ def load_spec(header: Mapping[str, Any] | None) -> ReplaySpec:
     except ValidationError as err:
         raise RecordingError(f"spec.rollout.canary: {err}") from err
 
-    def number(key: str, kind: type) -> Any:
+    def number(key: str, kind: type, low: float, high: float = math.inf) -> Any:
         value = header.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise RecordingError(f"spec: {key} must be a number")
-        return None if value is None else kind(value)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecordingError(f"spec: {key} must be a number, got {value!r}")
+        # Read as the operator's API reads it: a whole number where it takes one (2.0 is 2, 2.5 is no count of
+        # pods), within its bounds; a value it would refuse must not give a verdict silently.
+        if not math.isfinite(value) or (kind is int and value != int(value)) or not low <= value <= high:
+            bounds = f"{low:g}..{high:g}" if math.isfinite(high) else f">= {low:g}"
+            what = "a whole number" if kind is int else "a finite number"
+            raise RecordingError(f"spec: {key} must be {what} {bounds}, got {value!r}")
+        return kind(value)
 
-    gpus = number("gpusPerPod", int)
+    gpus = number("gpusPerPod", int, 1)
     return ReplaySpec(canary=canary, pool=str(header.get("pool", "pool")), gpus_per_pod=gpus or 1,
-                      stable_k=number("stableK", int), canary_k=number("canaryK", int),
-                      predicted_gain=number("predictedGain", float), replicas=number("replicas", int))
+                      stable_k=number("stableK", int, 0, MAX_K), canary_k=number("canaryK", int, 0, MAX_K),
+                      predicted_gain=number("predictedGain", float, -math.inf), replicas=number("replicas", int, 1))
 
 
 def rounds(records: Iterable[Record]) -> Iterator[list[Record]]:
@@ -290,6 +325,8 @@ class Replayer:
         self.steps: list[StepResult] = []
         self.result: ReplayResult | None = None
         self.last_decision = spec.decision()
+        # (pod, what) -> [scrapes, first line, first reason]: what the operator's path could not use (`notes`).
+        self._unused: dict[tuple[str, str], list[Any]] = {}
 
     @property
     def weight(self) -> int:
@@ -316,9 +353,10 @@ class Replayer:
         if starting and not any(record.role == "canary" for record in records):
             # Before the canary revision shows: history (a recording exported from before the change). Its
             # scrapes only give the other pods' counters a start, as the operator has them when a canary begins.
-            history = [(self._target(record), record) for record in records if record.ready]
-            self.counters.observe([self._scrape(target, record.at, record.metrics)
-                                   for target, record in history if target is not None])
+            history = [(target, record) for record in records if record.ready
+                       and (target := self._target(record)) is not None]
+            before = [self._scrape(target, record.at, record.metrics, record) for target, record in history]
+            self._note_left_out(self.counters.observe(before).violations, records)
             return
         if starting:
             # The reconcile that sees the new revision starts its canary; the next ones step it.
@@ -337,7 +375,7 @@ class Replayer:
             restarts.append(PodRestarts(record.pod, revision, record.restarts))
             if not record.ready:
                 continue  # the operator scrapes Ready pods only
-            scraped = self._scrape(target, record.at, record.metrics)
+            scraped = self._scrape(target, record.at, record.metrics, record)
             results.append(scraped)
             # The operator probes /health every round; a recording without the answer counts a pod whose
             # /metrics was scraped as healthy, and leaves one whose scrape failed unprobed.
@@ -346,6 +384,7 @@ class Replayer:
             elif scraped.outcome in ("ok", "incomplete"):
                 health.append((target, True))
         report = self.counters.observe(results)
+        self._note_left_out(report.violations, records)
         if in_flight is not None:
             self.windows.add(report, results, health, restarts)
         canary_ready = self._canary_ready(records)
@@ -381,13 +420,44 @@ class Replayer:
         return ScrapeTarget(pod=record.pod, uid=record.pod, ip="127.0.0.1", port=0, pool=self.spec.pool,
                             revision=revision, k=0, restart_count=record.restarts)
 
-    def _scrape(self, target: ScrapeTarget, at: float, metrics: str | None) -> ScrapeResult:
+    def _note(self, record: Record, what: str, reason: str) -> None:
+        entry = self._unused.get((record.pod, what))
+        if entry is None:
+            self._unused[(record.pod, what)] = [1, record.line, reason]
+        else:
+            entry[0] += 1
+
+    def _note_left_out(self, violations: Mapping[str, str], records: list[Record]) -> None:
+        """Pods the counter windows left out this round (values vLLM cannot produce, a bucket layout changed
+        without a restart...), as the operator names them in its status."""
+        for record in records:
+            reason = violations.get(record.pod)
+            if reason is not None:
+                self._note(record, "left out of the counter windows", reason)
+
+    def notes(self) -> tuple[str, ...]:
+        """One line per pod and kind of scrape the operator's path could not use, first line first."""
+        ordered = sorted(self._unused.items(), key=lambda item: (item[1][1], item[0]))
+        lines = []
+        for (pod, what), (count, line, reason) in ordered[:MAX_NOTES]:
+            where = f", first at line {line}" if line else ""
+            lines.append(f"{pod}: {count} scrape{'s' if count != 1 else ''} {what}{where}: {reason}")
+        if len(ordered) > MAX_NOTES:
+            lines.append(f"and {len(ordered) - MAX_NOTES} more pods or kinds")
+        return tuple(lines)
+
+    def _scrape(self, target: ScrapeTarget, at: float, metrics: str | None,
+                record: Record | None = None) -> ScrapeResult:
         if metrics is None:
             return ScrapeResult(target, at, "http_error", error="no /metrics in the recording")
         try:
             sample = parse_metrics(metrics)
         except MetricsParseError as err:
+            if record is not None:
+                self._note(record, "unreadable", str(err))
             return ScrapeResult(target, at, "parse_error", error=str(err))
+        if sample.problems and record is not None:
+            self._note(record, "incomplete", "; ".join(sample.problems))
         with_k = ScrapeTarget(target.pod, target.uid, target.ip, target.port, target.pool, target.revision,
                               sample.k, target.restart_count)
         return ScrapeResult(with_k, at, "ok" if sample.complete else "incomplete", sample)
@@ -464,9 +534,10 @@ class Replayer:
                                        tuple(self.steps))
 
     def finish(self) -> ReplayResult:
-        """The outcome; a recording that ends mid-canary is Unfinished, with where it stood."""
+        """The outcome; a recording that ends mid-canary is Unfinished, with where it stood. Both with the notes
+        on scrapes the operator's path could not use."""
         if self.result is not None:
-            return self.result
+            return dataclasses.replace(self.result, notes=self.notes())
         status = self.status
         steps = list(self.steps)
         if status is not None and status.phase in IN_FLIGHT_PHASES:
@@ -477,7 +548,7 @@ class Replayer:
         verdict = self.last_verdict
         return ReplayResult("Unfinished", verdict.reason if verdict is not None else "NoVerdict",
                             "the recording ends before the canary does",
-                            (self.last_at or 0.0) - (self.started_at or 0.0), tuple(steps))
+                            (self.last_at or 0.0) - (self.started_at or 0.0), tuple(steps), self.notes())
 
 
 def replay(records: Iterable[Record], spec: ReplaySpec, on_verdict: VerdictHook | None = None) -> ReplayResult:
@@ -507,5 +578,6 @@ def format_result(result: ReplayResult, spec: ReplaySpec) -> str:
             lines.append(f"{head}: {verdict.outcome} ({verdict.reason}){load}\n  {verdict.message}")
         else:
             lines.append(f"{head}: no verdict\n  {step.event}")
+    lines += [f"note: {note}" for note in result.notes]
     lines.append(f"outcome: {result.outcome} ({result.reason}) after {result.seconds:.0f} s: {result.message}")
     return "\n".join(lines) + "\n"

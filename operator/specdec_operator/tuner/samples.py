@@ -164,12 +164,13 @@ def parse_metrics(text: str) -> PodSample:
     """Parse vLLM's `/metrics` text. Raises only `MetricsParseError`."""
     if not text.strip():
         raise MetricsParseError("empty /metrics body")
-    if not text.endswith("\n"):
+    if not text.endswith("\n") and text.rpartition("\n")[2].strip() != OPENMETRICS_EOF:
         # A body cut mid-line can still parse, with a shortened number that looks like a counter
-        # reset; the exposition format always ends lines with a newline, so refuse it.
+        # reset; the exposition format always ends lines with a newline, so refuse it. OpenMetrics
+        # marks its end with `# EOF`, whose own newline is optional: such a body is whole.
         raise MetricsParseError("truncated /metrics body: no final newline")
     try:
-        samples = parse_samples(text, _WANTED_NAMES)
+        samples = parse_samples(text, _READ_NAMES)
     except MalformedSample as err:
         raise MetricsParseError(f"not Prometheus text: {err}"[:300]) from err
     if not samples:
@@ -190,6 +191,14 @@ _WANTED_NAMES = frozenset(
     + [f"{name}{suffix}" for name in (REQUEST_SUCCESS, HTTP_REQUESTS) for suffix in ("", "_total")]
 )
 
+# The same names as vLLM's prometheus_client writes them in OpenMetrics, which Prometheus 2 asks for and gets
+# with the names' ":" escaped to "_" (prometheus_client 0.26, `escaping=underscores`, its default):
+# `vllm_generation_tokens_total`. They are read as the names they escape; one series written both ways is
+# a duplicate.
+_ESCAPED_NAMES = {name.replace(":", "_"): name for name in _WANTED_NAMES if ":" in name}
+_READ_NAMES = _WANTED_NAMES | frozenset(_ESCAPED_NAMES)
+OPENMETRICS_EOF = "# EOF"
+
 
 # Summed series: sample name -> {key label values -> value}.
 _Series = dict[str, dict[tuple[str, ...], float]]
@@ -199,7 +208,8 @@ def _collect(samples: Iterable[Sample]) -> _Series:
     series: _Series = {}
     seen: set[tuple[str, Labels]] = set()
     keys: dict[Labels, tuple[str, ...]] = {}  # label sets repeat across lines
-    for name, labels, value in samples:
+    for written, labels, value in samples:
+        name = _ESCAPED_NAMES.get(written, written)
         identity = (name, labels)
         if identity in seen:
             raise MetricsParseError(f"duplicate series {name}{dict(sorted(labels))}")
