@@ -69,6 +69,11 @@ def raw_into(deployment: dict[str, Any], runtime: dict[str, Any], placement: dic
         mount = {k: volume[k] for k in ("name", "mountPath", "readOnly", "subPath") if k in volume}
         pod["volumes"].append({k: v for k, v in volume.items() if k not in ("mountPath", "readOnly", "subPath")})
         container["volumeMounts"].append(mount)
+    extra = knobs.get("affinity", {})
+    if "preferredDuringSchedulingIgnoredDuringExecution" in extra.get("nodeAffinity", {}):
+        pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = (
+            extra["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"])
+    pod["affinity"].update({kind: extra[kind] for kind in ("podAffinity", "podAntiAffinity") if kind in extra})
     for term in pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]:
         term["matchExpressions"] += [{"key": k, "operator": "In", "values": [v]}
                                      for k, v in placement.get("nodeSelector", {}).items()]
@@ -131,6 +136,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("node-selector-key", {"placement": {"nodeSelector": {"node pool": "a"}}}),
     ("node-selector-value", {"placement": {"nodeSelector": {"pool": "a/b"}}}),
     ("node-selector-ok", {"placement": {"nodeSelector": {"example.com/pool": "inference"}}}),
+    ("node-affinity-negative-threshold", {"runtime": {"pod": {"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [
+            {"key": "example.com/rank", "operator": "Lt", "values": ["-1"]}]}}]}}}}}),
     ("image-ok", {"runtime": {"image": "registry.local:5000/team/vllm-rocm:0.33.0"}}),
     ("image-uppercase-repository", {"runtime": {"image": "ghcr.io/Team/vllm:1"}}),
     ("image-space", {"runtime": {"image": "vllm rocm"}}),
@@ -141,6 +149,17 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                                                            "tolerationSeconds": 5}]}}),
     ("toleration-ok", {"placement": {"tolerations": [{"key": "k", "operator": "Equal", "value": "v",
                                                       "effect": "NoExecute", "tolerationSeconds": 5}]}}),
+    ("toleration-keyless-equal", {"placement": {"tolerations": [{"operator": "Equal", "effect": "NoSchedule"}]}}),
+    ("toleration-keyless-default-operator", {"placement": {"tolerations": [{"effect": "NoSchedule"}]}}),
+    ("toleration-keyless-exists", {"placement": {"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}}),
+    ("volume-mount-parent-segment", vol(mountPath="/extra/../models", emptyDir={})),
+    ("volume-mount-double-slash", vol(mountPath="//models", emptyDir={})),
+    ("volume-mount-root", vol(mountPath="/", emptyDir={})),
+    ("volume-mount-dotted-name-ok", vol(mountPath="/extra/..cache", emptyDir={})),
+    ("env-visible-devices-differ", {"runtime": {"env": [{"name": "HIP_VISIBLE_DEVICES", "value": "0"},
+                                                        {"name": "CUDA_VISIBLE_DEVICES", "value": "1"}]}}),
+    ("env-visible-devices-equal", {"runtime": {"env": [{"name": "HIP_VISIBLE_DEVICES", "value": "0"},
+                                                       {"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]}}),
     # Names vLLM reads from the rendered config, not Deployment fields: the Deployment takes any of them, so
     # these check that admission and the models agree, on refusals (STRICTER, below) and on what passes.
     ("model-name-empty", {"model": {"name": ""}}),
@@ -156,6 +175,12 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("drafter-model-ok", {"drafters": [{"method": "eagle3", "model": "/models/drafters/eagle3"}]}),
     ("simulator-profile-flag", {"runtime": {"simulate": True, "simulatorProfile": "--seed=1"}}),
     ("simulator-profile-ok", {"runtime": {"simulate": True, "simulatorProfile": "bursty.yaml"}}),
+    ("drafter-repeated", {"drafters": [{"method": "eagle3", "model": "org/eagle3"}, {"method": "ngram"},
+                                       {"method": "eagle3", "model": "org/eagle3"}]}),
+    ("drafter-model-two-methods-ok", {"drafters": [{"method": "eagle", "model": "org/head"},
+                                                   {"method": "eagle3", "model": "org/head"}]}),
+    ("weights-path-without-pvc", {"model": {"source": {"path": "org/llama-3.1"}}}),
+    ("drafters-empty", {"drafters": []}),
 ]
 
 # Refused at admission although the API server would take the Deployment, and why.
@@ -176,6 +201,16 @@ STRICTER = {
     "weights-path-escapes": "it leaves the weights claim",
     "drafter-model-empty": "vLLM has no drafter to load",
     "simulator-profile-flag": "the simulator's argument parser reads it as a flag",
+    # The container runtime cleans a mount path: these would shadow the operator's weights mount, or the image.
+    "volume-mount-parent-segment": "the runtime resolves it to /models, over the operator's weights mount",
+    "volume-mount-double-slash": "the runtime resolves it to /models, over the operator's weights mount",
+    "volume-mount-root": "a volume over / hides the image",
+    # decisions/runtime_env.plan_runtime would refuse to render the pool (RuntimeEnvError).
+    "env-visible-devices-differ": "vLLM on ROCm needs HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES equal",
+    # Not Deployment fields; silently ignored if admitted.
+    "drafter-repeated": "the second entry could never be chosen",
+    "weights-path-without-pvc": "no claim is mounted, so vLLM would load spec.model.name instead",
+    "drafters-empty": "the ngram fallback would run at initialK, which is not what no drafters reads as",
 }
 
 

@@ -12,7 +12,14 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from specdec_operator.api.base import ApiModel, cel
-from specdec_operator.api.kubeformats import LABEL_VALUE, QUALIFIED_NAME, check_keys, formatted, keys_rule
+from specdec_operator.api.kubeformats import (
+    LABEL_VALUE,
+    NODE_SELECTOR_VALUE,
+    QUALIFIED_NAME,
+    check_keys,
+    formatted,
+    keys_rule,
+)
 
 _NODE = "spec.runtime.pod.affinity.nodeAffinity"
 _POD = "spec.runtime.pod.affinity"
@@ -42,7 +49,7 @@ class NodeSelectorRequirement(ApiModel):
 
     key: Annotated[str, *formatted(QUALIFIED_NAME, f"{_NODE} keys")] = Field(description="Node label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(description="How to match.")
-    values: list[Annotated[str, *formatted(LABEL_VALUE, f"{_NODE} values")]] = Field(
+    values: list[Annotated[str, *formatted(NODE_SELECTOR_VALUE, f"{_NODE} values")]] = Field(
         default_factory=list, max_length=16, description="Values for In, NotIn (any number), Gt, Lt (one integer)."
     )
 

@@ -82,6 +82,13 @@ LABEL_VALUE = KubeFormat(
     63,
     "a label value: empty, or at most 63 letters, digits, '-', '_' or '.' starting and ending alphanumeric",
 )
+# A node selector requirement's value: a label value for In and NotIn, an integer for Gt and Lt, whose threshold
+# may be negative (`Gt -1` matches every node whose label is a non-negative number).
+NODE_SELECTOR_VALUE = KubeFormat(
+    (f"({_QUALIFIED_NAME_PART})?|-[0-9]{{1,19}}",),
+    63,
+    f"{LABEL_VALUE.description}, or for Gt and Lt a negative integer",
+)
 # RelaxedEnvironmentVariableValidation (GA in 1.34): printable ASCII except '='.
 ENV_VAR_NAME = KubeFormat(("[ -<>-~]+",), 256, "at most 256 printable ASCII characters other than '='")
 CONFIG_KEY = KubeFormat(

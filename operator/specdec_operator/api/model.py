@@ -32,6 +32,8 @@ class SecretKeyRef(ApiModel):
 AttentionKind = Literal["Standard", "MLA"]
 
 _ONE_WEIGHTS_SOURCE = "spec.model.source: set either pvcName (weights on a volume) or hubSecretRef, not both"
+# Without a claim nothing is mounted, so the path would be ignored and vLLM would load spec.model.name instead.
+_PATH_NEEDS_CLAIM = "spec.model.source.path requires spec.model.source.pvcName: it is a path inside that claim"
 
 
 class WeightsSource(ApiModel):
@@ -39,7 +41,10 @@ class WeightsSource(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [cel("!(has(self.pvcName) && has(self.hubSecretRef))", _ONE_WEIGHTS_SOURCE)]
+            "x-kubernetes-validations": [
+                cel("!(has(self.pvcName) && has(self.hubSecretRef))", _ONE_WEIGHTS_SOURCE),
+                cel("!has(self.path) || has(self.pvcName)", _PATH_NEEDS_CLAIM, ".path"),
+            ]
         }
     )
 
@@ -57,6 +62,8 @@ class WeightsSource(ApiModel):
     def _one_source(self) -> WeightsSource:
         if self.pvc_name is not None and self.hub_secret_ref is not None:
             raise ValueError(_ONE_WEIGHTS_SOURCE)
+        if self.path is not None and self.pvc_name is None:
+            raise ValueError(_PATH_NEEDS_CLAIM)
         return self
 
 

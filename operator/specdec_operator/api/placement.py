@@ -19,6 +19,9 @@ from specdec_operator.api.vocabulary import GFX_PRODUCTS, GfxTargetOrProduct, Pa
 
 _EXISTS_WITHOUT_VALUE = "spec.placement.tolerations[].value must be empty when operator is Exists"
 _SECONDS_NEED_NO_EXECUTE = "spec.placement.tolerations[].tolerationSeconds requires effect NoExecute"
+# The API server refuses a keyless toleration whose operator is not Exists (core/v1 ValidateTolerations): the
+# Deployment would be refused, so admission says so first.
+_KEY_OR_EXISTS = "spec.placement.tolerations[].key is required unless operator is Exists"
 
 
 class Toleration(ApiModel):
@@ -31,6 +34,7 @@ class Toleration(ApiModel):
                     _EXISTS_WITHOUT_VALUE),
                 cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
                     _SECONDS_NEED_NO_EXECUTE),
+                cel("has(self.key) || (has(self.operator) && self.operator == 'Exists')", _KEY_OR_EXISTS, ".key"),
             ]
         }
     )
@@ -53,6 +57,8 @@ class Toleration(ApiModel):
             raise ValueError(_EXISTS_WITHOUT_VALUE)
         if self.toleration_seconds is not None and self.effect != "NoExecute":
             raise ValueError(_SECONDS_NEED_NO_EXECUTE)
+        if self.key is None and self.operator != "Exists":
+            raise ValueError(_KEY_OR_EXISTS)
         return self
 
 

@@ -204,6 +204,11 @@ _OWNED_MOUNT = (
 )
 _ABSOLUTE_MOUNT = "spec.runtime.pod.volumes[].mountPath must be an absolute path without ':'"
 _RELATIVE_SUBPATH = "spec.runtime.pod.volumes[].subPath must be a relative path without '..'"
+# The API server takes any absolute mountPath, and the container runtime cleans it: /x/../models or //models
+# would land on an operator mount (and / over the image), past the rule above that compares the text.
+_CLEAN_MOUNT = (
+    "spec.runtime.pod.volumes[].mountPath must not be / nor have an empty, '.' or '..' segment or a trailing '/'"
+)
 
 
 class ExtraVolume(ApiModel):
@@ -224,6 +229,12 @@ class ExtraVolume(ApiModel):
                     _OWNED_MOUNT,
                 ),
                 cel("self.mountPath.startsWith('/') && !self.mountPath.contains(':')", _ABSOLUTE_MOUNT),
+                cel(
+                    "!self.mountPath.startsWith('/') || "
+                    "!self.mountPath.substring(1).split('/').exists(s, s == '' || s == '.' || s == '..')",
+                    _CLEAN_MOUNT,
+                    ".mountPath",
+                ),
                 cel(
                     "!has(self.subPath) || (!self.subPath.startsWith('/') && "
                     "!self.subPath.split('/').exists(p, p == '..'))",
@@ -255,6 +266,8 @@ class ExtraVolume(ApiModel):
             raise ValueError(_OWNED_MOUNT)
         if not self.mount_path.startswith("/") or ":" in self.mount_path:
             raise ValueError(_ABSOLUTE_MOUNT)
+        if any(segment in ("", ".", "..") for segment in self.mount_path[1:].split("/")):
+            raise ValueError(_CLEAN_MOUNT)
         if self.sub_path is not None and (self.sub_path.startswith("/") or ".." in self.sub_path.split("/")):
             raise ValueError(_RELATIVE_SUBPATH)
         return self

@@ -61,6 +61,17 @@ _CUSTOM_CLASS_PATH = (
     "for method custom_class"
 )
 _DRAFTER_MODEL = format_message(MODEL_REFERENCE, "spec.drafters[].model")
+# choose_drafter takes the first entry that is supported and fits, and both depend on method and model only.
+_DRAFTERS_DISTINCT = "spec.drafters must not list the same method and model twice: only the first could ever be chosen"
+# An empty list would silently run the ngram fallback at initialK, which is not what "no drafters" reads as.
+_DRAFTERS_EMPTY = (
+    "spec.drafters must list at least one drafter: leave it out for the ngram default, or set "
+    "spec.speculation.maxK to 0 to turn speculation off"
+)
+_CEL_DRAFTERS_DISTINCT = (
+    "self.all(d, self.exists_one(e, e.method == d.method && has(e.model) == has(d.model) "
+    "&& (!has(e.model) || e.model == d.model)))"
+)
 
 
 class Drafter(ApiModel):
@@ -235,6 +246,18 @@ class Speculation(ApiModel):
         return self
 
 
+# decisions/runtime_env.plan_runtime sets both from the one value given; two plain values that differ cannot run.
+_VISIBLE_DEVICES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+_VISIBLE_DEVICES_DIFFER = (
+    "spec.runtime.env: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES differ; vLLM on ROCm needs them equal"
+)
+# Names are unique (a list map), so the plain values of the two variables are at most two; nesting two loops over
+# the list instead would exceed the rule's cost budget.
+_CEL_PLAIN_VISIBLE = (
+    f"self.filter(e, e.name in {_cel_list(_VISIBLE_DEVICES)} && !has(e.valueFrom)).map(e, has(e.value) ? e.value : '')"
+)
+_CEL_VISIBLE_DEVICES_EQUAL = f"{_CEL_PLAIN_VISIBLE}.all(v, v == {_CEL_PLAIN_VISIBLE}[0])"
+
 _ATTENTION_CONFIG_CLASH = (
     "spec.runtime.extraArgs may not set --attention-config as a whole nor its backend key, nor backend_per_kind "
     "(in any spelling: -ac, underscores, --attention-config.backend=X, an abbreviation): the operator renders "
@@ -281,7 +304,11 @@ class Runtime(ApiModel):
         default_factory=list,
         max_length=64,
         description="Extra environment variables (names unique).",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [cel(_CEL_VISIBLE_DEVICES_EQUAL, _VISIBLE_DEVICES_DIFFER)],
+        },
     )
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list, max_length=64, description="Extra `vllm serve` arguments, passed through as given."
@@ -332,6 +359,9 @@ class Runtime(ApiModel):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"spec.runtime.env: duplicate name {duplicates[0]}")
+        visible = {var.value or "" for var in self.env if var.name in _VISIBLE_DEVICES and var.value_from is None}
+        if len(visible) > 1:
+            raise ValueError(_VISIBLE_DEVICES_DIFFER)
         return self
 
 
@@ -598,12 +628,26 @@ class SpeculativeModelSpec(ApiModel):
     drafters: list[Drafter] = Field(
         default_factory=lambda: [Drafter(method="ngram")],
         max_length=8,
-        description="Drafter preferences, in order. Falls back to ngram (no weights) where none fits.",
+        description="Drafter preferences, in order, each method and model at most once. Falls back to ngram "
+        "(no weights) where none fits.",
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self.size() > 0", _DRAFTERS_EMPTY),
+                                         cel(_CEL_DRAFTERS_DISTINCT, _DRAFTERS_DISTINCT)]
+        },
     )
     speculation: Speculation = Field(default_factory=Speculation, description="Bounds of K and the autotune policy.")
     placement: Placement = Field(description="Allowed gfx targets and node constraints.")
     runtime: Runtime = Field(default_factory=Runtime, description="Runtime container settings.")
     rollout: Rollout = Field(default_factory=Rollout, description="Rollout strategy for new revisions.")
+
+    @model_validator(mode="after")
+    def _drafters_listed_once(self) -> SpeculativeModelSpec:
+        if not self.drafters:
+            raise ValueError(_DRAFTERS_EMPTY)
+        chosen = [(drafter.method, drafter.model) for drafter in self.drafters]
+        if len(set(chosen)) < len(chosen):
+            raise ValueError(_DRAFTERS_DISTINCT)
+        return self
 
     @model_validator(mode="after")
     def _draft_tp_fits_target(self) -> SpeculativeModelSpec:

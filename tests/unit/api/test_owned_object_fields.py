@@ -119,6 +119,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("toleration-seconds-without-no-execute",
      {"placement": {"tolerations": [{"key": "k", "operator": "Exists", "tolerationSeconds": 5}]}},
      "spec.placement.tolerations[].tolerationSeconds requires effect NoExecute"),
+    # core/v1 ValidateTolerations: "operator must be Exists when `key` is empty".
+    ("toleration-keyless-equal", {"placement": {"tolerations": [{"operator": "Equal", "effect": "NoSchedule"}]}},
+     "spec.placement.tolerations[].key is required unless operator is Exists"),
+    ("toleration-effect-only", {"placement": {"tolerations": [{"effect": "NoSchedule"}]}},
+     "spec.placement.tolerations[].key is required unless operator is Exists"),
     ("pod-label-key", {"runtime": {"pod": {"labels": {"-team": "a"}}}},
      f"spec.runtime.pod.labels keys must be {QUALIFIED_NAME.description}"),
     ("pod-label-value", {"runtime": {"pod": {"labels": {"team": "x" * 64}}}},
@@ -149,6 +154,17 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
      "/var/cache/huggingface: the operator mounts its own volumes there"),
     ("volume-relative-mount", {"runtime": {"pod": {"volumes": [volume(mountPath="data", emptyDir={})]}}},
      "spec.runtime.pod.volumes[].mountPath must be an absolute path without ':'"),
+    # The container runtime cleans the path, so these would land on an operator mount (or over the image's /).
+    *[(f"volume-unclean-mount-{i}", {"runtime": {"pod": {"volumes": [volume(mountPath=path, emptyDir={})]}}},
+       "spec.runtime.pod.volumes[].mountPath must not be / nor have an empty, '.' or '..' segment or a trailing '/'")
+      for i, path in enumerate(["/x/../models", "//models", "/", "/data/", "/data/./x"])],
+    # decisions/runtime_env.plan_runtime refuses to render two different values (RuntimeEnvError).
+    ("visible-devices-differ", {"runtime": {"env": [{"name": "HIP_VISIBLE_DEVICES", "value": "0"},
+                                                    {"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}]}},
+     "spec.runtime.env: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES differ; vLLM on ROCm needs them equal"),
+    ("visible-devices-one-empty", {"runtime": {"env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "1"},
+                                                       {"name": "HIP_VISIBLE_DEVICES"}]}},
+     "spec.runtime.env: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES differ; vLLM on ROCm needs them equal"),
     ("volume-sub-path-escapes", {"runtime": {"pod": {"volumes": [volume(subPath="../x", emptyDir={})]}}},
      "spec.runtime.pod.volumes[].subPath must be a relative path without '..'"),
     ("volume-no-source", {"runtime": {"pod": {"volumes": [volume()]}}},
@@ -246,6 +262,17 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
      {"placement": {"tolerations": [
          {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 9}]}}),
     ("weights-cache", {"runtime": {"weightsCache": {"claimName": "hf-cache"}}}),
+    # The API server takes any single value for Gt and Lt; a negative threshold is a real one.
+    ("node-affinity-negative-threshold", {"runtime": {"pod": {"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [
+            {"key": "example.com/hbm-gib", "operator": "Gt", "values": ["-1"]}]}}]}}}}}),
+    ("toleration-keyless-exists", {"placement": {"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}}),
+    ("mount-path-dotted-names", {"runtime": {"pod": {"volumes": [volume(mountPath="/data/..z/.cache", emptyDir={})]}}}),
+    ("visible-devices-equal", {"runtime": {"env": [{"name": "HIP_VISIBLE_DEVICES", "value": "0,1"},
+                                                   {"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}]}}),
+    ("visible-devices-one-from-a-config-map", {"runtime": {"env": [
+        {"name": "HIP_VISIBLE_DEVICES", "value": "0"},
+        {"name": "CUDA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "gpus", "key": "cuda"}}}]}}),
     ("affinity", {"runtime": {"pod": {"affinity": {
         "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
             {"weight": 50, "preference": {"matchExpressions": [

@@ -214,6 +214,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("weights-source-hub", {"model": {"source": {"hubSecretRef": {"name": "hf"}}}}),
     ("draft-tp-equals-target", {"model": {"tensorParallelSize": 4}, "drafters": [draft_tp(4)]}),
     ("draft-tp-1-under-tp-4", {"model": {"tensorParallelSize": 4}, "drafters": [draft_tp(1)]}),
+    ("one-drafter-model-two-methods",
+     {"drafters": [drafter_wire("eagle", "x/head-8B"), drafter_wire("eagle3", "x/head-8B")]}),
+    ("one-method-two-models", {"drafters": [drafter_wire("eagle3", "x/a-8B"), drafter_wire("eagle3", "x/b-8B"),
+                                            drafter_wire("ngram"), drafter_wire("ngram_gpu")]}),
 ]
 
 
@@ -248,6 +252,19 @@ CEL_MIRRORED: list[tuple[str, dict[str, Any], str]] = [
     ("mtp-initial-k", {"drafters": [drafter_wire("mtp", mtpLayers=2)], "speculation": {"initialK": 5}}, "multiple"),
     ("custom-class-not-a-path", {"drafters": [drafter_wire("custom_class", "org/proposer")]}, "dotted import path"),
     ("attention-config-backend", {"runtime": {"extraArgs": ["--attention-config.backend=X"]}}, "--attention-backend"),
+    # A repeated drafter is never chosen (choose_drafter stops at the first that is supported and fits, and both
+    # depend on method and model only); a source path without a claim is never mounted, so vLLM would load
+    # spec.model.name instead, silently.
+    ("drafter-repeated", {"drafters": [drafter_wire("eagle3", "x/eagle3-8B"), drafter_wire("eagle3", "x/eagle3-8B")]},
+     "spec.drafters must not list the same method and model twice"),
+    ("ngram-repeated-with-other-windows", {"drafters": [drafter_wire("ngram", promptLookupMax=4),
+                                                        drafter_wire("ngram", promptLookupMax=8)]},
+     "spec.drafters must not list the same method and model twice"),
+    ("drafters-empty", {"drafters": []}, "spec.drafters must list at least one drafter"),
+    ("source-path-without-pvc", {"model": {"source": {"path": "org/llama"}}},
+     "spec.model.source.path requires spec.model.source.pvcName"),
+    ("source-path-with-hub-secret", {"model": {"source": {"path": "org/llama", "hubSecretRef": {"name": "hf"}}}},
+     "spec.model.source.path requires spec.model.source.pvcName"),
 ]
 
 
