@@ -186,6 +186,28 @@ class OperatorProcess:
         key = f"specdec_model_reconciles_total{{model={model},namespace={namespace}}}"
         return (self.metrics() or {}).get(key, 0.0)
 
+    def tuner_evaluations(self, namespace: str, model: str) -> float:
+        """The tuner's evaluations of one model since this process started: every evaluation counts one decision
+        per pool in specdec_tuner_decisions_total (Hold included), so the fewest over the pools is the count."""
+        per_pool: dict[str, float] = {}
+        for key, value in (self.metrics() or {}).items():
+            if not key.startswith("specdec_tuner_decisions_total{"):
+                continue
+            labels = dict(part.split("=", 1) for part in key[key.index("{") + 1:-1].split(","))
+            if labels.get("namespace") == namespace and labels.get("model") == model:
+                per_pool[labels["pool"]] = per_pool.get(labels["pool"], 0.0) + value
+        return min(per_pool.values(), default=0.0)
+
+    def wait_tuner_evaluations(self, namespace: str, models: Sequence[str], evaluations: int,
+                               timeout_s: float) -> None:
+        """Until each model has had `evaluations` more tuner evaluations than at the call."""
+        before = {name: self.tuner_evaluations(namespace, name) for name in models}
+
+        def done() -> dict[str, float]:
+            return {name: self.tuner_evaluations(namespace, name) - before[name] for name in models}
+        wait_for(f"{evaluations} tuner evaluations of each of {namespace}/{','.join(models)}",
+                 lambda: min(done().values()) >= evaluations, timeout_s, 1, describe=done)
+
     def wait_passes(self, namespace: str, model: str | Sequence[str], passes: int, timeout_s: float = 120) -> None:
         """Until `passes` more passes of the model (of each model named) have finished: a pass, not a clock, is
         what "nothing changed for N passes" means. The first may have begun before the call, so at least
