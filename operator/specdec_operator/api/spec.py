@@ -66,7 +66,7 @@ _DRAFTERS_DISTINCT = "spec.drafters must not list the same method and model twic
 # An empty list would silently run the ngram fallback at initialK, which is not what "no drafters" reads as.
 _DRAFTERS_EMPTY = (
     "spec.drafters must list at least one drafter: leave it out for the ngram default, or set "
-    "spec.speculation.maxK to 0 to turn speculation off"
+    "spec.speculation.initialK and maxK to 0 to turn speculation off"
 )
 _CEL_DRAFTERS_DISTINCT = (
     "self.all(d, self.exists_one(e, e.method == d.method && has(e.model) == has(d.model) "
