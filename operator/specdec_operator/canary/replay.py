@@ -395,6 +395,13 @@ class Replayer:
                                              or self.compare_with == "baseline")
         if starting:
             return
+        if in_flight is not None and in_flight.weight < 100 and not stable_serving:
+            # The operator judges so only where nothing of the stable's revision serves (a one-replica pool
+            # replaced in place); in a recording it is more often an export that left those pods out.
+            self._note(dataclasses.replace(records[0], pod=f"step {in_flight.step + 1} ({in_flight.weight}%)"),
+                       f"judged without a Ready {self.compare_with} pod",
+                       "health, restarts and errors only (NoBaselineHealthy), as a one-replica pool replaced in "
+                       "place is; an export that left those pods out is judged so too")
         verdict = self._verdict(route_percent, stable_serving)
         self._advance(verdict, at, now, canary_ready=canary_ready, route_percent=route_percent,
                       route_target=self._route_target(records) if route_percent is not None else None)

@@ -212,3 +212,16 @@ def test_a_recording_without_per_position_counters_replays_to_the_same_verdict(p
     assert all("_per_pos" not in str(line["metrics"]) for line in stripped)
     result = replay(*reversed(_spec_and_records(_join(head, stripped))))
     assert (result.outcome, result.reason, result.notes) == (expected.outcome, expected.reason, ())
+
+
+def test_an_analysed_step_without_a_stable_pod_is_named_in_a_note() -> None:
+    """An export that left the stable pods out is judged as a one-replica pool replaced in place is (health,
+    restarts and errors only): the replay said nothing of it, and a platform engineer read a promotion as the
+    analysis's. The clean recording has no such note."""
+    head, lines = _split(HEALTHY)
+    canary_only = [line for line in lines if line["role"] == "canary"]
+    result = replay(*reversed(_spec_and_records(_join(head, canary_only))))
+    assert any(note.startswith("step 1 (") and "judged without a Ready stable pod" in note
+               and "NoBaselineHealthy" in note for note in result.notes), result.notes
+    clean = replay(*reversed(_spec_and_records(HEALTHY.read_text())))
+    assert not any("without a Ready" in note for note in clean.notes), clean.notes
