@@ -34,7 +34,7 @@ from specdec_operator.api.spec import Speculation
 from specdec_operator.api.status import TuningDecision
 from specdec_operator.decisions.legal_k import nearest_legal_k, next_legal_k
 from specdec_operator.timestamps import format_stamp
-from specdec_operator.tuner.costmodel import StepPrediction
+from specdec_operator.tuner.costmodel import MIN_RELATIVE_SD, StepPrediction
 from specdec_operator.tuner.estimator import AcceptanceEstimate, Interval
 
 # Probability that the gain is positive needed to change K outright; below it the tuner explores.
@@ -255,11 +255,13 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
         if 1 in blocked:
             return verdicts.give("Hold", f"K=1 rolled back by canary on this revision: {reason}")
         return verdicts.give("Explore", f"exploring K=1: {reason}", 1)
+    cost = restart_cost(pool, speculation, now, last_change_at)
     if best is None or best.k == k:
         listed = ", ".join(map(str, sorted(blocked)))
         rejected = f"; K={listed} rolled back by canary on this revision" if blocked else ""
-        return verdicts.give("Hold", f"K={k} is best: {_describe(current, pool)}{rejected}")
-    cost = restart_cost(pool, speculation, now, last_change_at)
+        hold = f"K={k} is best: {_describe(current, pool)}{rejected}"
+        explored = _explore_prior_doubt(replace(verdicts, restart_cost=cost), speculation, current, cooldown_left, hold)
+        return explored or verdicts.give("Hold", hold)
     return _towards_best(replace(verdicts, restart_cost=cost), speculation, current, best, cooldown_left)
 
 
@@ -300,7 +302,10 @@ def _towards_best(
         f"{cost.describe()}"
     )
     if gain < threshold:
-        return verdicts.give("Hold", f"gain below {min_gain:.1%} + {cost.fraction:.1%} restart cost: {evidence}")
+        hold = f"gain below {min_gain:.1%} + {cost.fraction:.1%} restart cost: {evidence}"
+        if gain >= autotune.min_gain + cost.fraction:
+            return verdicts.give("Hold", hold)  # held only as a return to the K just left: hysteresis, not doubt
+        return _explore_prior_doubt(verdicts, speculation, current, cooldown_left, hold) or verdicts.give("Hold", hold)
     if cooldown_left > 0:
         return verdicts.give("Hold", f"cooldown {cooldown_left:.0f}s left: {evidence}")
     if confidence >= CONFIDENT:
@@ -323,6 +328,67 @@ def _towards_best(
     if step_gain <= 0:
         return verdicts.give("Hold", f"uncertain, and one step to K={step_k} is predicted {step_gain:+.1%}: {evidence}")
     reason = f"exploring K={step_k} (confidence {confidence:.2f} < {CONFIDENT}): {evidence}"
+    return verdicts.give("Explore", reason, step_k, step_gain, _confidence(step_gain, current, step))
+
+
+def _prior_sd(step: StepPrediction) -> float:
+    """The part of a step prediction's doubt that comes from the cost priors (costmodel.predict_at: how far it moves
+    when each prior ratio is pushed), without the floor every prediction carries: about 0 at a K the data measured."""
+    return math.sqrt(max(step.relative_sd**2 - MIN_RELATIVE_SD**2, 0.0))
+
+
+def _explore_prior_doubt(
+    verdicts: _Verdicts, speculation: Speculation, current: Candidate, cooldown_left: float, hold: str
+) -> Assessment | None:
+    """The mean says hold, but for another K it rests on the cost priors alone (a drafter's cost is known from its
+    method only to a factor, tuner/costmodel.py). Exploring one legal step towards that K measures what the priors
+    guess; it pays when the K's expected gain beyond the threshold under the priors' doubt (the expected improvement,
+    E[max(0, log(1 + gain) - log(1 + threshold))]) exceeds the restart it costs. Without this, a drafter costlier
+    than its prior keeps the pool at the first K it ran: the mean, built on the prior, never finds a move worth the
+    restart that would measure it. Only the step model's prior doubt counts: once a second K is measured the data
+    decides and that doubt is gone, so this does not repeat (acceptance doubt, which decays in minutes, would).
+    None: nothing worth exploring, the caller holds."""
+    autotune, pool, candidates = speculation.autotune, verdicts.pool, verdicts.candidates
+    cost = verdicts.restart_cost
+    if cost is None or cooldown_left > 0:
+        return None
+    k = pool.current_k
+
+    def expected_improvement(candidate: Candidate) -> float:
+        gain = _gain(current, candidate, autotune.objective, autotune.tpot_target_ms)
+        doubt = math.hypot(_prior_sd(current.step), _prior_sd(candidate.step))
+        min_gain = autotune.min_gain * (RETURN_GAIN_FACTOR if candidate.k == pool.previous_k else 1.0)
+        if gain <= -1 or doubt <= 0 or gain >= min_gain + cost.fraction:
+            return 0.0  # a K the mean already favours is _towards_best's to weigh (and hold at a return)
+        z = (math.log1p(min_gain + cost.fraction) - math.log1p(gain)) / doubt
+        density = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+        upper_tail = 0.5 * math.erfc(z / math.sqrt(2))
+        return doubt * (density - z * upper_tail)
+
+    target = max((c for c in candidates if c.k != k), key=lambda c: (expected_improvement(c), -abs(c.k - k)),
+                 default=None)
+    if target is None:
+        return None
+    worth = expected_improvement(target)
+    # The explored K holds only until it is measured: the change that follows (to the target, or back) is a quick
+    # one, charged as one at the shortest horizon. Exploring pays for both restarts.
+    lost_s = cost.fraction * cost.horizon_s
+    # A gain below the step model's noise floor cannot be told apart by measuring: no exploration buys less.
+    price = max(cost.fraction + lost_s / MIN_HORIZON_S, MIN_RELATIVE_SD)
+    if worth <= price:
+        return None
+    step_k = next_legal_k(k, pool.allowed_ks(speculation), upwards=target.k > k)
+    step = next((c for c in candidates if c.k == step_k), None)
+    if step is None or step.k == pool.previous_k:
+        return None
+    step_gain = _gain(current, step, autotune.objective, autotune.tpot_target_ms)
+    if step_gain <= 0:
+        return None
+    reason = (
+        f"exploring K={step_k}: K={target.k}'s step time rests on the cost priors alone, and under their doubt it is "
+        f"expected to gain {worth:.1%} beyond the threshold, more than its restart and the next cost ({price:.1%}); "
+        f"{hold}"
+    )
     return verdicts.give("Explore", reason, step_k, step_gain, _confidence(step_gain, current, step))
 
 

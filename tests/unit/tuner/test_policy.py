@@ -145,3 +145,32 @@ def test_a_k_is_scored_over_the_recent_load_levels_not_only_the_current_batch() 
     assert alone.to_k >= 5
     assert (over.action, over.to_k) == ("Change", 2)
     assert "over 2 recent loads" in over.reason
+
+
+def _prior_doubt_pool(k: int, measured_sd: float, prior_sd: float, **extra: object) -> PoolEvidence:
+    """A pool measured at K only: its step there is known, every other K's rests on the cost priors (a drafter far
+    costlier than its prior says makes the mean predict too little gain away from K)."""
+    pool = evidence(k=k, acceptance=[0.8, 0.74, 0.7, 0.66, 0.63], batch=4.0, ready_s=60.0, **extra)
+    priced = {kk: StepPrediction(pred.seconds, measured_sd if kk == k else prior_sd) for kk, pred in pool.steps.items()}
+    return PoolEvidence(**{**pool.__dict__, "steps": priced})
+
+
+def test_a_gain_the_cost_priors_alone_hide_is_explored_one_step() -> None:
+    # At K=5 the mean predicts nothing worth a restart, but only the priors say so: the step times of the other
+    # Ks are unmeasured and doubted by 25%. Holding would keep the priors' answer for ever; one step measures it.
+    # (K=4 is predicted +2.5%, below 3% + the restart's 0.3%.)
+    decision = decided(_prior_doubt_pool(5, 0.01, 0.25))
+    assert (decision.action, decision.from_k, decision.to_k) == ("Explore", 5, 4)
+    assert "cost priors" in decision.reason
+
+
+def test_no_exploration_where_the_step_times_are_measured() -> None:
+    # The same hold with every K's step measured (only the doubt floor left): nothing to learn, no restart.
+    decision = decided(_prior_doubt_pool(5, 0.01, 0.01))
+    assert decision.action == "Hold"
+    assert "gain below" in decision.reason
+
+
+def test_exploring_on_prior_doubt_respects_the_cooldown() -> None:
+    decision = decided(_prior_doubt_pool(5, 0.01, 0.25), last_change_at=NOW - 60)
+    assert decision.action == "Hold"
