@@ -201,24 +201,24 @@ class OperatorProcess:
     def wait_tuner_evaluations(self, namespace: str, models: Sequence[str], evaluations: int,
                                timeout_s: float) -> None:
         """Until each model has had `evaluations` more tuner evaluations than at the call."""
-        before = {name: self.tuner_evaluations(namespace, name) for name in models}
+        self._wait_more("tuner evaluations", self.tuner_evaluations, namespace, models, evaluations, timeout_s, 1)
+
+    def _wait_more(self, what: str, count: Callable[[str, str], float], namespace: str,
+                   models: Sequence[str], more: int, timeout_s: float, interval_s: float) -> None:
+        """Until `count(namespace, model)` has grown by `more` for each model since the call."""
+        before = {name: count(namespace, name) for name in models}
 
         def done() -> dict[str, float]:
-            return {name: self.tuner_evaluations(namespace, name) - before[name] for name in models}
-        wait_for(f"{evaluations} tuner evaluations of each of {namespace}/{','.join(models)}",
-                 lambda: min(done().values()) >= evaluations, timeout_s, 1, describe=done)
+            return {name: count(namespace, name) - before[name] for name in models}
+        wait_for(f"{more} {what} of each of {namespace}/{','.join(models)}",
+                 lambda: min(done().values()) >= more, timeout_s, interval_s, describe=done)
 
     def wait_passes(self, namespace: str, model: str | Sequence[str], passes: int, timeout_s: float = 120) -> None:
         """Until `passes` more passes of the model (of each model named) have finished: a pass, not a clock, is
         what "nothing changed for N passes" means. The first may have begun before the call, so at least
         passes - 1 ran whole after."""
         models = (model,) if isinstance(model, str) else tuple(model)
-        before = {name: self.model_passes(namespace, name) for name in models}
-
-        def done() -> dict[str, float]:
-            return {name: self.model_passes(namespace, name) - before[name] for name in models}
-        wait_for(f"{passes} reconcile passes of each of {namespace}/{','.join(models)}",
-                 lambda: min(done().values()) >= passes, timeout_s, 0.5, describe=done)
+        self._wait_more("reconcile passes", self.model_passes, namespace, models, passes, timeout_s, 0.5)
 
 
 # The `scoped_operator` fixture (tests/e2e/conftest.py): settings as keyword arguments, a started operator back.

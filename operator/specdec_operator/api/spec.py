@@ -32,6 +32,8 @@ from specdec_operator.api.vocabulary import (
     OWNED_VLLM_FLAGS,
     REFUSED_METHODS,
     REFUSED_VLLM_FLAGS,
+    VISIBLE_DEVICES,
+    VISIBLE_DEVICES_DIFFER,
     SpeculativeMethod,
     owned_config_key_reached,
     refused_flag_reached,
@@ -246,15 +248,10 @@ class Speculation(ApiModel):
         return self
 
 
-# decisions/runtime_env.plan_runtime sets both from the one value given; two plain values that differ cannot run.
-_VISIBLE_DEVICES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-_VISIBLE_DEVICES_DIFFER = (
-    "spec.runtime.env: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES differ; vLLM on ROCm needs them equal"
-)
 # Names are unique (a list map), so the plain values of the two variables are at most two; nesting two loops over
 # the list instead would exceed the rule's cost budget.
 _CEL_PLAIN_VISIBLE = (
-    f"self.filter(e, e.name in {_cel_list(_VISIBLE_DEVICES)} && !has(e.valueFrom)).map(e, has(e.value) ? e.value : '')"
+    f"self.filter(e, e.name in {_cel_list(VISIBLE_DEVICES)} && !has(e.valueFrom)).map(e, has(e.value) ? e.value : '')"
 )
 _CEL_VISIBLE_DEVICES_EQUAL = f"{_CEL_PLAIN_VISIBLE}.all(v, v == {_CEL_PLAIN_VISIBLE}[0])"
 
@@ -307,7 +304,7 @@ class Runtime(ApiModel):
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["name"],
-            "x-kubernetes-validations": [cel(_CEL_VISIBLE_DEVICES_EQUAL, _VISIBLE_DEVICES_DIFFER)],
+            "x-kubernetes-validations": [cel(_CEL_VISIBLE_DEVICES_EQUAL, VISIBLE_DEVICES_DIFFER)],
         },
     )
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
@@ -359,9 +356,9 @@ class Runtime(ApiModel):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"spec.runtime.env: duplicate name {duplicates[0]}")
-        visible = {var.value or "" for var in self.env if var.name in _VISIBLE_DEVICES and var.value_from is None}
+        visible = {var.value or "" for var in self.env if var.name in VISIBLE_DEVICES and var.value_from is None}
         if len(visible) > 1:
-            raise ValueError(_VISIBLE_DEVICES_DIFFER)
+            raise ValueError(VISIBLE_DEVICES_DIFFER)
         return self
 
 

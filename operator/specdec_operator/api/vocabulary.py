@@ -162,3 +162,10 @@ def owned_config_key_reached(arg: str) -> tuple[str, str | None] | None:
 
 
 MAX_K = 16
+
+# The two names of the GPUs a ROCm process sees: vLLM reads both, so the operator sets both from one value and the
+# API refuses two plain values that differ (api/spec.py, decisions/runtime_env.py).
+VISIBLE_DEVICES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+VISIBLE_DEVICES_DIFFER = (
+    "spec.runtime.env: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES differ; vLLM on ROCm needs them equal"
+)

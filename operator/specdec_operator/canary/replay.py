@@ -355,7 +355,7 @@ class Replayer:
             # scrapes only give the other pods' counters a start, as the operator has them when a canary begins.
             history = [(target, record) for record in records if record.ready
                        and (target := self._target(record)) is not None]
-            before = [self._scrape(target, record.at, record.metrics, record) for target, record in history]
+            before = [self._scrape(target, record) for target, record in history]
             self._note_left_out(self.counters.observe(before).violations, records)
             return
         if starting:
@@ -375,7 +375,7 @@ class Replayer:
             restarts.append(PodRestarts(record.pod, revision, record.restarts))
             if not record.ready:
                 continue  # the operator scrapes Ready pods only
-            scraped = self._scrape(target, record.at, record.metrics, record)
+            scraped = self._scrape(target, record)
             results.append(scraped)
             # The operator probes /health every round; a recording without the answer counts a pod whose
             # /metrics was scraped as healthy, and leaves one whose scrape failed unprobed.
@@ -453,21 +453,19 @@ class Replayer:
             lines.append(f"and {len(ordered) - MAX_NOTES} more pods or kinds")
         return tuple(lines)
 
-    def _scrape(self, target: ScrapeTarget, at: float, metrics: str | None,
-                record: Record | None = None) -> ScrapeResult:
-        if metrics is None:
-            return ScrapeResult(target, at, "http_error", error="no /metrics in the recording")
+    def _scrape(self, target: ScrapeTarget, record: Record) -> ScrapeResult:
+        if record.metrics is None:
+            return ScrapeResult(target, record.at, "http_error", error="no /metrics in the recording")
         try:
-            sample = parse_metrics(metrics)
+            sample = parse_metrics(record.metrics)
         except MetricsParseError as err:
-            if record is not None:
-                self._note(record, "unreadable", str(err))
-            return ScrapeResult(target, at, "parse_error", error=str(err))
-        if sample.problems and record is not None:
+            self._note(record, "unreadable", str(err))
+            return ScrapeResult(target, record.at, "parse_error", error=str(err))
+        if sample.problems:
             self._note(record, "incomplete", "; ".join(sample.problems))
         with_k = ScrapeTarget(target.pod, target.uid, target.ip, target.port, target.pool, target.revision,
                               sample.k, target.restart_count)
-        return ScrapeResult(with_k, at, "ok" if sample.complete else "incomplete", sample)
+        return ScrapeResult(with_k, record.at, "ok" if sample.complete else "incomplete", sample)
 
     def _verdict(self, route_percent: int | None, stable_serving: bool) -> Verdict | None:
         status = self.status

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from specdec_operator.api.vocabulary import VISIBLE_DEVICES, VISIBLE_DEVICES_DIFFER
+
 # AITER kernels exist only for CDNA3 and newer.
 AITER_TARGETS = frozenset({"gfx942", "gfx950"})
 # A card may run code objects of a sibling target in its family: HSA_OVERRIDE_GFX_VERSION makes the
@@ -20,7 +22,6 @@ NEVER_OVERRIDE = frozenset({"gfx90a", "gfx942", "gfx950"})
 # vLLM's switch for the AITER kernels, which the operator turns on where they exist unless the spec turns it off.
 AITER_ENV = "VLLM_ROCM_USE_AITER"
 _OFF = frozenset({"0", "false", "no", "off"})
-VISIBLE_DEVICES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
 class RuntimeEnvError(ValueError):
@@ -88,9 +89,7 @@ def plan_runtime(
             notes.append(f"image {image} has no code objects for {gfx} or a sibling target")
     visible = {key: user_env[key] for key in VISIBLE_DEVICES if key in user_env}
     if len(set(visible.values())) > 1:
-        raise RuntimeEnvError(
-            "spec.runtime.env: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES differ; vLLM on ROCm needs them equal"
-        )
+        raise RuntimeEnvError(VISIBLE_DEVICES_DIFFER)
     if visible:
         value = next(iter(visible.values()))
         env.update({key: value for key in VISIBLE_DEVICES})

@@ -22,7 +22,7 @@ from itertools import pairwise
 from typing import Literal
 
 from specdec_operator.api.vocabulary import MAX_K
-from specdec_operator.tuner.exposition import Labels, MalformedSample, Sample, parse_samples
+from specdec_operator.tuner.exposition import Labels, MalformedSample, Sample, is_openmetrics, parse_samples
 
 # vLLM 0.33 metric families (vllm/v1/spec_decode/metrics.py, vllm/v1/metrics/loggers.py).
 DRAFTS = "vllm:spec_decode_num_drafts"
@@ -164,7 +164,7 @@ def parse_metrics(text: str) -> PodSample:
     """Parse vLLM's `/metrics` text. Raises only `MetricsParseError`."""
     if not text.strip():
         raise MetricsParseError("empty /metrics body")
-    if not text.endswith("\n") and text.rpartition("\n")[2].strip() != OPENMETRICS_EOF:
+    if not text.endswith("\n") and not is_openmetrics(text):
         # A body cut mid-line can still parse, with a shortened number that looks like a counter
         # reset; the exposition format always ends lines with a newline, so refuse it. OpenMetrics
         # marks its end with `# EOF`, whose own newline is optional: such a body is whole.
@@ -197,7 +197,6 @@ _WANTED_NAMES = frozenset(
 # a duplicate.
 _ESCAPED_NAMES = {name.replace(":", "_"): name for name in _WANTED_NAMES if ":" in name}
 _READ_NAMES = _WANTED_NAMES | frozenset(_ESCAPED_NAMES)
-OPENMETRICS_EOF = "# EOF"
 
 
 # Summed series: sample name -> {key label values -> value}.
