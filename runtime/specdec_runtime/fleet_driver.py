@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-import time
-from dataclasses import dataclass
+from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol
 
@@ -35,7 +33,7 @@ from specdec_runtime.fleet_kube import RuntimePod, kube_pod_source
 from specdec_runtime.podstates import Terminated, backoff_s
 from specdec_runtime.simulator.hosted import HostedSimulator, HostError, HostExit, ProfileCache
 from specdec_runtime.simulator.profile import DEFAULT_PROFILE, ProfileError, resolve_profile
-from specdec_runtime.termination import Terminations
+from specdec_runtime.supervision import PodSupervisor, has_loopback_ip
 
 logger = logging.getLogger(__name__)
 
@@ -65,65 +63,38 @@ class ContainerReporter(Protocol):
     async def finish_deletion(self, pod: RuntimePod) -> None: ...
 
 
-@dataclass
-class CrashLoop:
-    """A pod whose simulator exited: how often, how last, and when the back-off lets it start again."""
-
-    restarts: int
-    last: Terminated
-    retry_at: float  # monotonic
-
-
-class FleetSupervisor:
+class FleetSupervisor(PodSupervisor):
     """Owns the hosted simulators, keyed by pod UID."""
 
     def __init__(self, profiles_dir: Path, default_profile: str = DEFAULT_PROFILE,
                  reporter: ContainerReporter | None = None) -> None:
+        super().__init__(reporter.finish_deletion if reporter is not None else None)
         self.profiles_dir = profiles_dir
         self.default_profile = default_profile
         self.reporter = reporter
-        self._crashes: dict[str, CrashLoop] = {}
         self._profiles = ProfileCache()
         self._running: dict[str, HostedSimulator] = {}
         self._names: dict[str, str] = {}  # uid -> namespace/name, for log lines
-        self._refused: set[str] = set()
         self._loading: dict[str, RuntimePod] = {}  # started, not reported Ready yet: the model still loads
-        self._terminations = Terminations(reporter.finish_deletion if reporter is not None else None)
 
     @property
     def simulators(self) -> dict[str, HostedSimulator]:
         return dict(self._running)
 
-    async def reconcile(self, pods: list[RuntimePod]) -> None:
-        wanted = {pod.uid: pod for pod in pods if pod.terminating is None}
-        for pod in pods:
-            if pod.terminating is not None:
-                self._begin_termination(pod)
-        self._terminations.forget({pod.uid for pod in pods})
-        # Stop first: a pod deleted without a grace period, whose address a new pod may already have.
-        for uid in [uid for uid in self._running if uid not in wanted]:
-            await self._stop(uid, "pod is gone")
-        self._refused &= wanted.keys()
-        for uid in [uid for uid in self._crashes if uid not in wanted]:
-            del self._crashes[uid]
-        now = time.monotonic()
-        for uid, pod in wanted.items():
-            crash = self._crashes.get(uid)
-            if crash is not None and now < crash.retry_at:
-                continue  # backing off, as the kubelet does between restarts
-            if uid not in self._running and uid not in self._refused:
-                await self._start(pod)
-        await self._report_loaded()
+    def _serving(self) -> Collection[str]:
+        return self._running.keys()
+
+    async def _collect_exits(self) -> None:
+        """A hosted simulator exits only as it starts (it refuses its arguments, or stands for an OOM kill), which
+        `_start` reports at once."""
 
     async def _exited(self, pod: RuntimePod, last: Terminated) -> None:
-        crash = self._crashes.get(pod.uid)
-        restarts = (crash.restarts if crash is not None else 0) + 1
-        self._crashes[pod.uid] = CrashLoop(restarts, last, time.monotonic() + backoff_s(restarts))
+        crash = self._crashed(pod, last)
         logger.warning("simulator of %s/%s exited (%s, exit code %d%s); restart %d in %.0fs", pod.namespace,
-                       pod.name, last.reason, last.exit_code, f": {last.message}" if last.message else "", restarts,
-                       backoff_s(restarts))
+                       pod.name, last.reason, last.exit_code, f": {last.message}" if last.message else "",
+                       crash.restarts, backoff_s(crash.restarts))
         if self.reporter is not None:
-            await self.reporter.report_crash(pod, restarts, last)
+            await self.reporter.report_crash(pod, crash.restarts, last)
 
     async def stop_all(self) -> None:
         await self._terminations.close()
@@ -132,11 +103,8 @@ class FleetSupervisor:
 
     def _begin_termination(self, pod: RuntimePod) -> None:
         """The pod is being deleted: its simulator serves through the preStop wait, then drains (termination.py)."""
-        if pod.uid in self._terminations:
-            return
         hosted = self._running.pop(pod.uid, None)
         self._loading.pop(pod.uid, None)
-        self._crashes.pop(pod.uid, None)
         where = self._names.pop(pod.uid, f"{pod.namespace}/{pod.name}")
         if hosted is None:
             self._terminations.begin(pod, None)
@@ -152,11 +120,7 @@ class FleetSupervisor:
 
     def _argv(self, pod: RuntimePod) -> list[str] | None:
         where = f"{pod.namespace}/{pod.name}"
-        try:
-            loopback = ipaddress.ip_address(pod.pod_ip).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
+        if not has_loopback_ip(pod):
             logger.error("REFUSING pod %s: podIP %s is not loopback (127.0.0.0/8); give kwok a loopback CIDR",
                          where, pod.pod_ip)
             return None
@@ -195,7 +159,7 @@ class FleetSupervisor:
         options = hosted.simulator.options
         logger.info("serving %s on %s:%d (K=%d)", where, options.host, options.port, hosted.simulator.replica.k)
 
-    async def _report_loaded(self) -> None:
+    async def _report_ready(self) -> None:
         """Pods whose simulator finished loading its model are reported running and Ready, as the kubelet does
         once vLLM's readiness probe passes: until then no Service or route sends them a request (vLLM answers
         503 while it loads) and no rollout counts them. Checked every resync: Ready lags loading by one."""
@@ -208,9 +172,8 @@ class FleetSupervisor:
             if not hosted.simulator.replica.ready:
                 continue
             del self._loading[uid]
-            crash = self._crashes.get(uid)  # kept: the restart count, like the kubelet's, only grows
             if self.reporter is not None:
-                await self.reporter.report_running(pod, crash.restarts if crash else 0, crash.last if crash else None)
+                await self.reporter.report_running(pod, *self._crash_history(uid))
 
     async def _stop(self, uid: str, reason: str) -> None:
         hosted = self._running.pop(uid)

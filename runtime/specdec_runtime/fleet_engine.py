@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import re
@@ -29,6 +28,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +39,7 @@ from specdec_runtime.config import serve_args
 from specdec_runtime.fleet_kube import RuntimePod
 from specdec_runtime.launcher import MODELS_DIR_ENV, VLLM_EXECUTABLE, with_local_models
 from specdec_runtime.podstates import Terminated, backoff_s
-from specdec_runtime.termination import Terminations
+from specdec_runtime.supervision import PodSupervisor, has_loopback_ip
 
 logger = logging.getLogger(__name__)
 
@@ -113,13 +113,6 @@ class Engine:
     waiter: asyncio.Task[int] | None = None
 
 
-@dataclass
-class EngineCrash:
-    restarts: int
-    last: Terminated
-    retry_at: float
-
-
 def termination_message(log_path: Path) -> str:
     """The tail of the container's log, as the kubelet writes it with terminationMessagePolicy FallbackToLogsOnError."""
     try:
@@ -155,49 +148,33 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
-class EngineSupervisor:
+class EngineSupervisor(PodSupervisor):
     """Owns one engine process per pod UID, with the same contract as the simulator's FleetSupervisor."""
 
     def __init__(self, settings: EngineSettings, reporter: object | None = None) -> None:
+        super().__init__(getattr(reporter, "finish_deletion", None))
         self.settings = settings
         self.reporter = reporter
         self._engines: dict[str, Engine] = {}
-        self._crashes: dict[str, EngineCrash] = {}
-        self._refused: set[str] = set()
         self._waiting_logged: set[str] = set()
         self._http: aiohttp.ClientSession | None = None
-        self._terminations = Terminations(getattr(reporter, "finish_deletion", None))
 
     @property
     def engines(self) -> dict[str, Engine]:
         return dict(self._engines)
 
-    async def reconcile(self, pods: list[RuntimePod]) -> None:
-        wanted = {pod.uid: pod for pod in pods if pod.terminating is None}
-        for pod in pods:
-            if pod.terminating is not None:
-                self._begin_termination(pod)
-        self._terminations.forget({pod.uid for pod in pods})
-        for uid in [uid for uid in self._engines if uid not in wanted]:
-            await self._stop(uid, "pod is gone")
-        self._refused &= wanted.keys()
-        for uid in [uid for uid in self._crashes if uid not in wanted]:
-            del self._crashes[uid]
-        await self._collect_exits()
-        now = time.monotonic()
-        for uid, pod in sorted(wanted.items(), key=lambda item: (item[1].namespace, item[1].name)):
-            crash = self._crashes.get(uid)
-            if uid in self._engines or uid in self._refused or (crash is not None and now < crash.retry_at):
-                continue
-            # A terminating engine holds its memory until it exits, as a pod's containers hold their node's.
-            if len(self._engines) + self._terminations.holding >= self.settings.max_engines:
-                if uid not in self._waiting_logged:
-                    self._waiting_logged.add(uid)
-                    logger.warning("pod %s/%s waits: %d engines already run (--max-engines)", pod.namespace, pod.name,
-                                   len(self._engines))
-                continue
-            await self._start(pod)
-        await self._probe_ready()
+    def _serving(self) -> Collection[str]:
+        return self._engines.keys()
+
+    def _may_start(self, pod: RuntimePod) -> bool:
+        # A terminating engine holds its memory until it exits, as a pod's containers hold their node's.
+        if len(self._engines) + self._terminations.holding < self.settings.max_engines:
+            return True
+        if pod.uid not in self._waiting_logged:
+            self._waiting_logged.add(pod.uid)
+            logger.warning("pod %s/%s waits: %d engines already run (--max-engines)", pod.namespace, pod.name,
+                           len(self._engines))
+        return False
 
     async def stop_all(self) -> None:
         await self._terminations.close()
@@ -232,11 +209,7 @@ class EngineSupervisor:
 
     async def _start(self, pod: RuntimePod) -> None:
         where = f"{pod.namespace}/{pod.name}"
-        try:
-            loopback = ipaddress.ip_address(pod.pod_ip).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
+        if not has_loopback_ip(pod):
             logger.error("REFUSING pod %s: podIP %s is not loopback (127.0.0.0/8)", where, pod.pod_ip)
             self._refused.add(pod.uid)
             return
@@ -287,9 +260,7 @@ class EngineSupervisor:
             await self._exited(engine.pod, Terminated(reason, exit_code, termination_message(engine.log_path)))
 
     async def _exited(self, pod: RuntimePod, last: Terminated) -> None:
-        crash = self._crashes.get(pod.uid)
-        restarts = (crash.restarts if crash is not None else 0) + 1
-        self._crashes[pod.uid] = EngineCrash(restarts, last, time.monotonic() + backoff_s(restarts))
+        restarts = self._crashed(pod, last).restarts
         final = last.message.splitlines()[-1] if last.message else ""
         logger.warning("engine of %s/%s exited (%s, exit code %d: %s); restart %d in %.0fs", pod.namespace, pod.name,
                        last.reason, last.exit_code, final, restarts, backoff_s(restarts))
@@ -297,7 +268,7 @@ class EngineSupervisor:
         if report is not None:
             await report(pod, restarts, last)
 
-    async def _probe_ready(self) -> None:
+    async def _report_ready(self) -> None:
         """vLLM's readiness probe: GET /health answers 200 once the engine serves (the rendered probe's path)."""
         loading = [engine for engine in self._engines.values() if not engine.ready]
         if not loading:
@@ -316,18 +287,14 @@ class EngineSupervisor:
             pod = engine.pod
             logger.info("engine for %s/%s is healthy after %.0fs", pod.namespace, pod.name,
                         time.monotonic() - engine.started)
-            crash = self._crashes.get(pod.uid)
             report = getattr(self.reporter, "report_running", None)
             if report is not None:
-                await report(pod, crash.restarts if crash else 0, crash.last if crash else None)
+                await report(pod, *self._crash_history(pod.uid))
 
     def _begin_termination(self, pod: RuntimePod) -> None:
         """The pod is being deleted: its engine serves through the preStop wait, then gets SIGTERM and drains for its
         --shutdown-timeout (termination.py); it is killed at the end of the pod's grace period."""
-        if pod.uid in self._terminations:
-            return
         engine = self._engines.pop(pod.uid, None)
-        self._crashes.pop(pod.uid, None)
         if engine is None:
             self._terminations.begin(pod, None)
             return
