@@ -92,6 +92,7 @@ IO_EDGE = {
     "specdec_runtime/launcher.py": "execs vLLM or the simulator",
     "specdec_runtime/fleet_driver.py": "the local fleet's kubelet stand-in: hosts simulators",
     "specdec_runtime/fleet_engine.py": "runs engines as processes",
+    "specdec_runtime/supervision.py": "the fleet drivers' kubelet loop: starts, stops and back-off of workloads",
     "specdec_runtime/termination.py": "the kubelet stand-in's pod termination: waits, stops containers, deletes pods",
     "specdec_runtime/fleet_kube.py": "watches pods through the Kubernetes API",
     "specdec_runtime/gateway_standin.py": "proxies HTTP and watches Services and HTTPRoutes",
