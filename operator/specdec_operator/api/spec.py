@@ -25,6 +25,9 @@ from specdec_operator.api.placement import Placement
 from specdec_operator.api.placement import Toleration as Toleration
 from specdec_operator.api.pod import HF_HOME, HF_TOKEN, EnvVar, PodOverlay, Resources, WeightsCache
 from specdec_operator.api.vocabulary import (
+    GPU_SIZING_GLUED_FLAGS,
+    GPU_SIZING_REASON,
+    GPU_SIZING_VLLM_FLAGS,
     MAX_K,
     METHODS_REQUIRING_MODEL,
     METHODS_WITHOUT_MODEL,
@@ -35,6 +38,7 @@ from specdec_operator.api.vocabulary import (
     VISIBLE_DEVICES,
     VISIBLE_DEVICES_DIFFER,
     SpeculativeMethod,
+    gpu_sizing_flag_reached,
     owned_config_key_reached,
     refused_flag_reached,
     vllm_accepts_k,
@@ -273,6 +277,24 @@ def _owned_config_keys_cel() -> str:
     return "!has(self.extraArgs) || self.extraArgs.all(a, !a.startsWith('-') || (" + " && ".join(clauses) + "))"
 
 
+# Mirrors vocabulary.gpu_sizing_flag_reached; the message expression names the first such argument as given, in the
+# words the models use, and the static message is what the API server says should that expression fail.
+_CEL_GPU_SIZING = (
+    "a.startsWith('-') && ("
+    + "".join(f"a.startsWith('{flag}') || " for flag in GPU_SIZING_GLUED_FLAGS)
+    + f"{_cel_list(GPU_SIZING_VLLM_FLAGS)}.exists(f, f.startsWith(a.split('=')[0].split('.')[0].replace('_', '-'))))"
+)
+_GPU_SIZING_FLAGS = (
+    "spec.runtime.extraArgs may not set a flag that sizes vLLM's GPUs or nodes (--pipeline-parallel-size, "
+    "--prefill-context-parallel-size, --data-parallel-*, --nnodes, --node-rank, --master-addr, --headless, "
+    f"--device-ids, ...) in any spelling: {GPU_SIZING_REASON}"
+)
+_GPU_SIZING_MESSAGE_EXPRESSION = (
+    f"'spec.runtime.extraArgs may not set ' + self.extraArgs.filter(a, {_CEL_GPU_SIZING})[0].split('=')[0] + "
+    f"': {GPU_SIZING_REASON}'"
+)
+
+
 class Runtime(ApiModel):
     """How the runtime container is built."""
 
@@ -290,6 +312,10 @@ class Runtime(ApiModel):
                     "nor --config, in any spelling vLLM accepts: underscores, --flag.key=value or an abbreviation",
                 ),
                 cel(_owned_config_keys_cel(), _ATTENTION_CONFIG_CLASH),
+                {
+                    **cel(f"!has(self.extraArgs) || !self.extraArgs.exists(a, {_CEL_GPU_SIZING})", _GPU_SIZING_FLAGS),
+                    "messageExpression": _GPU_SIZING_MESSAGE_EXPRESSION,
+                },
             ]
         }
     )
@@ -350,6 +376,9 @@ class Runtime(ApiModel):
                 how = "reads it as" if vllm_option_key(arg) == refused else "can expand it to"
                 why = f"vLLM {how} {refused}, and {why}"
             raise ValueError(f"spec.runtime.extraArgs may not set {flag}: {why}")
+        sizing = next((arg for arg in self.extra_args if gpu_sizing_flag_reached(arg)), None)
+        if sizing is not None:
+            raise ValueError(f"spec.runtime.extraArgs may not set {sizing.split('=', 1)[0]}: {GPU_SIZING_REASON}")
         if any(owned_config_key_reached(arg) for arg in self.extra_args):
             raise ValueError(_ATTENTION_CONFIG_CLASH)
         names = [var.name for var in self.env]

@@ -129,12 +129,59 @@ def refused_flag_reached(arg: str) -> str | None:
     """The refused flag `arg` names in any spelling, or None.
 
     argparse also accepts any unambiguous prefix of a long option, so a key that is a prefix of a
-    refused flag is refused too (no vLLM 0.33 flag is itself a strict prefix of one we refuse).
+    refused flag is refused too (no vLLM 0.33 flag that we let through is a strict prefix of one we refuse).
     """
     if not arg.startswith("-"):
         return None  # the value of the previous flag
     key = vllm_option_key(arg)
     return next((flag for flag in REFUSED_VLLM_FLAGS if flag.startswith(key)), None)
+
+
+# Refused in extraArgs whatever their value: the operator runs one vLLM engine per pod on exactly
+# spec.model.tensorParallelSize GPUs, which the device plugin picks, and scales out with replicas. In vLLM 0.33
+# (engine/arg_utils.py's ParallelConfig group, config/parallel.py) an engine's world size is pp * tp * pcp and data
+# parallel starts one engine per rank, so these want more GPUs than the pod has ("World size ... is larger than the
+# number of available GPUs" long after admission) or spread one engine over other pods and nodes: the data parallel
+# ranks, address, ports, backend and load-balancing modes, the elastic EP bound on DP size, the multi-node master,
+# node count and rank, and --headless (the serve parser's: engines without an API server, for secondary nodes).
+# --device-ids picks physical GPUs. Not here: -dcp (shares the tp GPUs), -ep, --distributed-executor-backend, and the
+# --no-data-parallel-*-lb negations (they set the default).
+GPU_SIZING_VLLM_FLAGS: tuple[str, ...] = (
+    "--pipeline-parallel-size", "-pp",
+    "--prefill-context-parallel-size", "-pcp",
+    "--data-parallel-size", "-dp",
+    "--data-parallel-size-local", "-dpl",
+    "--data-parallel-rank", "-dpn",
+    "--data-parallel-start-rank", "-dpr",
+    "--data-parallel-address", "-dpa",
+    "--data-parallel-rpc-port", "-dpp",
+    "--data-parallel-backend", "-dpb",
+    "--data-parallel-hybrid-lb", "-dph",
+    "--data-parallel-external-lb", "-dpe",
+    "--data-parallel-multi-port-external-lb", "-dpm",
+    "--elastic-ep-max-dp-size",
+    "--nnodes", "-n",
+    "--node-rank", "-r",
+    "--master-addr",
+    "--master-port",
+    "--headless",
+    "--device-ids",
+)
+# argparse reads a one-letter short option's value glued on: `-n2` is `--nnodes 2` (no other option starts -n or -r).
+GPU_SIZING_GLUED_FLAGS: tuple[str, ...] = tuple(flag for flag in GPU_SIZING_VLLM_FLAGS if len(flag) == 2)
+GPU_SIZING_REASON = (
+    "a pod runs one vLLM engine on the spec.model.tensorParallelSize GPUs the device plugin gives it; "
+    "scale out with replicas"
+)
+
+
+def gpu_sizing_flag_reached(arg: str) -> str | None:
+    """The GPU- or node-sizing flag `arg` names in any spelling (as refused_flag_reached reads it), or None."""
+    if not arg.startswith("-"):
+        return None
+    glued = next((flag for flag in GPU_SIZING_GLUED_FLAGS if arg.startswith(flag)), None)
+    key = vllm_option_key(arg)
+    return glued or next((flag for flag in GPU_SIZING_VLLM_FLAGS if flag.startswith(key)), None)
 
 
 # JSON config flags with a key that sets what a rendered flag sets. vLLM 0.33 refuses the pair at start-up

@@ -127,6 +127,7 @@ EXPECTED_RULES = [
     ("spec.placement.pools.items.image", "spec.placement.pools[].image must be an image reference"),
     ("spec.runtime", "extraArgs may not set a flag the operator owns"),
     ("spec.runtime", "extraArgs may not set --attention-config as a whole nor its backend key"),
+    ("spec.runtime", "extraArgs may not set a flag that sizes vLLM's GPUs or nodes"),
     ("spec.rollout", "httpRouteRef requires spec.rollout.strategy Canary"),
     ("spec.rollout", "maxSurge and spec.rollout.maxUnavailable cannot both be 0"),
     ("spec.rollout.canary", "steps[].weight must strictly increase"),
@@ -236,6 +237,14 @@ def test_cel_message_names_a_real_field_under_the_rule(path: str, entry: dict[st
     assert named_path.startswith(rule_path) or (
         rule_path.startswith("spec.runtime.pod.affinity.") and named_path.startswith("spec.runtime.pod.affinity")
     ), (field, path)
+
+
+def test_a_message_expression_names_the_field_its_message_names() -> None:
+    expressions = [(path, entry) for path, entry in VALIDATIONS if "messageExpression" in entry]
+    assert [path for path, _ in expressions] == ["spec.runtime"]  # extraArgs that size vLLM's GPUs or nodes
+    for _, entry in expressions:
+        field = entry["message"].split(" ", 1)[0]
+        assert entry["messageExpression"].startswith(f"'{field} may not set ' + "), entry["messageExpression"]
 
 
 @pytest.mark.parametrize(("path", "entry"), VALIDATIONS, ids=[e["message"][:60] for _, e in VALIDATIONS])

@@ -11,7 +11,14 @@ from pydantic import ValidationError
 
 from specdec_operator.api.crdgen import build_crd
 from specdec_operator.api.spec import Canary, SpeculativeModelSpec
-from specdec_operator.api.vocabulary import GFX_TARGETS, OWNED_VLLM_FLAGS, REFUSED_METHODS, SPECULATIVE_METHODS
+from specdec_operator.api.vocabulary import (
+    GFX_TARGETS,
+    GPU_SIZING_REASON,
+    GPU_SIZING_VLLM_FLAGS,
+    OWNED_VLLM_FLAGS,
+    REFUSED_METHODS,
+    SPECULATIVE_METHODS,
+)
 from specdec_operator.reconcile.plan import validation_message
 from tests.unit.api.specfactories import MINIMAL_WIRE, drafter_wire, spec, spec_wire
 
@@ -385,6 +392,68 @@ def test_other_attention_config_keys_pass_through(args: list[str]) -> None:
     assert spec(runtime={"extraArgs": args}).runtime.extra_args == args
 
 
+# vLLM 0.33 would want more GPUs than the pod's spec.model.tensorParallelSize (pp * tp * pcp, one engine per data
+# parallel rank), or other nodes, or would pick physical GPUs itself: refused whatever the value, in any spelling.
+@pytest.mark.parametrize("flag", GPU_SIZING_VLLM_FLAGS)
+@pytest.mark.parametrize("form", ["bare", "with-value", "next-value"])
+def test_extra_args_may_not_size_the_engines_gpus_or_nodes(flag: str, form: str) -> None:
+    args = {"bare": [flag], "with-value": [f"{flag}=1"], "next-value": [flag, "1"]}[form]
+    message = rejection(runtime={"extraArgs": ["--gpu-memory-utilization=0.9", *args]})
+    assert message == f"spec.runtime.extraArgs may not set {flag}: {GPU_SIZING_REASON}"
+
+
+GPU_SIZING_SPELLINGS = [
+    "--pipeline_parallel_size=2",
+    "--pipeline-parallel",  # an abbreviation argparse expands
+    "-pp=2",
+    "--prefill_context_parallel_size",
+    "-pcp=2",
+    "--data_parallel_size=2",
+    "--data-parallel-size-l",
+    "--data_parallel_size_local=1",
+    "-dpl=1",
+    "--data-parallel-start",
+    "--data-parallel-address=10.0.0.1",
+    "--data-parallel-rpc",
+    "-dpb=ray",
+    "--data-parallel-external-lb",
+    "--data-parallel-hybrid",
+    "--elastic",
+    "--nn",
+    "-n2",  # argparse reads a one-letter option's value glued on: --nnodes 2
+    "-n=2",
+    "-r0",
+    "--node_rank=1",
+    "--master-addr.x=1",
+    "--master_port=29500",
+    "--headl",
+    "--device_ids=0,1",
+    "--dev",  # ambiguous for vLLM (--device-memory-utilization too), refused before it starts
+]
+
+
+@pytest.mark.parametrize("arg", GPU_SIZING_SPELLINGS)
+def test_extra_args_may_not_size_the_engine_by_another_spelling(arg: str) -> None:
+    flag = arg.split("=")[0]
+    assert rejection(runtime={"extraArgs": [arg]}) == f"spec.runtime.extraArgs may not set {flag}: {GPU_SIZING_REASON}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--decode-context-parallel-size", "2"],  # shares the tensor parallel GPUs: the world size stays tp
+        ["-dcp=2", "--dcp-kv-cache-interleave-size", "1"],
+        ["--enable-expert-parallel", "-ep"],
+        ["--no-data-parallel-external-lb", "--no-data-parallel-hybrid-lb"],  # the defaults
+        ["--data-parallel-supervisor-port=9000", "--dp-sync-interval", "4"],
+        ["--distributed-executor-backend", "mp", "--enable-elastic-ep", "--numa-bind-nodes", "0"],
+        ["--api-server-count", "2", "--max-num-seqs", "256", "-q", "fp8"],
+    ],
+)
+def test_parallel_flags_that_keep_one_engine_on_the_pods_gpus_pass_through(args: list[str]) -> None:
+    assert spec(runtime={"extraArgs": args}).runtime.extra_args == args
+
+
 # The invalid manifests for what vLLM 0.33 refuses at start-up: the models say what admission says.
 VLLM_REFUSALS = [
     "extra-arg-attention-config-backend",
@@ -405,6 +474,41 @@ def test_invalid_manifest_for_a_vllm_refusal_is_refused_by_the_models_too(name: 
     message = validation_message(caught.value)
     assert message.startswith(expected)
     assert message in CEL_MESSAGES
+
+
+# Admission names the argument as given (the rule's messageExpression); the models say it in the same words.
+GPU_SIZING_MANIFESTS = [
+    "extra-arg-pipeline-parallel",
+    "extra-arg-data-parallel",
+    "extra-arg-device-ids",
+    "extra-arg-nnodes-glued",
+]
+
+
+@pytest.mark.parametrize("name", GPU_SIZING_MANIFESTS)
+def test_invalid_manifest_for_gpu_sizing_is_refused_by_the_models_in_the_admission_words(name: str) -> None:
+    path = Path(__file__).resolve().parents[2] / "manifests" / "invalid" / f"{name}.yaml"
+    expected = path.read_text().splitlines()[0].removeprefix("# expect: ")
+    with pytest.raises(ValidationError) as caught:
+        SpeculativeModelSpec.model_validate(yaml.safe_load(path.read_text())["spec"])
+    assert validation_message(caught.value) == expected
+    assert expected.startswith("spec.runtime.extraArgs may not set -") and expected.endswith(f": {GPU_SIZING_REASON}")
+
+
+def test_gpu_sizing_message_expression_builds_the_models_words() -> None:
+    runtime = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "runtime"
+    ]
+    [entry] = [e for e in runtime["x-kubernetes-validations"] if "messageExpression" in e]
+    assert entry["message"].startswith("spec.runtime.extraArgs may not set a flag that sizes vLLM's GPUs or nodes")
+    assert entry["message"].endswith(GPU_SIZING_REASON)
+    expression = entry["messageExpression"]
+    assert expression.startswith("'spec.runtime.extraArgs may not set ' + self.extraArgs.filter(a, ")
+    assert expression.endswith(f")[0].split('=')[0] + ': {GPU_SIZING_REASON}'")
+    # the filter is the rule's own predicate, so it names the first argument the rule refuses
+    predicate = expression.split("self.extraArgs.filter(a, ", 1)[1].rsplit(")[0].split('=')[0]", 1)[0]
+    assert entry["rule"] == f"!has(self.extraArgs) || !self.extraArgs.exists(a, {predicate})"
+    assert all(f"'{flag}'" in predicate for flag in GPU_SIZING_VLLM_FLAGS)
 
 
 def test_attention_defaults_to_standard() -> None:
