@@ -11,8 +11,10 @@ import pytest
 
 from specdec_operator.api.spec import Runtime
 from specdec_operator.api.vocabulary import (
+    GPU_SIZING_VLLM_FLAGS,
     OWNED_VLLM_FLAGS,
     REFUSED_METHODS,
+    gpu_sizing_flag_reached,
     owned_config_key_reached,
     refused_flag_reached,
     vllm_accepts_k,
@@ -166,6 +168,25 @@ def test_every_vllm_option_that_sets_a_rendered_setting_is_refused_in_extra_args
             assert owned_config_key_reached(option) is not None, option
         else:
             assert refused_flag_reached(option) is None or option == "--config", (option, dest)
+
+
+def test_every_option_that_sizes_an_engines_gpus_or_nodes_is_refused_in_extra_args_and_nothing_else(
+    vllm_options: list[dict[str, Any]],
+) -> None:
+    """Each flag the API refuses for sizing GPUs or nodes is one vLLM 0.33's serve parser has (a rename upstream is
+    noticed here), every option string of the same destinations is refused too, and no other option is, in any
+    abbreviation argparse would expand. A `--no-` negation only sets the default: it passes."""
+    option_dests = {entry["option"]: entry["dest"] for entry in vllm_options}
+    assert set(GPU_SIZING_VLLM_FLAGS) <= option_dests.keys(), set(GPU_SIZING_VLLM_FLAGS) - option_dests.keys()
+    sizing_dests = {option_dests[flag] for flag in GPU_SIZING_VLLM_FLAGS}
+    assert {"pipeline_parallel_size", "data_parallel_size", "nnodes", "device_ids"} <= sizing_dests
+    for option, dest in option_dests.items():
+        sizing = dest in sizing_dests and not option.startswith("--no-")
+        assert (gpu_sizing_flag_reached(option) is not None) == sizing, (option, dest)
+        for cut in range(3, len(option)) if option.startswith("--") else ():
+            prefix = option[:cut]
+            if [o for o in option_dests if o.startswith(prefix)] == [option]:  # argparse would expand it
+                assert (gpu_sizing_flag_reached(prefix) is not None) == sizing, (prefix, dest)
 
 
 def proposer_verdicts(models: dict[str, str], vllm_proposers: Verdicts) -> dict[str, dict[str, Any]]:
