@@ -21,6 +21,19 @@ A K whose canary was rolled back on the pool's current revision (status.speculat
 proposed again until the evidence says otherwise: the tuner, from acceptance and step times measured since,
 predicts for it a gain at least REJECTED_MARGIN above the gain it predicted when the canary failed, with
 confidence CONFIDENT. Until then it is neither a target nor an exploration step.
+
+At K=0 (speculation off) no pod drafts, so nothing measures acceptance: only running K=1 can tell whether
+speculation pays. A pool that never measured it (a new model started at K=0) explores K=1 once it has minSamples
+and the cooldown allows. A pool that came down to K=0 from a K>0 measured speculation not paying; its evidence fades
+(tuner/engine.py halves it every few minutes) but the finding stands until something changes that no pod at K=0
+can show (the traffic mix, the drafter's weights). It re-probes K=1 by a ski-rental rule (`_reprobe_k1`): once the
+probe's restart, spread over the time K=0 has held since the model's last K change, costs at most minGain (the
+restart cost every K change is charged, its horizon the whole time held), and never within MIN_HORIZON_S of the
+change. Holding K=0 risks, per second, the smallest gain worth a change (minGain) should acceptance have risen;
+re-probing once that adds up to the restart's price spends on re-measuring in proportion to the time that passed,
+so a pool whose restart is dear re-probes rarely, a cheap one more often, and none stays at K=0 for good. The
+moment follows from the restart cost and the time alone, never from when old evidence decays below a numerical
+floor.
 """
 
 from __future__ import annotations
@@ -131,6 +144,11 @@ class RestartCost:
     horizon_s: float
     held_s: float | None  # how long ago the model's K last changed; None: no change on record
 
+    @property
+    def lost_s(self) -> float:
+        """Pool-seconds of capacity the restart takes out of service (the fraction's numerator)."""
+        return self.fraction * self.horizon_s
+
     def describe(self) -> str:
         ready = f"pods Ready in {self.ready_s:.0f} s" + ("" if self.ready_observed else " (default, none observed)")
         if self.out == 0:
@@ -227,7 +245,8 @@ class _Verdicts:
 
 def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_change_at: float | None) -> Assessment:
     """One pool's decision: back into the spec's bounds, hold (not ready, cooling down, best already), explore
-    K=1 from off, or move towards the best K."""
+    K=1 from off (at once when acceptance was never measured, on the restart-cost schedule of `_reprobe_k1` when
+    the pool came down to K=0), or move towards the best K."""
     bounded = _into_bounds(pool, speculation, now)
     if bounded is not None:
         return bounded
@@ -247,7 +266,11 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
         return verdicts.give("Hold", "no usable metrics yet at the current K")
     if pool.samples_at_k < autotune.min_samples:
         return verdicts.give("Hold", f"{pool.samples_at_k:.0f} of {autotune.min_samples} samples at K={k}")
-    if k == 0 and not pool.acceptance.observed_k and not pool.acceptance.measured_lengths and speculation.max_k:
+    # Off after running another K, with the time of that change on record: re-probing K=1 is scheduled by its
+    # restart cost (`_reprobe_k1`), not by whether the old evidence has faded yet.
+    came_down = k == 0 and speculation.max_k > 0 and last_change_at is not None and _measured_before(pool, speculation)
+    if (k == 0 and not came_down and not pool.acceptance.observed_k and not pool.acceptance.measured_lengths
+            and speculation.max_k):
         # Speculation is off and acceptance was never measured: only trying K=1 can tell whether it pays.
         reason = f"no acceptance measured at any K; {_describe(current, pool)}"
         if cooldown_left > 0:
@@ -261,8 +284,72 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
         rejected = f"; K={listed} rolled back by canary on this revision" if blocked else ""
         hold = f"K={k} is best: {_describe(current, pool)}{rejected}"
         explored = _explore_prior_doubt(replace(verdicts, restart_cost=cost), speculation, current, cooldown_left, hold)
-        return explored or verdicts.give("Hold", hold)
-    return _towards_best(replace(verdicts, restart_cost=cost), speculation, current, best, cooldown_left)
+        assessed = explored or verdicts.give("Hold", hold)
+    else:
+        assessed = _towards_best(replace(verdicts, restart_cost=cost), speculation, current, best, cooldown_left)
+    if came_down and assessed.decision.action == "Hold":
+        assert last_change_at is not None  # came_down says so
+        held_s = max(now - last_change_at, 0.0)
+        return _reprobe_k1(replace(verdicts, restart_cost=cost), speculation, held_s, cooldown_left, blocked,
+                           assessed.decision.reason)
+    return assessed
+
+
+def _measured_before(pool: PoolEvidence, speculation: Speculation) -> bool:
+    """Whether the pool ran a K other than the one it runs now: a K change of it is on record (previous_k), or it
+    runs a K other than the initialK new pools start at (after an operator restart only status is left, and it keeps
+    the previous K of the last decision's pool only)."""
+    return pool.previous_k is not None or pool.current_k != speculation.initial_k
+
+
+def _reprobe_k1(
+    verdicts: _Verdicts,
+    speculation: Speculation,
+    held_s: float,
+    cooldown_left: float,
+    blocked: set[int],
+    hold: str,
+) -> Assessment:
+    """A pool that came down to K=0 and would hold: re-probe the lowest K above 0 once the probe pays for itself by
+    a ski-rental rule, else hold and say when it will.
+
+    Every second the pool holds K=0 it may miss the smallest gain worth a change, minGain, should its acceptance
+    have risen since (no pod at K=0 can show it). The probe costs a restart of the pool, `restart_cost(...).lost_s`
+    pool-seconds (the numerator of the fraction every K change is charged). So it is due once that restart costs at
+    most minGain of the time K=0 has held, held_s, since the model's last K change: lost_s / held_s <= minGain. The
+    horizon is the whole time held, not capped at MAX_HORIZON_S as a change's is, so a pool whose restart costs more
+    than minGain of six hours re-probes later instead of never; and it is never within MIN_HORIZON_S of the change
+    (a surge rollout's restart is free, the time it then serves at K=1 is not). minGain counts at least the step
+    model's noise floor (MIN_RELATIVE_SD), so minGain 0 does not keep a pool at K=0 for good either. Deterministic
+    from the evidence's restart inputs and the time; the fading acceptance evidence plays no part.
+    """
+    cost = verdicts.restart_cost
+    assert cost is not None  # _assess weighs it first
+    pool = verdicts.pool
+    budget = max(speculation.autotune.min_gain, MIN_RELATIVE_SD)
+    due_s = max(cost.lost_s / budget, MIN_HORIZON_S)
+    share = cost.lost_s / held_s if held_s > 0 else math.inf
+    step_k = next_legal_k(0, pool.allowed_ks(speculation), upwards=True)
+    if step_k is None:
+        return verdicts.give("Hold", hold)
+    since = f"K=0 since {held_s / 3600:.1f} h ago (the model's last K change)"
+    price = f"its restart ({cost.lost_s:.0f} pool-seconds)"
+    if held_s < due_s:
+        floor = f", not within {MIN_HORIZON_S / 3600:.0f} h of the change" if due_s == MIN_HORIZON_S else ""
+        schedule = (
+            f"{since}; re-probing K={step_k} once its restart costs at most minGain {budget:.1%} over the time held: "
+            f"{price} is now {share:.1%} of it; in {(due_s - held_s) / 3600:.1f} h{floor}"
+        )
+        return verdicts.give("Hold", f"{hold}; {schedule}")
+    if cooldown_left > 0:
+        return verdicts.give("Hold", f"cooldown {cooldown_left:.0f}s left before re-probing K={step_k}: {hold}")
+    if step_k in blocked:
+        return verdicts.give("Hold", f"K={step_k} rolled back by canary on this revision, not re-probed: {hold}")
+    reason = (
+        f"re-probing K={step_k}: {since}, and {price} is {share:.1%} of that, within minGain {budget:.1%}; "
+        f"{cost.describe()}; {hold}"
+    )
+    return verdicts.give("Explore", reason, step_k)
 
 
 def _into_bounds(pool: PoolEvidence, speculation: Speculation, now: float) -> Assessment | None:
