@@ -168,8 +168,11 @@ def model() -> dict[str, Any]:
         "spec": {
             "model": {"name": SERVED},
             "drafters": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}],
-            # The tuner runs (every 5 s, on few samples) and could act; K=3 is the profile's best below maxK 3.
-            "speculation": {"initialK": 3, "minK": 1, "maxK": 3,
+            # The tuner runs (every 5 s) and its window restarts on every resize, but K is pinned: a free K may be
+            # explored on the cost priors' doubt alone (tuner/policy.py `_explore_prior_doubt`, once per pool and free
+            # under a surge rollout), a rollout of the tuner's own that the checks below would take for the resize's
+            # (seen in CI: K 3 -> 2 explored 4 s after the scale-out settled).
+            "speculation": {"initialK": 3, "minK": 3, "maxK": 3,
                             "autotune": {"intervalSeconds": 5, "minSamples": MIN_SAMPLES}},
             "placement": {"gfxTargets": ["gfx942"], "totalReplicas": 1,
                           "minReplicasPerPool": 1, "maxReplicasPerPool": MAX_REPLICAS},
@@ -441,8 +444,6 @@ def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
     decisions = {json.dumps(d, sort_keys=True): d for d in
                  ((written_status(e).get("speculation") or {}).get("lastDecision") for e in writes) if d}
     windows = resize_windows(scale_writes, timeline.samples)
-    during = [d for d in decisions.values()
-              if any(parse_time(begin) <= parse_time(d["time"]) <= parse_time(end) for begin, end in windows)]
 
     # The figures, before the verdicts.
     print(f"\nqueue-depth scaling of {NAME} (threshold {THRESHOLD} waiting per replica, max {MAX_REPLICAS}, load "
@@ -484,8 +485,8 @@ def test_keda_scales_a_model_out_on_queue_depth_and_back_in_without_a_rollout(
     assert managers and operator_spec == [], managers
     # No rollout: the pool kept its pod template (its revision and K) through both resizes.
     assert rollouts(entries, POOL, baseline=baseline["spec"]["template"]) == []
-    # No K decision recorded while a resize was in progress.
-    assert during == [], (during, windows)
+    # No K decision recorded: K is pinned, so one would be the tuner moving outside its bounds.
+    assert decisions == {}, list(decisions.values())
     # Each resize restarted the pool's decision window: the scale-out once or more (the HPA may step), the
     # scale-in again, and never without a /scale write behind it.
     resize_restarts = resized_in.tuner.restarts.get("resize", 0) - resizes_before
