@@ -266,9 +266,13 @@ _ATTENTION_CONFIG_CLASH = (
 )
 
 
+# The key vLLM resolves an extraArgs element `a` to (vocabulary.vllm_option_key).
+_CEL_OPTION_KEY = "a.split('=')[0].split('.')[0].replace('_', '-')"
+
+
 def _owned_config_keys_cel() -> str:
     """Mirrors vocabulary.owned_config_key_reached, one JSON config flag per clause."""
-    key = "a.split('=')[0].split('.')[0].replace('_', '-')"
+    key = _CEL_OPTION_KEY
     path = "a.split('=')[0].split('.')"
     clauses = [
         f"!('{flag}'.startsWith({key}) && (size({path}) == 1 || {path}[1].replace('+', '') in {_cel_list(keys)}))"
@@ -282,7 +286,7 @@ def _owned_config_keys_cel() -> str:
 _CEL_GPU_SIZING = (
     "a.startsWith('-') && ("
     + "".join(f"a.startsWith('{flag}') || " for flag in GPU_SIZING_GLUED_FLAGS)
-    + f"{_cel_list(GPU_SIZING_VLLM_FLAGS)}.exists(f, f.startsWith(a.split('=')[0].split('.')[0].replace('_', '-'))))"
+    + f"{_cel_list(GPU_SIZING_VLLM_FLAGS)}.exists(f, f.startsWith({_CEL_OPTION_KEY})))"
 )
 _GPU_SIZING_FLAGS = (
     "spec.runtime.extraArgs may not set a flag that sizes vLLM's GPUs or nodes (--pipeline-parallel-size, "
@@ -305,8 +309,7 @@ class Runtime(ApiModel):
                 # Its cost is bounded by extraArgs' maxItems and maxLength.
                 cel(
                     "!has(self.extraArgs) || self.extraArgs.all(a, !a.startsWith('-') || "
-                    f"!{_cel_list(REFUSED_VLLM_FLAGS)}.exists(f, f.startsWith("
-                    "a.split('=')[0].split('.')[0].replace('_', '-'))))",
+                    f"!{_cel_list(REFUSED_VLLM_FLAGS)}.exists(f, f.startsWith({_CEL_OPTION_KEY})))",
                     "spec.runtime.extraArgs may not set a flag the operator owns "
                     "(--speculative-config, --port, --host, --served-model-name, -tp, --attention-backend, ...) "
                     "nor --config, in any spelling vLLM accepts: underscores, --flag.key=value or an abbreviation",

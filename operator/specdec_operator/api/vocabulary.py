@@ -131,10 +131,15 @@ def refused_flag_reached(arg: str) -> str | None:
     argparse also accepts any unambiguous prefix of a long option, so a key that is a prefix of a
     refused flag is refused too (no vLLM 0.33 flag that we let through is a strict prefix of one we refuse).
     """
+    return _flag_reached(arg, REFUSED_VLLM_FLAGS)
+
+
+def _flag_reached(arg: str, flags: tuple[str, ...]) -> str | None:
+    """The flag of `flags` that `arg` names, by the key vLLM resolves it to or an abbreviation of it, or None."""
     if not arg.startswith("-"):
         return None  # the value of the previous flag
     key = vllm_option_key(arg)
-    return next((flag for flag in REFUSED_VLLM_FLAGS if flag.startswith(key)), None)
+    return next((flag for flag in flags if flag.startswith(key)), None)
 
 
 # Refused in extraArgs whatever their value: the operator runs one vLLM engine per pod on exactly
@@ -177,11 +182,8 @@ GPU_SIZING_REASON = (
 
 def gpu_sizing_flag_reached(arg: str) -> str | None:
     """The GPU- or node-sizing flag `arg` names in any spelling (as refused_flag_reached reads it), or None."""
-    if not arg.startswith("-"):
-        return None
     glued = next((flag for flag in GPU_SIZING_GLUED_FLAGS if arg.startswith(flag)), None)
-    key = vllm_option_key(arg)
-    return glued or next((flag for flag in GPU_SIZING_VLLM_FLAGS if flag.startswith(key)), None)
+    return glued or _flag_reached(arg, GPU_SIZING_VLLM_FLAGS)
 
 
 # JSON config flags with a key that sets what a rendered flag sets. vLLM 0.33 refuses the pair at start-up

@@ -288,9 +288,7 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
     else:
         assessed = _towards_best(replace(verdicts, restart_cost=cost), speculation, current, best, cooldown_left)
     if came_down and assessed.decision.action == "Hold":
-        assert last_change_at is not None  # came_down says so
-        held_s = max(now - last_change_at, 0.0)
-        return _reprobe_k1(replace(verdicts, restart_cost=cost), speculation, held_s, cooldown_left, blocked,
+        return _reprobe_k1(replace(verdicts, restart_cost=cost), speculation, cooldown_left, blocked,
                            assessed.decision.reason)
     return assessed
 
@@ -305,7 +303,6 @@ def _measured_before(pool: PoolEvidence, speculation: Speculation) -> bool:
 def _reprobe_k1(
     verdicts: _Verdicts,
     speculation: Speculation,
-    held_s: float,
     cooldown_left: float,
     blocked: set[int],
     hold: str,
@@ -324,7 +321,8 @@ def _reprobe_k1(
     from the evidence's restart inputs and the time; the fading acceptance evidence plays no part.
     """
     cost = verdicts.restart_cost
-    assert cost is not None  # _assess weighs it first
+    assert cost is not None and cost.held_s is not None  # _assess weighs it first, for a K change on record
+    held_s = cost.held_s
     pool = verdicts.pool
     budget = max(speculation.autotune.min_gain, MIN_RELATIVE_SD)
     due_s = max(cost.lost_s / budget, MIN_HORIZON_S)
@@ -459,9 +457,8 @@ def _explore_prior_doubt(
     worth = expected_improvement(target)
     # The explored K holds only until it is measured: the change that follows (to the target, or back) is a quick
     # one, charged as one at the shortest horizon. Exploring pays for both restarts.
-    lost_s = cost.fraction * cost.horizon_s
     # A gain below the step model's noise floor cannot be told apart by measuring: no exploration buys less.
-    price = max(cost.fraction + lost_s / MIN_HORIZON_S, MIN_RELATIVE_SD)
+    price = max(cost.fraction + cost.lost_s / MIN_HORIZON_S, MIN_RELATIVE_SD)
     if worth <= price:
         return None
     step_k = next_legal_k(k, pool.allowed_ks(speculation), upwards=target.k > k)

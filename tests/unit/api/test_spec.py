@@ -465,13 +465,18 @@ VLLM_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("name", VLLM_REFUSALS)
-def test_invalid_manifest_for_a_vllm_refusal_is_refused_by_the_models_too(name: str) -> None:
+def refused_by_the_models(name: str) -> tuple[str, str]:
+    """(the `# expect:` line of tests/manifests/invalid/NAME.yaml, the message the models refuse its spec with)."""
     path = Path(__file__).resolve().parents[2] / "manifests" / "invalid" / f"{name}.yaml"
     expected = path.read_text().splitlines()[0].removeprefix("# expect: ")
     with pytest.raises(ValidationError) as caught:
         SpeculativeModelSpec.model_validate(yaml.safe_load(path.read_text())["spec"])
-    message = validation_message(caught.value)
+    return expected, validation_message(caught.value)
+
+
+@pytest.mark.parametrize("name", VLLM_REFUSALS)
+def test_invalid_manifest_for_a_vllm_refusal_is_refused_by_the_models_too(name: str) -> None:
+    expected, message = refused_by_the_models(name)
     assert message.startswith(expected)
     assert message in CEL_MESSAGES
 
@@ -487,11 +492,8 @@ GPU_SIZING_MANIFESTS = [
 
 @pytest.mark.parametrize("name", GPU_SIZING_MANIFESTS)
 def test_invalid_manifest_for_gpu_sizing_is_refused_by_the_models_in_the_admission_words(name: str) -> None:
-    path = Path(__file__).resolve().parents[2] / "manifests" / "invalid" / f"{name}.yaml"
-    expected = path.read_text().splitlines()[0].removeprefix("# expect: ")
-    with pytest.raises(ValidationError) as caught:
-        SpeculativeModelSpec.model_validate(yaml.safe_load(path.read_text())["spec"])
-    assert validation_message(caught.value) == expected
+    expected, message = refused_by_the_models(name)
+    assert message == expected
     assert expected.startswith("spec.runtime.extraArgs may not set -") and expected.endswith(f": {GPU_SIZING_REASON}")
 
 
