@@ -3,7 +3,7 @@
 It ties the counter windows, the acceptance estimator, each pool's step-cost model and the policy
 together. Everything it remembers is either re-learnable from the counters (they simply re-window
 after an operator restart) or kept in status: the effective K per pool (handed in on every call),
-and the last decision (its time drives the cooldown, its fromK the hysteresis), see `from_status`.
+and the last decision (its time drives the cooldown, its fromK and action the hysteresis), see `from_status`.
 
 Times handed to the tuner are monotonic seconds; only `from_status` translates a wall-clock stamp.
 A decision is a proposal until `commit`: the reconciler commits it only after the decision is in status,
@@ -109,12 +109,16 @@ class TunerState:
         *,
         last_change_at: float | None = None,
         previous_k: Mapping[str, int] | None = None,
+        explored: Mapping[str, tuple[int, int]] | None = None,
         acceptance_half_life_s: float = ACCEPTANCE_HALF_LIFE_S,
         cost_half_life_s: float = COST_HALF_LIFE_S,
         load_lookback_s: float = LOAD_LOOKBACK_S,
     ) -> None:
         self.last_change_at = last_change_at
         self._previous_k = dict(previous_k or {})
+        # pool -> (from K, to K) of its last committed decision when that was an Explore: a return from the
+        # explored K is the exploration's answer, not a flip back (policy.RETURN_GAIN_FACTOR).
+        self._explored = dict(explored or {})
         self._acceptance_half_life_s = acceptance_half_life_s
         self._cost_half_life_s = cost_half_life_s
         self._load_lookback_s = load_lookback_s
@@ -136,7 +140,9 @@ class TunerState:
         stamp = _parse_time(decision.time) if decision is not None and decision.action != "Hold" else None
         last_change = None if stamp is None else monotonic_now - max(0.0, wall_now - stamp)
         previous = {decision.pool: decision.from_k} if decision and decision.action != "Hold" else {}
-        return cls(last_change_at=last_change, previous_k=previous)
+        explored = {decision.pool: (decision.from_k, decision.to_k)} if decision and decision.action == "Explore" \
+            else {}
+        return cls(last_change_at=last_change, previous_k=previous, explored=explored)
 
     def observe(
         self,
@@ -225,6 +231,8 @@ class TunerState:
             del self._pools[gone]
         for gone in [name for name in self._previous_k if name not in names]:
             del self._previous_k[gone]
+        for gone in [name for name in self._explored if name not in names]:
+            del self._explored[gone]
         return report
 
     @property
@@ -261,6 +269,10 @@ class TunerState:
         self.last_change_at = now
         self.proposed = None
         self._previous_k[decision.pool] = decision.from_k
+        if decision.action == "Explore":
+            self._explored[decision.pool] = (decision.from_k, decision.to_k)
+        else:
+            self._explored.pop(decision.pool, None)
         if history is not None:
             history.previous_k = decision.from_k
 
@@ -337,6 +349,7 @@ class TunerState:
             acceptance=estimate_acceptance(history.by_k, pool.drafter_method),
             steps=steps,
             previous_k=previous,
+            explored=previous is not None and self._explored.get(pool.name) == (previous, pool.effective_k),
             weight=float(pool.replicas * pool.gpus_per_replica),
             rolling=pool.rolling,
             legal_ks=legal_ks(pool.drafter_method, pool.drafter_mtp_layers, speculation.min_k, speculation.max_k),

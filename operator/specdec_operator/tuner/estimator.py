@@ -29,9 +29,14 @@ EXTRAPOLATION_SD = 0.08
 FULL_DRAFT_SHARE = 0.98
 # A position counts as observed only while the windows that reach it hold at least this share of all
 # (decayed) drafts. After K is lowered, the deeper positions live on only in old windows; once those
-# have faded they describe a traffic mix that may be gone, and extrapolating from fresh shallow
-# positions is the better guess.
+# have faded they describe a traffic mix that may be gone. They are not dropped for a blind extrapolation
+# from the fresh shallow positions, though: a drafter trained for a horizon accepts well up to it and
+# poorly past it, and forgetting that the depth was measured poor sends the pool back to it as soon as
+# the old window fades (a flap every few minutes). A faded position keeps its old rate, moved by as much
+# as the traffic moved since (`_faded_positions`).
 FRESH_COVERAGE = 0.2
+# Conditional acceptance is moved on the log-odds scale, kept this far inside (0, 1) so it stays finite.
+ODDS_CLAMP = 1e-3
 # Decayed counts below this are no evidence at all (a millionth of a draft). Evidence halves every few minutes:
 # a day after a pool left a K its counts reach 1e-160, where squaring them underflows to zero.
 EVIDENCE_FLOOR = 1e-6
@@ -71,6 +76,8 @@ class AcceptanceEstimate:
     measured_lengths: Mapping[int, Interval]  # E(K) measured directly at each K observed
     mix: Mix = ()  # the requests the rates show (composition.py), read at mix_read_at; () or one kind: no mix
     mix_read_at: int = 0
+    # Positions past the observed ones that older windows measured (FRESH_COVERAGE), carried to today's traffic
+    faded: tuple[Interval, ...] = ()
 
     @property
     def observed_k(self) -> int:
@@ -90,7 +97,7 @@ class AcceptanceEstimate:
             # Drafts already fall short of the K we run: proposing more tokens mostly adds empty slots,
             # and the positions we would need were barely sampled. Refuse rather than guess.
             return None
-        chain = _chain_length(self.conditional, k)
+        chain = _chain_length(self.conditional + self.faded, k)
         factor = length_factor(self.mix, self.mix_read_at, k)
         if factor == 1.0:
             return chain
@@ -98,7 +105,8 @@ class AcceptanceEstimate:
 
 
 def _chain_length(conditional: tuple[Interval, ...], k: int) -> Interval:
-    """E(k) = 1 + sum_i prod_{j<=i} alpha_j, and its sd by the delta method (numerical gradient)."""
+    """E(k) = 1 + sum_i prod_{j<=i} alpha_j, and its sd by the delta method (numerical gradient). Positions past
+    the known ones carry the last known alpha forward, with EXTRAPOLATION_SD more doubt."""
     observed = len(conditional)
     means = [conditional[min(i, observed - 1)].mean for i in range(k)]
 
@@ -136,14 +144,7 @@ def estimate_acceptance(by_k: Mapping[int, WindowDelta], method: str) -> Accepta
         reaching = sum(delta.drafts for k, delta in windows.items() if k > position)
         if reaching < FRESH_COVERAGE * all_drafts:
             break
-        accepted = trials = 0.0
-        for k, delta in windows.items():
-            counts = delta.accepted_per_position
-            if k <= position or len(counts) <= position:
-                continue
-            accepted += counts[position]
-            trials += counts[position - 1] if position > 0 else delta.drafts
-        conditional.append(wilson_interval(accepted, trials))
+        conditional.append(wilson_interval(*_position_counts(windows, position, position)))
     proposed = sum(delta.draft_tokens for delta in windows.values())
     capacity = sum(delta.drafts * k for k, delta in windows.items())
     measured = {k: _measured_length(delta, k) for k, delta in windows.items()}
@@ -156,7 +157,55 @@ def estimate_acceptance(by_k: Mapping[int, WindowDelta], method: str) -> Accepta
         measured_lengths=measured,
         mix=mix,
         mix_read_at=read_at,
+        faded=_faded_positions(windows, tuple(conditional), deepest),
     )
+
+
+def _position_counts(windows: Mapping[int, WindowDelta], position: int, reaching: int) -> tuple[float, float]:
+    """Accepted and tried drafts at `position` (0-based) in the windows whose K is above `reaching`."""
+    accepted = trials = 0.0
+    for k, delta in windows.items():
+        counts = delta.accepted_per_position
+        if k <= reaching or len(counts) <= position:
+            continue
+        accepted += counts[position]
+        trials += counts[position - 1] if position > 0 else delta.drafts
+    return accepted, trials
+
+
+def _faded_positions(
+    windows: Mapping[int, WindowDelta], conditional: tuple[Interval, ...], deepest: int
+) -> tuple[Interval, ...]:
+    """The positions past the observed ones that faded windows still measure, each moved to today's traffic.
+
+    The windows that reach a faded position also measured the last observed one; how far the fresh estimate
+    there has moved from theirs (on the log-odds scale) is how far the traffic moved since, and the faded
+    position moves by as much. The same traffic leaves the old rate as it was (a drafter poor past its
+    horizon stays poor); a new mix that accepts more lifts it as the fresh positions rose. The doubt is the
+    old counts' (which grows as they fade) plus EXTRAPOLATION_SD for the transfer."""
+    last = len(conditional) - 1
+    if last < 0:
+        return ()
+    faded: list[Interval] = []
+    for position in range(last + 1, deepest):
+        old_last = wilson_interval(*_position_counts(windows, last, position))
+        old = wilson_interval(*_position_counts(windows, position, position))
+        if old.high - old.low >= 1.0 or old_last.high - old_last.low >= 1.0:
+            break  # nothing measured there any more
+        shift = _logit(conditional[last].mean) - _logit(old_last.mean)
+        mean = _expit(_logit(old.mean) + shift)
+        sd = math.hypot(old.sd, EXTRAPOLATION_SD)
+        faded.append(Interval(mean, max(0.0, mean - Z_95 * sd), min(1.0, mean + Z_95 * sd)))
+    return tuple(faded)
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, ODDS_CLAMP), 1 - ODDS_CLAMP)
+    return math.log(p / (1 - p))
+
+
+def _expit(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
 
 
 def _request_mix(windows: Mapping[int, WindowDelta]) -> tuple[Mix, int]:

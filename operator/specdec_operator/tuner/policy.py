@@ -94,6 +94,8 @@ class PoolEvidence:
     acceptance: AcceptanceEstimate
     steps: Mapping[int, StepPrediction]  # predicted step time for every K in range, at `batch`
     previous_k: int | None = None  # the K this pool ran before its last change
+    # The current K is an exploration from previous_k: going back is the answer it was made for, not a flip back.
+    explored: bool = False
     weight: float = 1.0  # share of the model's GPUs: ties go to the pool that matters more
     rolling: bool = False  # its pods are still being replaced
     # Ks in bounds that vLLM starts this pool's drafter with (decisions.legal_k); None: every K in bounds.
@@ -379,7 +381,7 @@ def _towards_best(
     assert cost is not None  # _assess weighs it before any move
     k = pool.current_k
     gain = _gain(current, best, autotune.objective, autotune.tpot_target_ms)
-    min_gain = autotune.min_gain * (RETURN_GAIN_FACTOR if best.k == pool.previous_k else 1.0)
+    min_gain = _min_gain_to(best.k, pool, autotune.min_gain)
     threshold = min_gain + cost.fraction
     confidence = _confidence(gain, current, best)
     evidence = (
@@ -416,6 +418,13 @@ def _towards_best(
     return verdicts.give("Explore", reason, step_k, step_gain, _confidence(step_gain, current, step))
 
 
+def _min_gain_to(k: int, pool: PoolEvidence, min_gain: float) -> float:
+    """The gain a move to K must predict: minGain, doubled for a flip back to the K the pool just left (hysteresis,
+    so that noise does not flap it between two Ks), but not for the return from an exploration that measured the
+    explored K worse: that return is what the exploration was for, and holding it would keep the worse K."""
+    return min_gain * (RETURN_GAIN_FACTOR if k == pool.previous_k and not pool.explored else 1.0)
+
+
 def _prior_sd(step: StepPrediction) -> float:
     """The part of a step prediction's doubt that comes from the cost priors (costmodel.predict_at: how far it moves
     when each prior ratio is pushed), without the floor every prediction carries: about 0 at a K the data measured."""
@@ -442,7 +451,7 @@ def _explore_prior_doubt(
     def expected_improvement(candidate: Candidate) -> float:
         gain = _gain(current, candidate, autotune.objective, autotune.tpot_target_ms)
         doubt = math.hypot(_prior_sd(current.step), _prior_sd(candidate.step))
-        min_gain = autotune.min_gain * (RETURN_GAIN_FACTOR if candidate.k == pool.previous_k else 1.0)
+        min_gain = _min_gain_to(candidate.k, pool, autotune.min_gain)
         if gain <= -1 or doubt <= 0 or gain >= min_gain + cost.fraction:
             return 0.0  # a K the mean already favours is _towards_best's to weigh (and hold at a return)
         z = (math.log1p(min_gain + cost.fraction) - math.log1p(gain)) / doubt
@@ -575,7 +584,13 @@ def _confidence(gain: float, current: Candidate, other: Candidate) -> float:
 
 def _describe(candidate: Candidate, pool: PoolEvidence) -> str:
     e = candidate.expected_length
-    extrapolated = " extrapolated" if candidate.k > pool.acceptance.observed_k and candidate.k else ""
+    known = pool.acceptance.observed_k + len(pool.acceptance.faded)
+    if candidate.k > known and candidate.k:
+        extrapolated = " extrapolated"
+    elif candidate.k > pool.acceptance.observed_k:
+        extrapolated = " from faded windows"
+    else:
+        extrapolated = ""
     over = f" over {len(pool.loads)} recent loads" if len(pool.loads) > 1 else ""
     return (
         f"K={candidate.k} E={e.mean:.2f}[{e.low:.2f},{e.high:.2f}]{extrapolated} "

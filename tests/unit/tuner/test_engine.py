@@ -39,6 +39,22 @@ def test_the_e2e_profiles_converge_from_k5_and_stay(profile: str, optimum: int) 
     assert not {"parse_error", "incomplete", "k_mismatch"} & set(run.scrape_events)
 
 
+E2E_AUTOTUNE = Autotune(interval_seconds=5, cooldown_seconds=20, min_samples=2000, min_gain=0.03)  # test_tuner.py
+
+
+@pytest.mark.parametrize("seed", [12, 27, 40, 60, 100, 101])
+def test_a_horizon_drafter_settles_at_its_horizon_and_is_not_sent_past_it_again(seed: int) -> None:
+    """The e2e-opt-k7 drafter accepts 94% up to position 7 and 30% at 8. With these seeds the pool once went past
+    7 and stayed (an exploration of K=8 held there by the doubled return threshold) or went back to K=9 every
+    minute (the faded K=9 window replaced by a blind extrapolation of position 7). Every run now ends at 7 in at
+    most three moves: straight, over K=9 or 10 and back, or to 7 with K=8 explored once."""
+    options = BenchOptions(duration_s=900, scrape_interval_s=1.0, autotune=E2E_AUTOTUNE, seed=seed)
+    run = run_tuner(load_profile(PROFILES / "e2e-opt-k7.yaml"), options)
+    assert run.final_k == 7, run.changes
+    assert len(run.changes) <= 3, run.changes
+    assert sum(change.to_k > 7 for change in run.changes) <= 1, run.changes
+
+
 def _pool(k: int) -> PoolContext:
     # Pods Ready within a second: the restart costs next to nothing here (test_restart_cost.py weighs it).
     return PoolContext(name="p", gfx_target="gfx942", drafter_method="eagle3", effective_k=k, replicas=1, ready_s=1.0)
@@ -79,6 +95,30 @@ def test_cooldown_and_hysteresis_survive_an_operator_restart_through_status() ->
         state.observe([_pool(5)], [_scrape(replica, float(t), 5)])
     held = state.evaluate(145.0, [_pool(5)], QUICK_SPEC).decisions[0]
     assert held.action == "Hold" and "cooldown 15s left" in held.reason
+
+
+@pytest.mark.parametrize(("action", "returns"), [("Explore", True), ("Change", False)])
+def test_an_exploration_on_record_lets_the_pool_return_at_min_gain_after_an_operator_restart(
+    action: str, returns: bool
+) -> None:
+    """Status says the pool went 2 -> 5. Back to 2 is predicted a gain between minGain and twice it: the end of an
+    exploration goes back, a flip back after a change is held (the hysteresis)."""
+
+    def decide_at_5(state: TunerState, spec: Speculation) -> TuningDecision:
+        replica = _replica(5)
+        for t in range(1005, 1125, 5):
+            state.observe([_pool(5)], [_scrape(replica, float(t), 5)])
+        return state.evaluate(1125.0, [_pool(5)], spec).decisions[0]
+
+    gain = decide_at_5(TunerState(), QUICK_SPEC).predicted_gain
+    spec = Speculation(initial_k=2, min_k=0, max_k=10,
+                       autotune=Autotune(interval_seconds=15, cooldown_seconds=60, min_samples=1000,
+                                         min_gain=gain / 1.5))
+    decision = TuningDecision(time="1970-01-01T00:00:00Z", pool="p", from_k=2, to_k=5, action=action, reason="r")
+    state = TunerState.from_status(SpeculationStatus(last_decision=decision), wall_now=1000.0, monotonic_now=1000.0)
+    back = decide_at_5(state, spec)
+    assert (back.action == "Change" and back.to_k == 2) is returns, back.reason
+    assert returns or "gain below" in back.reason
 
 
 def _corrupt(text: str, how: int, cut: int) -> str:

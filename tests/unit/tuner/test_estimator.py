@@ -95,6 +95,36 @@ def test_faded_deep_positions_are_extrapolated_from_fresh_shallow_ones() -> None
     assert at_4 is not None and at_4.mean > analytic_length([0.9], 4) * 0.9
 
 
+HORIZON_7 = [0.94] * 7 + [0.30]
+
+
+@pytest.mark.parametrize("faded_to", [FRESH_COVERAGE / 2, FRESH_COVERAGE / 20])
+def test_faded_deep_positions_under_the_same_traffic_keep_their_measured_rate(faded_to: float) -> None:
+    # A drafter trained for 7-token horizons ran at K=9 (positions 8 and 9 accept 30%), then at K=7 under the same
+    # traffic until the K=9 window faded. Extrapolating position 7's 94% would predict E(9) = 8.2 instead of 6.8
+    # and send the pool back to K=9 as soon as the old window faded, every few minutes.
+    old = chain_delta(HORIZON_7, 9, 100_000).scaled(faded_to)
+    fresh = chain_delta(HORIZON_7, 7, 100_000)
+    estimate = estimate_acceptance({9: old, 7: fresh}, "eagle3")
+    assert estimate.observed_k == 7 and len(estimate.faded) == 2
+    at_9 = estimate.expected_length(9)
+    assert at_9 is not None
+    assert at_9.mean == pytest.approx(analytic_length(HORIZON_7, 9), rel=0.02)
+    assert at_9.low < analytic_length(HORIZON_7, 9) < at_9.high
+    # Still unsure: wider than the same K measured fresh, and wider the further the old window faded.
+    measured = estimate_acceptance({9: chain_delta(HORIZON_7, 9, 100_000)}, "eagle3").expected_length(9)
+    assert measured is not None and at_9.high - at_9.low > measured.high - measured.low
+
+
+def test_faded_positions_move_as_far_as_the_fresh_ones_did() -> None:
+    # The traffic changed: what accepted 60% at every position now accepts 80% at the fresh ones. The faded
+    # position moves by as much on the log-odds scale, between the old rate and a blind extrapolation.
+    old = chain_delta([0.6], 4, 100_000).scaled(FRESH_COVERAGE / 4)
+    fresh = chain_delta([0.8], 2, 100_000)
+    estimate = estimate_acceptance({4: old, 2: fresh}, "eagle3")
+    assert [round(p.mean, 2) for p in estimate.faded] == [pytest.approx(0.79, abs=0.02)] * 2
+
+
 def test_position_rates_are_shares_of_drafts() -> None:
     assert position_rates(chain_delta([0.5], 2, 1000)) == pytest.approx([0.5, 0.25])
     assert position_rates(WindowDelta()) == []

@@ -83,6 +83,16 @@ def test_returning_to_the_k_just_left_needs_twice_the_gain() -> None:
     assert held.action == "Hold" and "gain below 10.0%" in held.reason
 
 
+def test_the_return_from_an_exploration_that_measured_worse_needs_only_min_gain() -> None:
+    # The pool explored 2 -> 3 and measured K=3 worse by about 8%: going back is the exploration's answer. Held by
+    # the doubled return threshold, the pool would keep the worse K it only went to measure.
+    spec = speculation(min_gain=0.05)
+    back = decided(evidence(k=3, previous_k=2, explored=True), spec)
+    assert (back.action, back.to_k) == ("Change", 2)
+    # The same move after a confident change 2 -> 3 is a flip back, and the hysteresis holds it.
+    assert decided(evidence(k=3, previous_k=2, explored=False), spec).action == "Hold"
+
+
 def test_doubt_that_blocks_a_jump_explores_one_step_towards_it() -> None:
     # Deep, flat acceptance seen only up to K=3 at a light load: the best K lies far in extrapolated land.
     decision = decided(evidence(k=3, acceptance=[0.9], batch=2.0, step_sd=0.25))
