@@ -48,10 +48,11 @@ POOR = "tiny-llama/drafter-poor"
 MODEL_MAP = {TARGET: "target", GOOD: "good", POOR: "poor", "tiny-llama/drafter-same": "same"}
 # 4-8 minutes per engine start measured on the shared 2-core machine under load 9-16, more beside another engine.
 ENGINE_READY_S = 900
-# A deleted pod's preStop wait, capped below the pod's 10 s to keep the tests short, but not to the simulator fleets'
-# MAX_PRE_STOP_S: beside two engines on two cores the Gateway stand-in may see a deletion seconds late, and vLLM
-# fails what reaches it after SIGTERM (HTTP 500, or a 200 whose finish_reason is "abort"; docs/vllm-contract.md).
-ENGINE_PRE_STOP_S = "5"
+# A deleted pod's preStop wait: the pod's own 10 s (render/pool.py PRE_STOP_WAIT_S), not capped as the simulator
+# fleets' MAX_PRE_STOP_S is. Beside two engines and the other CI lanes on two cores, the Gateway stand-in may see a
+# deletion seconds late, and vLLM fails what reaches it after SIGTERM (HTTP 500, or a 200 whose finish_reason is
+# "abort"; docs/vllm-contract.md). A 5 s cap saved seconds and left that race to the machine's load.
+ENGINE_PRE_STOP_S = "10"
 # The draft_model pool's test: the tuner evaluates (and status may take new figures) every EVALUATION_S, a refresh
 # that moved goes out at most every STATS_PERIOD_S.
 EVALUATION_S = 30
