@@ -63,9 +63,8 @@ def test_k_converges_to_each_profiles_optimum_and_stays(
     # drafted an 8th token; exploring K=8 then is the tuner doing its job, and the unit test
     # tests/unit/tuner/test_engine.py::test_the_e2e_profiles_converge_from_k5_and_stay covers that way up.
     targets = {"tuned-k2": ("e2e-opt-k2", 2), "tuned-k7": ("e2e-opt-k7", 7)}
-    starts = {"tuned-k2": 5, "tuned-k7": 10}
-    for name, (profile, _) in targets.items():
-        kube.apply(tuned_model(name, profile, starts[name]))
+    for name, (profile, optimum) in targets.items():
+        kube.apply(tuned_model(name, profile, initial_k=5 if optimum < 5 else 10))
     started = time.monotonic()
     converged_after: dict[str, float] = {}
 

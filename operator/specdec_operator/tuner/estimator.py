@@ -188,10 +188,11 @@ def _faded_positions(
         return ()
     faded: list[Interval] = []
     for position in range(last + 1, deepest):
-        old_last = wilson_interval(*_position_counts(windows, last, position))
-        old = wilson_interval(*_position_counts(windows, position, position))
-        if old.high - old.low >= 1.0 or old_last.high - old_last.low >= 1.0:
+        old_last_counts = _position_counts(windows, last, position)
+        old_counts = _position_counts(windows, position, position)
+        if min(old_last_counts[1], old_counts[1]) < EVIDENCE_FLOOR:
             break  # nothing measured there any more
+        old_last, old = wilson_interval(*old_last_counts), wilson_interval(*old_counts)
         shift = _logit(conditional[last].mean) - _logit(old_last.mean)
         mean = _expit(_logit(old.mean) + shift)
         sd = math.hypot(old.sd, EXTRAPOLATION_SD)

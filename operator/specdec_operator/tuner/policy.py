@@ -585,7 +585,7 @@ def _confidence(gain: float, current: Candidate, other: Candidate) -> float:
 def _describe(candidate: Candidate, pool: PoolEvidence) -> str:
     e = candidate.expected_length
     known = pool.acceptance.observed_k + len(pool.acceptance.faded)
-    if candidate.k > known and candidate.k:
+    if candidate.k > known:
         extrapolated = " extrapolated"
     elif candidate.k > pool.acceptance.observed_k:
         extrapolated = " from faded windows"
