@@ -312,6 +312,8 @@ class Verdict:
     error_rate_bound: float | None = None
     # Failed requests on the canary side: a quiet model's hold promotes at its end only with none.
     canary_errors: int = 0
+    # Canary pods that served in the window: one pod's hardware cannot be told from its revision's code.
+    canary_pods: int = 0
 
 
 # Always-valid level of every gated difference (goodput, TPOT p90, TPOT p99, acceptance; a Bonferroni
@@ -1291,7 +1293,7 @@ def _verdict(outcome: Outcome, reason: str, message: str, canary: WindowStats, s
                    canary_load=canary.requests_per_pod_second,
                    stable_load=stable.requests_per_pod_second if stable is not None else None,
                    error_rate_bound=error_rate_bound(canary)[1] if canary.requests > 0 else None,
-                   canary_errors=round(canary.errors))
+                   canary_errors=round(canary.errors), canary_pods=canary.pods)
 
 
 def _error_pass(canary: WindowStats, stable: WindowStats | None, thresholds: CanaryAnalysis) -> str | None:

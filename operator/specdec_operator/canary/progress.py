@@ -31,6 +31,7 @@ from specdec_operator.canary.plan import (
     CanaryProgress,
     CanaryTarget,
     RolloutPlan,
+    split_canary_replicas,
 )
 from specdec_operator.timestamps import format_stamp, parse_stamp
 
@@ -43,6 +44,9 @@ CANARY_ACTION_ANNOTATION = f"{GROUP}/canary-action"
 INSUFFICIENT_SAMPLES = "InsufficientSamples"
 INSUFFICIENT_TRAFFIC = "InsufficientTraffic"
 DIFFERENCE_UNCERTAIN = "DifferenceUncertain"
+# A step left in doubt by its only canary pod moves on at its timeout only to a step that tells GPUs and revisions
+# apart better: there the pods' hardware weighs at most this share of what it weighs here (`_more_canary_pods_next`).
+MOVE_ON_POD_VARIANCE = 0.6
 ERROR_RATE_UNCERTAIN = "ErrorRateUncertain"
 
 
@@ -276,6 +280,9 @@ def _advanced(
                                 and verdict.reason in (INSUFFICIENT_SAMPLES, INSUFFICIENT_TRAFFIC))
     if elapsed >= max(step.pause_seconds, timeout) and quiet and canary_ready and routed:
         return _quiet(status, settings, label, verdict, elapsed, plan)
+    if elapsed >= max(step.pause_seconds, timeout) and canary_ready and routed and verdict is not None and \
+            _lone_pod_doubt(verdict, settings.analysis) and _more_canary_pods_next(status, steps, seen.pool_replicas):
+        return _moved_on(status, steps, label, verdict, now, one_shot)
     if elapsed >= max(step.pause_seconds, timeout):
         detail = verdict.message if verdict is not None else "no analysis verdict"
         if not canary_ready:
@@ -289,6 +296,60 @@ def _advanced(
         )
         return _finish(status, "RolledBack", event, verdict=verdict, clear_action=one_shot)
     return CanaryProgress(_with_verdict(status, verdict), plan)
+
+
+def _lone_pod_doubt(verdict: Verdict, analysis: CanaryAnalysis) -> bool:
+    """The step's doubt is its only canary pod's hardware: one pod served the canary, and what keeps the verdict
+    from passing is a comparison beyond its limit but not proven (`DifferenceUncertain`) on goodput, TPOT p90 or
+    acceptance, with the error rate known within its limit. Pods of one GPU model differ by several percent
+    (analysis.POD_SPREAD), so one canary pod reading a few percent slow is as likely its GPU as its revision,
+    and no number of requests tells them apart: only more pods do. A p99 not yet known is a want of requests,
+    not of pods, and an error rate in doubt is the revision's, whatever the GPU: neither is this."""
+    if verdict.outcome != "Inconclusive" or verdict.reason != DIFFERENCE_UNCERTAIN or verdict.canary_pods != 1:
+        return False
+    if any(not item.passed and item.excess_bound is not None for item in verdict.comparisons):
+        return False
+    if analysis.max_error_rate <= 0:
+        return verdict.canary_errors == 0
+    return verdict.error_rate_bound is not None and verdict.error_rate_bound < analysis.max_error_rate
+
+
+def _more_canary_pods_next(status: CanaryStatus, steps: list[CanaryStep], replicas: int | None) -> bool:
+    """The next step still compares the canary with the stable (its weight is under 100%), on pods whose GPUs
+    weigh at most MOVE_ON_POD_VARIANCE of this step's in the comparison (1 / canary pods + 1 / stable pods):
+    from the default steps' 10% to 50%, pools of 6 or more. In a pool of 3 the 50% step compares two canary pods
+    with one stable pod, no better than one with two, and a regression moved on there passed as often as a healthy
+    change rolled back at the timeout (the canary bench)."""
+    following = status.step + 1
+    if replicas is None or following >= len(steps) or steps[following].weight >= FULL_WEIGHT:
+        return False
+
+    def pod_variance(step: int) -> float:
+        stable, canary = split_canary_replicas(replicas, steps[step].weight)
+        return 1 / max(canary, 1) + 1 / max(stable, 1)
+
+    return pod_variance(following) <= MOVE_ON_POD_VARIANCE * pod_variance(status.step)
+
+
+def _moved_on(status: CanaryStatus, steps: list[CanaryStep], label: str, verdict: Verdict, now: datetime,
+              clear_action: bool) -> CanaryProgress:
+    """A step whose only canary pod left it in doubt (`_lone_pod_doubt`) goes on at its timeout to the next step,
+    whose analysis compares more canary pods with the stable and decides: it fails a regression there, or holds
+    and times out as every step does. Rolling back here would fail a healthy revision for its pod's GPU about as
+    often as it would catch a regression of the same size."""
+    following = steps[status.step + 1]
+    moved = _with_verdict(
+        status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_stamp(now),
+        evidence_since=None, hold_reason="",
+    )
+    event = CanaryEvent(
+        "Normal",
+        "CanaryStepUndecided",
+        f"{label} could not tell its only canary pod's GPU from its revision by the timeout: {verdict.message}; "
+        f"step {status.step + 2}/{len(steps)} routes {following.weight}% and judges more canary pods",
+    )
+    return CanaryProgress(moved, RolloutPlan(following.weight, following.weight, keep_canary=True,
+                                             clear_action=clear_action), event)
 
 
 def _quiet(
@@ -478,13 +539,16 @@ class StepObservation:
     be measured yet. `canary_ready`: the canary pods of the step serve. `route_percent`: the canary's share in
     the HTTPRoute as last read, None without a route; a step does not pass while the route gives the canary
     less than `route_target` (the percent the route must carry for this step, `equal_load_percent`; the step's
-    weight when None).
+    weight when None). `pool_replicas`: the pool's replicas, from which each step's canary pods follow
+    (`step_canary_replicas`); None when unknown, and then a step left in doubt by its only canary pod times out
+    as any other (`_lone_pod_doubt`).
     """
 
     verdict: Verdict | None
     canary_ready: bool
     route_percent: int | None = None
     route_target: int | None = None
+    pool_replicas: int | None = None
 
 
 def advance(

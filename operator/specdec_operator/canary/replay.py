@@ -404,7 +404,17 @@ class Replayer:
                        "place is; an export that left those pods out is judged so too")
         verdict = self._verdict(route_percent, stable_serving)
         self._advance(verdict, at, now, canary_ready=canary_ready, route_percent=route_percent,
-                      route_target=self._route_target(records) if route_percent is not None else None)
+                      route_target=self._route_target(records) if route_percent is not None else None,
+                      pool_replicas=self._pool_replicas(records))
+
+    def _pool_replicas(self, records: list[Record]) -> int | None:
+        """The pool's replicas: the recording's `replicas`, else its canary and stable pods in this round (a
+        one-replica pool's surge reads as two, whose steps run one canary pod each as one replica's do)."""
+        if self.spec.replicas is not None:
+            return self.spec.replicas
+        canary = sum(record.role == "canary" for record in records)
+        stable = sum(record.role == "stable" for record in records)
+        return canary + stable if canary and stable else None
 
     def _canary_ready(self, records: list[Record]) -> bool:
         """Whether the step's canary replicas serve, as the operator reads it from the canary Deployment: at least
@@ -504,11 +514,12 @@ class Replayer:
         return replica_share_percent(stable, canary)
 
     def _advance(self, verdict: Verdict | None, at: float, now: datetime, *, canary_ready: bool,
-                 route_percent: int | None, route_target: int | None = None) -> None:
+                 route_percent: int | None, route_target: int | None = None,
+                 pool_replicas: int | None = None) -> None:
         before = self.status
         progress = advance(before, target=self.target, rollout=self.rollout, now=now, action=None,
                            seen=StepObservation(verdict, canary_ready, route_percent=route_percent,
-                                                route_target=route_target))
+                                                route_target=route_target, pool_replicas=pool_replicas))
         after = progress.status
         self.status = after
         self.last_at = at
@@ -524,11 +535,11 @@ class Replayer:
         steps = self.spec.canary.steps
         weight = steps[min(before.step, len(steps) - 1)].weight
         seconds = at - (self.step_started if self.step_started is not None else at)
-        ended = {"CanaryStepPassed": "Passed", "CanaryFailed": "Failed", "CanaryTimedOut": "TimedOut",
-                 "CanaryPromoted": "Promoted", "CanaryAborted": "Aborted", "CanaryCancelled": "Aborted"}.get(
-                     event.reason, event.reason)
-        if event.reason in ("CanaryStepPassed", "CanaryFailed", "CanaryTimedOut", "CanaryPromoted",
-                            "CanaryAborted", "CanaryCancelled"):
+        ended = {"CanaryStepPassed": "Passed", "CanaryStepUndecided": "Undecided", "CanaryFailed": "Failed",
+                 "CanaryTimedOut": "TimedOut", "CanaryPromoted": "Promoted", "CanaryAborted": "Aborted",
+                 "CanaryCancelled": "Aborted"}.get(event.reason, event.reason)
+        if event.reason in ("CanaryStepPassed", "CanaryStepUndecided", "CanaryFailed", "CanaryTimedOut",
+                            "CanaryPromoted", "CanaryAborted", "CanaryCancelled"):
             self.steps.append(StepResult(before.step, weight, ended, seconds, verdict, event.message))
             self.step_started = at
         if after.phase not in IN_FLIGHT_PHASES:

@@ -323,7 +323,8 @@ def _canary_pool(
                           decision_id=_decision_id(last_decision, pool, current))
     in_step = current is not None and current.phase in IN_FLIGHT_PHASES and current.weight > 0
     route_target = equal_load_percent(total, current.weight) if in_step and current is not None else None
-    seen = StepObservation(verdicts.get(pool.revision), canary_ready, inputs.route_percent, route_target)
+    seen = StepObservation(verdicts.get(pool.revision), canary_ready, inputs.route_percent, route_target,
+                           pool_replicas=total)
     progress = advance(current, target=target, rollout=rollout, now=now, action=inputs.action, seen=seen,
                        frozen=inputs.frozen)
     if inputs.frozen is not None and progress.status is not None and progress.status.phase in IN_FLIGHT_PHASES:
