@@ -114,7 +114,7 @@ class StepResult:
 
     step: int
     weight: int
-    ended: str  # Passed, Failed, TimedOut, Promoted, RolledBack, Aborted, Unfinished
+    ended: str  # Passed, Undecided (moved on), Failed, TimedOut, Promoted, RolledBack, Aborted, Unfinished
     seconds: float
     verdict: Verdict | None
     event: str

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from specdec_operator.bench import canary as bench
 from specdec_operator.canary.analysis import Comparison, Verdict, analyse
 from specdec_operator.canary.progress import StepObservation, advance
+from specdec_operator.canary.replay import Record, replay
 from tests.unit.canary.canaryfactories import at, canary_status, target, thresholds, window
 from tests.unit.canary.test_progress_steps import quiet_rollout
 
@@ -89,3 +91,16 @@ def test_the_verdict_counts_the_canary_pods_of_its_window() -> None:
     stats = window(requests=400.0)
     assert stats.pods == 1
     assert analyse(stats, window(requests=400.0), thresholds()).canary_pods == 1
+
+
+def test_a_healthy_k_change_whose_only_canary_pod_drew_a_slow_gpu_is_promoted() -> None:
+    """Through `canary replay`'s path (parser, windows, analysis, step machine): a canary bench trial, a K change
+    that delivers +8% on a pool of 12 at 1 request/s whose pods differ by 5%. Its one canary pod at 10% read below
+    the 0.99 limit until the timeout rolled it back; the 50% step's six pods a side pass it."""
+    scenario = next(item for item in bench.SCENARIOS if item.name == "K +8% (pred. +10%)")
+    records: list[Record] = []
+    trial = bench._Trial(scenario, "default", pool=12, rate=1.0, seed=2129708783, interval=10.0)
+    outcome, reason, _, _ = bench.run_trial(trial, records)
+    assert (outcome, reason) == ("Promoted", "CanaryPromoted")
+    replayed = replay(records, trial.spec())
+    assert [step.ended for step in replayed.steps][:2] == ["Undecided", "Passed"], replayed.steps
