@@ -45,7 +45,8 @@ INSUFFICIENT_SAMPLES = "InsufficientSamples"
 INSUFFICIENT_TRAFFIC = "InsufficientTraffic"
 DIFFERENCE_UNCERTAIN = "DifferenceUncertain"
 # A step left in doubt by its only canary pod moves on at its timeout only to a step that tells GPUs and revisions
-# apart better: there the pods' hardware weighs at most this share of what it weighs here (`_more_canary_pods_next`).
+# apart better: the pods' hardware weighs at most this share there of what it weighs here
+# (`_next_step_weighs_gpus_less`).
 MOVE_ON_POD_VARIANCE = 0.6
 ERROR_RATE_UNCERTAIN = "ErrorRateUncertain"
 
@@ -270,6 +271,7 @@ def _advanced(
     wanted = seen.route_target if seen.route_target is not None else status.weight
     routed = route_percent is None or route_percent >= wanted
     window_over = elapsed >= step.pause_seconds
+    timed_out = elapsed >= max(step.pause_seconds, timeout)
     # Every step, the 100% one included, passes only on a passing verdict over its own window: at 100% that
     # is `analyse(canary, None)` (minRequests, health, restarts, errors) and `judge_step`'s TPOT against the
     # stable's figures from the previous step. An empty window never passes.
@@ -278,12 +280,12 @@ def _advanced(
         return _pass_step(status, steps, label, verdict, now, one_shot)
     quiet = verdict is None or (verdict.outcome == "Inconclusive"
                                 and verdict.reason in (INSUFFICIENT_SAMPLES, INSUFFICIENT_TRAFFIC))
-    if elapsed >= max(step.pause_seconds, timeout) and quiet and canary_ready and routed:
+    if timed_out and quiet and canary_ready and routed:
         return _quiet(status, settings, label, verdict, elapsed, plan)
-    if elapsed >= max(step.pause_seconds, timeout) and canary_ready and routed and verdict is not None and \
-            _lone_pod_doubt(verdict, settings.analysis) and _more_canary_pods_next(status, steps, seen.pool_replicas):
+    if timed_out and canary_ready and routed and verdict is not None and _lone_pod_doubt(verdict, settings.analysis) \
+            and _next_step_weighs_gpus_less(status, steps, seen.pool_replicas):
         return _moved_on(status, steps, label, verdict, now, one_shot)
-    if elapsed >= max(step.pause_seconds, timeout):
+    if timed_out:
         detail = verdict.message if verdict is not None else "no analysis verdict"
         if not canary_ready:
             detail = f"canary pods not ready; {detail}"
@@ -314,12 +316,12 @@ def _lone_pod_doubt(verdict: Verdict, analysis: CanaryAnalysis) -> bool:
     return verdict.error_rate_bound is not None and verdict.error_rate_bound < analysis.max_error_rate
 
 
-def _more_canary_pods_next(status: CanaryStatus, steps: list[CanaryStep], replicas: int | None) -> bool:
+def _next_step_weighs_gpus_less(status: CanaryStatus, steps: list[CanaryStep], replicas: int | None) -> bool:
     """The next step still compares the canary with the stable (its weight is under 100%), on pods whose GPUs
     weigh at most MOVE_ON_POD_VARIANCE of this step's in the comparison (1 / canary pods + 1 / stable pods):
     from the default steps' 10% to 50%, pools of 6 or more. In a pool of 3 the 50% step compares two canary pods
-    with one stable pod, no better than one with two, and a regression moved on there passed as often as a healthy
-    change rolled back at the timeout (the canary bench)."""
+    with one stable pod, no better than one with two, and a goodput -10% regression moved on there passed its 50%
+    step (the canary bench)."""
     following = status.step + 1
     if replicas is None or following >= len(steps) or steps[following].weight >= FULL_WEIGHT:
         return False
@@ -539,8 +541,8 @@ class StepObservation:
     be measured yet. `canary_ready`: the canary pods of the step serve. `route_percent`: the canary's share in
     the HTTPRoute as last read, None without a route; a step does not pass while the route gives the canary
     less than `route_target` (the percent the route must carry for this step, `equal_load_percent`; the step's
-    weight when None). `pool_replicas`: the pool's replicas, from which each step's canary pods follow
-    (`step_canary_replicas`); None when unknown, and then a step left in doubt by its only canary pod times out
+    weight when None). `pool_replicas`: the pool's replicas, from which each step's pods follow
+    (`split_canary_replicas`); None when unknown, and then a step left in doubt by its only canary pod times out
     as any other (`_lone_pod_doubt`).
     """
 
