@@ -339,19 +339,27 @@ def _moved_on(status: CanaryStatus, steps: list[CanaryStep], label: str, verdict
     whose analysis compares more canary pods with the stable and decides: it fails a regression there, or holds
     and times out as every step does. Rolling back here would fail a healthy revision for its pod's GPU about as
     often as it would catch a regression of the same size."""
-    following = steps[status.step + 1]
-    moved = _with_verdict(
-        status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_stamp(now),
-        evidence_since=None, hold_reason="",
-    )
     event = CanaryEvent(
         "Normal",
         "CanaryStepUndecided",
         f"{label} could not tell its only canary pod's GPU from its revision by the timeout: {verdict.message}; "
-        f"step {status.step + 2}/{len(steps)} routes {following.weight}% and judges more canary pods",
+        f"step {status.step + 2}/{len(steps)} routes {steps[status.step + 1].weight}% and judges more canary pods",
     )
-    return CanaryProgress(moved, RolloutPlan(following.weight, following.weight, keep_canary=True,
-                                             clear_action=clear_action), event)
+    return _next_step(status, steps, verdict, now, clear_action, event)
+
+
+def _next_step(status: CanaryStatus, steps: list[CanaryStep], verdict: Verdict | None, now: datetime,
+               clear_action: bool, event: CanaryEvent, **recorded: object) -> CanaryProgress:
+    """The canary goes on to the step after this one, whose window and clock start now; `recorded`: further status
+    fields the move writes."""
+    following = steps[status.step + 1]
+    moved = _with_verdict(
+        status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_stamp(now),
+        evidence_since=None, hold_reason="", **recorded,
+    )
+    return CanaryProgress(
+        moved, RolloutPlan(following.weight, following.weight, keep_canary=True, clear_action=clear_action), event
+    )
 
 
 def _quiet(
@@ -445,22 +453,15 @@ def _pass_step(
             f"{status.stable_revision}: {evidence}",
         )
         return _finish(status, "Promoted", event, verdict=verdict, clear_action=clear_action)
-    following = steps[status.step + 1]
     reference = _stable_tpot_p90(verdict)
     recorded = {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step,
                 "stable_reference_requests": verdict.stable_requests} if reference and verdict is not None else {}
-    moved = _with_verdict(
-        status, verdict, step=status.step + 1, weight=following.weight, step_started_at=format_stamp(now),
-        evidence_since=None, hold_reason="", **recorded,
-    )
     event = CanaryEvent(
         "Normal",
         "CanaryStepPassed",
-        f"{label} passed: {evidence}; step {status.step + 2}/{len(steps)} routes {following.weight}%",
+        f"{label} passed: {evidence}; step {status.step + 2}/{len(steps)} routes {steps[status.step + 1].weight}%",
     )
-    return CanaryProgress(
-        moved, RolloutPlan(following.weight, following.weight, keep_canary=True, clear_action=clear_action), event
-    )
+    return _next_step(status, steps, verdict, now, clear_action, event, **recorded)
 
 
 def _stable_tpot_p90(verdict: Verdict | None) -> float | None:

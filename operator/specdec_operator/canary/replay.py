@@ -108,6 +108,12 @@ class ReplaySpec:
                               predicted_gain=self.predicted_gain, confidence=1.0)
 
 
+# The events that end a step, and how a replay names that end (`StepResult.ended`).
+STEP_ENDINGS = {"CanaryStepPassed": "Passed", "CanaryStepUndecided": "Undecided", "CanaryFailed": "Failed",
+                "CanaryTimedOut": "TimedOut", "CanaryPromoted": "Promoted", "CanaryAborted": "Aborted",
+                "CanaryCancelled": "Aborted"}
+
+
 @dataclass(frozen=True)
 class StepResult:
     """How one step ended (or where the recording left it), with the last verdict on its window."""
@@ -535,11 +541,8 @@ class Replayer:
         steps = self.spec.canary.steps
         weight = steps[min(before.step, len(steps) - 1)].weight
         seconds = at - (self.step_started if self.step_started is not None else at)
-        ended = {"CanaryStepPassed": "Passed", "CanaryStepUndecided": "Undecided", "CanaryFailed": "Failed",
-                 "CanaryTimedOut": "TimedOut", "CanaryPromoted": "Promoted", "CanaryAborted": "Aborted",
-                 "CanaryCancelled": "Aborted"}.get(event.reason, event.reason)
-        if event.reason in ("CanaryStepPassed", "CanaryStepUndecided", "CanaryFailed", "CanaryTimedOut",
-                            "CanaryPromoted", "CanaryAborted", "CanaryCancelled"):
+        ended = STEP_ENDINGS.get(event.reason)
+        if ended is not None:
             self.steps.append(StepResult(before.step, weight, ended, seconds, verdict, event.message))
             self.step_started = at
         if after.phase not in IN_FLIGHT_PHASES:
