@@ -152,6 +152,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("toleration-keyless-equal", {"placement": {"tolerations": [{"operator": "Equal", "effect": "NoSchedule"}]}}),
     ("toleration-keyless-default-operator", {"placement": {"tolerations": [{"effect": "NoSchedule"}]}}),
     ("toleration-keyless-exists", {"placement": {"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}}),
+    ("toleration-amd-transient-taint", {"placement": {"tolerations": [{"key": "amd-dcm", "operator": "Exists"}]}}),
     ("volume-mount-parent-segment", vol(mountPath="/extra/../models", emptyDir={})),
     ("volume-mount-double-slash", vol(mountPath="//models", emptyDir={})),
     ("volume-mount-root", vol(mountPath="/", emptyDir={})),
@@ -211,6 +212,9 @@ STRICTER = {
     "drafter-repeated": "the second entry could never be chosen",
     "weights-path-without-pvc": "no claim is mounted, so vLLM would load spec.model.name instead",
     "drafters-empty": "the ngram fallback would run at initialK, which is not what no drafters reads as",
+    # Runtime pods never tolerate AMD's transient GPU taints; these would be dropped from the pods.
+    "toleration-keyless-exists": "it matches AMD's transient GPU taints, which runtime pods never tolerate",
+    "toleration-amd-transient-taint": "runtime pods never tolerate AMD's transient GPU taints",
 }
 
 

@@ -16,12 +16,24 @@ from specdec_operator.api.kubeformats import (
     keys_rule,
 )
 from specdec_operator.api.vocabulary import GFX_PRODUCTS, GfxTargetOrProduct, PartitionMode, gfx_of
+from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS
 
 _EXISTS_WITHOUT_VALUE = "spec.placement.tolerations[].value must be empty when operator is Exists"
 _SECONDS_NEED_NO_EXECUTE = "spec.placement.tolerations[].tolerationSeconds requires effect NoExecute"
 # The API server refuses a keyless toleration whose operator is not Exists (core/v1 ValidateTolerations): the
 # Deployment would be refused, so admission says so first.
 _KEY_OR_EXISTS = "spec.placement.tolerations[].key is required unless operator is Exists"
+# Runtime pods never tolerate AMD's transient GPU taints (a sick or upgrading GPU is no place for inference), and a
+# keyless Exists matches those too while Kubernetes cannot say "every taint but these". Admitted, either would be
+# dropped from the pods without a word, so admission refuses both and says what to write instead.
+_TRANSIENT_TAINTS_TEXT = ", ".join(AMD_TRANSIENT_TAINTS)
+_KEYLESS_EXISTS = ("spec.placement.tolerations[].key is required: a keyless Exists toleration matches every taint, "
+                   f"AMD's transient GPU taints ({_TRANSIENT_TAINTS_TEXT}) included, and runtime pods never tolerate "
+                   "those; name each taint key to tolerate")
+_TRANSIENT_TAINT = ("spec.placement.tolerations[].key must not be one of AMD's transient GPU taints "
+                    f"({_TRANSIENT_TAINTS_TEXT}): a node that carries one has a sick or upgrading GPU, and runtime "
+                    "pods never go there")
+_CEL_TRANSIENT_TAINTS = "[" + ", ".join(f"'{taint}'" for taint in AMD_TRANSIENT_TAINTS) + "]"
 
 
 class Toleration(ApiModel):
@@ -35,12 +47,15 @@ class Toleration(ApiModel):
                 cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
                     _SECONDS_NEED_NO_EXECUTE),
                 cel("has(self.key) || (has(self.operator) && self.operator == 'Exists')", _KEY_OR_EXISTS, ".key"),
+                cel("has(self.key) || !has(self.operator) || self.operator != 'Exists'", _KEYLESS_EXISTS, ".key"),
+                cel(f"!has(self.key) || !(self.key in {_CEL_TRANSIENT_TAINTS})", _TRANSIENT_TAINT, ".key"),
             ]
         }
     )
 
     key: Annotated[str, *formatted(QUALIFIED_NAME, "spec.placement.tolerations[].key")] | None = Field(
-        default=None, description="Taint key; empty matches all keys with operator Exists."
+        default=None, description="Taint key. Required: a keyless Exists toleration would match AMD's transient GPU "
+        "taints, which runtime pods never tolerate."
     )
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
     value: Annotated[str, *formatted(LABEL_VALUE, "spec.placement.tolerations[].value")] | None = Field(
@@ -59,6 +74,10 @@ class Toleration(ApiModel):
             raise ValueError(_SECONDS_NEED_NO_EXECUTE)
         if self.key is None and self.operator != "Exists":
             raise ValueError(_KEY_OR_EXISTS)
+        if self.key is None:
+            raise ValueError(_KEYLESS_EXISTS)
+        if self.key in AMD_TRANSIENT_TAINTS:
+            raise ValueError(_TRANSIENT_TAINT)
         return self
 
 

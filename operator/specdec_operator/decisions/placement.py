@@ -11,7 +11,7 @@ from specdec_operator.decisions.drafter import DrafterDecision, MemoryBudget, ch
 from specdec_operator.decisions.replica_split import split_replicas
 from specdec_operator.decisions.weights import WeightsEstimate, target_weights
 from specdec_operator.gpu.devices import BUILTIN_DEVICES, DeviceTable
-from specdec_operator.gpu.inventory import AMD_TRANSIENT_TAINTS, GPU_RESOURCE, NodeGpus, Taint
+from specdec_operator.gpu.inventory import GPU_RESOURCE, NodeGpus, Taint
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 NODE_LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
@@ -63,13 +63,10 @@ GPU_TAINT_TOLERATION = Toleration(key=GPU_RESOURCE, operator="Exists", effect="N
 def honoured_tolerations(tolerations: Sequence[Toleration]) -> list[Toleration]:
     """The tolerations runtime pods carry: the GPU taint's, then the user's; placement honours exactly these.
 
-    A sick or upgrading GPU node is never a place for inference, so tolerations of AMD's transient
-    taints are dropped. A keyless toleration (`operator: Exists` without a key) matches every taint,
-    those included, and Kubernetes cannot say "every taint but these", so it is dropped too: name the
-    taint keys to tolerate instead.
+    Admission refuses a toleration of AMD's transient taints and a keyless one (api/placement.py), so every
+    user toleration is carried; one equal to the GPU taint's is carried once.
     """
-    user = [t for t in tolerations if t.key and t.key not in AMD_TRANSIENT_TAINTS and t != GPU_TAINT_TOLERATION]
-    return [GPU_TAINT_TOLERATION, *user]
+    return [GPU_TAINT_TOLERATION, *(t for t in tolerations if t != GPU_TAINT_TOLERATION)]
 
 
 def tolerates(taint: Taint, tolerations: Sequence[Toleration]) -> bool:

@@ -148,6 +148,8 @@ EXPECTED_RULES = [
     ("spec.placement.tolerations.items", "value must be empty when operator is Exists"),
     ("spec.placement.tolerations.items", "tolerationSeconds requires effect NoExecute"),
     ("spec.placement.tolerations.items", "key is required unless operator is Exists"),
+    ("spec.placement.tolerations.items", "key is required: a keyless Exists toleration matches every taint"),
+    ("spec.placement.tolerations.items", "key must not be one of AMD's transient GPU taints"),
     ("spec.placement.tolerations.items.key", "must be a qualified name"),
     ("spec.placement.tolerations.items.value", "must be a label value"),
     ("spec.runtime.image", "must be an image reference"),

