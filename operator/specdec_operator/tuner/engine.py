@@ -345,6 +345,7 @@ class TunerState:
             pool=pool.name,
             current_k=pool.effective_k,
             samples_at_k=history.samples,
+            window_s=max(now - history.window_started, 0.0),
             batch=batch,
             acceptance=estimate_acceptance(history.by_k, pool.drafter_method),
             steps=steps,

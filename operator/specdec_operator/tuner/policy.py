@@ -110,6 +110,8 @@ class PoolEvidence:
     out_at_once: int = 1
     # The recent load a K must serve, the current batch among it; empty: the current batch alone (`steps`).
     loads: tuple[LoadLevel, ...] = ()
+    # Seconds the samples' window has run: since the pool's K last changed, it was resized or its rollout ended.
+    window_s: float = 0.0
 
     def allowed_ks(self, speculation: Speculation) -> tuple[int, ...]:
         if self.legal_ks is not None:
@@ -292,7 +294,62 @@ def _assess(pool: PoolEvidence, speculation: Speculation, now: float, last_chang
     if came_down and assessed.decision.action == "Hold":
         return _reprobe_k1(replace(verdicts, restart_cost=cost), speculation, cooldown_left, blocked,
                            assessed.decision.reason)
+    if k > 0 and assessed.decision.action == "Hold" and not _measured_before(pool, speculation):
+        return _probe_neighbour(replace(verdicts, restart_cost=cost), speculation, current, best, cooldown_left,
+                                blocked, assessed.decision.reason) or assessed
     return assessed
+
+
+def _probe_neighbour(
+    verdicts: _Verdicts,
+    speculation: Speculation,
+    current: Candidate,
+    best: Candidate | None,
+    cooldown_left: float,
+    blocked: set[int],
+    hold: str,
+) -> Assessment | None:
+    """A pool that has only ever run one K and would hold there: explore the next legal K once, towards the best
+    predicted K (the better-predicted neighbour when that is the current one), so that the step model measures what
+    a draft costs instead of taking it from the method's prior.
+
+    At one K the step time cannot tell the drafts' cost from the target's (tuner/costmodel.py): the priors split it,
+    and a drafter several times dearer than its method's prior (a small target, a gfx target without tuned draft
+    kernels) makes a much lower K look no better. Only a second K measures the split, as only K=1 tells a pool that
+    never drafted whether drafting pays. The probe costs two restarts (there and, if it measures worse, back; the
+    return needs minGain once, not twice); it is made once per pool, when those restarts cost at most minGain over the
+    horizon. None: no probe, the caller holds."""
+    pool, autotune, cost = verdicts.pool, speculation.autotune, verdicts.restart_cost
+    assert cost is not None  # _assess weighs it first
+    allowed = pool.allowed_ks(speculation)
+    neighbours = [next_legal_k(pool.current_k, allowed, upwards=upwards) for upwards in (False, True)]
+    by_k = {c.k: c for c in verdicts.candidates}
+    options = [by_k[k] for k in neighbours if k is not None and k in by_k and k not in blocked]
+    if not options:
+        return None
+    toward = best.k if best is not None and best.k != pool.current_k else None
+    step = (min(options, key=lambda c: abs(c.k - toward)) if toward is not None
+            else _best(options, autotune.objective, autotune.tpot_target_ms))
+    if step is None:
+        return None
+    budget = max(autotune.min_gain, MIN_RELATIVE_SD)
+    if 2 * cost.fraction > budget:
+        return verdicts.give("Hold", f"{hold}; K={pool.current_k} is the only K measured, and probing K={step.k} "
+                                     f"would cost two restarts ({2 * cost.fraction:.1%}), more than minGain "
+                                     f"{budget:.1%}")
+    # A probe holds the pool at the probed K for a cooldown, so it waits one into the window first: time for the
+    # load forecast to see the pool's load, and for the mean to find a move of its own.
+    wait = max(cooldown_left, autotune.cooldown_seconds - pool.window_s)
+    if wait > 0:
+        return verdicts.give("Hold", f"{hold}; K={pool.current_k} is the only K measured: probing K={step.k} in "
+                                     f"{wait:.0f}s")
+    gain = _gain(current, step, autotune.objective, autotune.tpot_target_ms)
+    reason = (
+        f"probing K={step.k}: K={pool.current_k} is the only K this pool has run, so what a draft costs is the "
+        f"method's prior, not a measurement; two restarts cost {2 * cost.fraction:.1%}, within minGain "
+        f"{budget:.1%}; {cost.describe()}; {hold}"
+    )
+    return verdicts.give("Explore", reason, step.k, gain, _confidence(gain, current, step))
 
 
 def _measured_before(pool: PoolEvidence, speculation: Speculation) -> bool:
