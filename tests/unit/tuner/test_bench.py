@@ -64,4 +64,4 @@ def test_committed_profiles_load_and_the_shifting_ones_are_recognised() -> None:
     profiles = Path(__file__).resolve().parents[3] / "runtime" / "specdec_runtime" / "profiles"
     shifting = {path.name for path in profiles.glob("bench-*.yaml") if is_shifting(load_profile(path))}
     assert shifting == {"bench-load-flips.yaml", "bench-load-shift.yaml", "bench-mix-shift.yaml"}
-    assert len(list(profiles.glob("bench-*.yaml"))) == 9
+    assert len(list(profiles.glob("bench-*.yaml"))) == 10
