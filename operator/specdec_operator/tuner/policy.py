@@ -318,7 +318,7 @@ def _probe_neighbour(
     kernels) makes a much lower K look no better. Only a second K measures the split, as only K=1 tells a pool that
     never drafted whether drafting pays. The probe costs two restarts (there and, if it measures worse, back; the
     return needs minGain once, not twice); it is made once per pool, when those restarts cost at most minGain over the
-    horizon. None: no probe, the caller holds."""
+    horizon, or over the time held once that is longer. None: no probe, the caller holds."""
     pool, autotune, cost = verdicts.pool, speculation.autotune, verdicts.restart_cost
     assert cost is not None  # _assess weighs it first
     allowed = pool.allowed_ks(speculation)
@@ -332,22 +332,27 @@ def _probe_neighbour(
             else _best(options, autotune.objective, autotune.tpot_target_ms))
     if step is None:
         return None
+    # The two restarts are spread over the horizon a K change is charged over, or over the time the pool has held
+    # its K when that is longer: a pool whose restarts are too dear for the horizon probes later, as K=0's re-probe
+    # does (`_reprobe_k1`), instead of never.
     budget = max(autotune.min_gain, MIN_RELATIVE_SD)
-    if 2 * cost.fraction > budget:
-        return verdicts.give("Hold", f"{hold}; K={pool.current_k} is the only K measured, and probing K={step.k} "
-                                     f"would cost two restarts ({2 * cost.fraction:.1%}), more than minGain "
-                                     f"{budget:.1%}")
+    price = 2 * cost.lost_s / max(cost.horizon_s, pool.window_s)
+    only = f"K={pool.current_k} is the only K measured"
+    if price > budget:
+        due_in = 2 * cost.lost_s / budget - pool.window_s
+        return verdicts.give("Hold", f"{hold}; {only}: probing K={step.k} once its two restarts "
+                                     f"({2 * cost.lost_s:.0f} pool-seconds) cost at most minGain {budget:.1%} of the "
+                                     f"time held, in {due_in / 3600:.1f} h")
     # A probe holds the pool at the probed K for a cooldown, so it waits one into the window first: time for the
     # load forecast to see the pool's load, and for the mean to find a move of its own.
     wait = max(cooldown_left, autotune.cooldown_seconds - pool.window_s)
     if wait > 0:
-        return verdicts.give("Hold", f"{hold}; K={pool.current_k} is the only K measured: probing K={step.k} in "
-                                     f"{wait:.0f}s")
+        return verdicts.give("Hold", f"{hold}; {only}: probing K={step.k} in {wait:.0f}s")
     gain = _gain(current, step, autotune.objective, autotune.tpot_target_ms)
     reason = (
         f"probing K={step.k}: K={pool.current_k} is the only K this pool has run, so what a draft costs is the "
-        f"method's prior, not a measurement; two restarts cost {2 * cost.fraction:.1%}, within minGain "
-        f"{budget:.1%}; {cost.describe()}; {hold}"
+        f"method's prior, not a measurement; two restarts cost {price:.1%}, within minGain {budget:.1%}; "
+        f"{cost.describe()}; {hold}"
     )
     return verdicts.give("Explore", reason, step.k, gain, _confidence(gain, current, step))
 

@@ -63,11 +63,15 @@ def test_the_cooldown_after_a_model_change_holds_the_probe() -> None:
     assert (decision.action, decision.to_k) == ("Hold", 2)
 
 
-def test_no_probe_when_its_two_restarts_cost_more_than_min_gain() -> None:
-    # One replica out for 10 minutes per restart: 600 pool-seconds of 6 h is 2.8%, two of them 5.6% > 3%.
-    decision = decided(held_at_two(replicas=1, ready_s=600.0), first_k())
-    assert (decision.action, decision.to_k) == ("Hold", 2)
-    assert "would cost two restarts (5.6%), more than minGain 3.0%" in decision.reason
+def test_dear_restarts_wait_until_they_cost_at_most_min_gain_of_the_time_held() -> None:
+    # One replica out for 10 minutes per restart: two are 1200 pool-seconds, 5.6% of the 6 h horizon, more than
+    # minGain 3%. The probe waits until they are 3% of the time the pool has held its K: 40000 s.
+    early = decided(held_at_two(replicas=1, ready_s=600.0, window_s=30_000.0), first_k())
+    assert (early.action, early.to_k) == ("Hold", 2)
+    assert "probing K=" in early.reason and "two restarts (1200 pool-seconds)" in early.reason
+    assert "cost at most minGain 3.0% of the time held, in 2.8 h" in early.reason
+    due = decided(held_at_two(replicas=1, ready_s=600.0, window_s=40_001.0), first_k())
+    assert due.action == "Explore" and "two restarts cost 3.0%" in due.reason
 
 
 @pytest.mark.parametrize(("rejected", "probed"), [({1: 0.05}, 3), ({3: 0.05}, 1), ({1: 0.05, 3: 0.05}, None)],
