@@ -88,8 +88,9 @@ def scoped_operator(cluster: LocalCluster, crds: None, operator: OperatorProcess
     def start(**settings: str) -> OperatorProcess:
         if not started:
             operator.stop()
-        process = OperatorProcess(cluster, f"operator-{namespace}-{len(started)}", None,
-                                  SPECDEC_NAMESPACES=json.dumps([namespace]), **settings)
+        # Its namespace unless the test names its own scope (a pattern, say).
+        scope = {"SPECDEC_NAMESPACES": json.dumps([namespace]), **settings}
+        process = OperatorProcess(cluster, f"operator-{namespace}-{len(started)}", None, **scope)
         started.append(process)
         return process.start()
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from localcluster.cluster import LocalCluster
 from tests.e2e.audit import operator_writes_since
 from tests.e2e.kube import Kube, example_docs, wait_for
 from tests.e2e.lanes import DEMO_FLEET_EXAMPLES
-from tests.e2e.operator_process import OperatorProcess
+from tests.e2e.operator_process import OperatorFactory, OperatorProcess
 
 # The lane of the tests that apply the shipped examples (tests/e2e/lanes.py).
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group(DEMO_FLEET_EXAMPLES)]
@@ -166,6 +168,22 @@ def test_manual_edit_of_an_owned_deployment_is_reverted(kube: Kube, operator: Op
     wait_for("replicas and image restored", lambda: (d := kube.get("deployment", "qwen-coder-ngram-gfx1100"))
              and d["spec"]["replicas"] == 2
              and d["spec"]["template"]["spec"]["containers"][0]["image"].startswith("ghcr.io/specdec/"), 60)
+
+
+def test_a_deleted_namespace_with_a_model_goes_away_under_a_namespace_pattern(
+    cluster: LocalCluster, kube: Kube, namespace: str, scoped_operator: OperatorFactory
+) -> None:
+    """An operator watching namespaces by pattern (SPECDEC_NAMESPACES=["team-*"]) finalizes the models of a namespace
+    being deleted. kopf stopped watching such a namespace when its deletion began, so the model's finalizer stayed
+    and the namespace was Terminating for good (handlers/services/namespace_discovery.py)."""
+    scoped_operator(SPECDEC_NAMESPACES=json.dumps([f"{namespace}*"]))
+    kube.apply(model("doomed", placement={"gfxTargets": ["gfx942"], "replicasPerPool": 1}))
+    ready(kube, "doomed")
+    assert kube.get("sm", "doomed")["metadata"].get("finalizers"), "kopf finalizes a model with a daemon"
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    wait_for(f"namespace {namespace} gone", lambda: not cluster.kubectl(
+        "get", "namespace", namespace, "--ignore-not-found", "-o", "name", check=False).strip(), 120, 1,
+        describe=lambda: cluster.kubectl("get", "namespace", namespace, "-o", "jsonpath={.status}", check=False))
 
 
 def test_deleting_the_model_garbage_collects_children(kube: Kube, operator: OperatorProcess) -> None:
