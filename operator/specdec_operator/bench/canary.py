@@ -40,6 +40,7 @@ TARGET_FALSE_ROLLBACK = 0.01  # of each healthy class, at most
 TARGET_DETECTION = 0.99  # of each bad class, at least
 CALIBRATION_LEVEL = 0.05  # the fixed-sample level of the A/A table
 CALIBRATION_FACTOR = 2.0  # each gate's A/A rejection share within this factor of its level
+FLOOR_SHOWN = 0.001  # speed floors below this are left out of the tables (kept in --json)
 
 TPOT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                80.0)
@@ -414,6 +415,8 @@ class BenchResult:
     classes: list[ClassResult]
     # per gate: (windows judged, fixed-sample rejections at CALIBRATION_LEVEL, gate failures at its level)
     calibration: dict[str, list[int]]
+    # per step set: the least error any analysis makes between classes that differ only in speed (`speed_floors`)
+    floors: dict[str, list[SpeedFloor]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         calibration = {gate: {"windows": n, "rejected": rejected / n if n else None,
@@ -422,7 +425,8 @@ class BenchResult:
         calibrated = all(item["rejected"] is None or item["rejected"] <= CALIBRATION_FACTOR * CALIBRATION_LEVEL
                          for item in calibration.values())
         return {"classes": [item.to_json() for item in self.classes], "calibration": calibration,
-                "targets_met": all(item.met for item in self.classes) and calibrated, "calibrated": calibrated}
+                "targets_met": all(item.met for item in self.classes) and calibrated, "calibrated": calibrated,
+                "speed_floors": {steps: [item.to_json() for item in floors] for steps, floors in self.floors.items()}}
 
 
 def _calibrate(windows: list[tuple[WindowStats, WindowStats]], tally: dict[str, list[int]],
@@ -457,6 +461,7 @@ def run_bench(trials: int, seed: int, interval: float = 10.0, *, steps: Sequence
               rates: Sequence[float] = RATES) -> BenchResult:
     classes: list[ClassResult] = []
     tally: dict[str, list[int]] = {}
+    floors = {steps_name: speed_floors(scenarios, steps_name, pools) for steps_name in steps}
     for steps_name in steps:
         for scenario in scenarios:
             result = ClassResult(scenario, steps_name)
@@ -472,7 +477,69 @@ def run_bench(trials: int, seed: int, interval: float = 10.0, *, steps: Sequence
                 if scenario.name == "A/A identical":
                     _calibrate(windows, tally, STEP_SETS[steps_name][0].analysis)
             classes.append(result)
-    return BenchResult(classes, tally)
+    return BenchResult(classes, tally, floors)
+
+
+@dataclass(frozen=True)
+class SpeedFloor:
+    """A healthy and a bad class that differ only in how fast the canary serves, and the least error any analysis
+    makes between them on the bench's pools: see `speed_floors`."""
+
+    healthy: str
+    bad: str
+    floor: float  # the worse of the healthy class's false rollbacks and the bad class's misses is at least this
+
+    def to_json(self) -> dict[str, Any]:
+        return {"healthy": self.healthy, "bad": self.bad, "floor": self.floor}
+
+
+def _speed(scenario: Scenario) -> float:
+    """The canary's goodput over the stable's that the scenario builds in (before the pods' own hardware)."""
+    return (1 + scenario.true_gain) / scenario.canary_step_factor
+
+
+def _apart_from_speed(scenario: Scenario) -> Scenario:
+    return replace(scenario, name="", healthy=True, true_gain=0.0, canary_step_factor=1.0)
+
+
+def _pods_seen(pool: int, canary: Canary) -> tuple[int, int]:
+    """(canary pods, stable pods) a canary of this pool runs over its steps: the bench's pods keep their names,
+    so a step with more pods on a side adds pods and one with fewer keeps some of the same."""
+    analysed = [step.weight for step in canary.steps if step.weight < 100] or [canary.steps[0].weight]
+    every = [step.weight for step in canary.steps]
+    return max(_sizes(pool, weight)[0] for weight in every), max(_sizes(pool, weight)[1] for weight in analysed)
+
+
+def speed_floors(scenarios: Sequence[Scenario], steps: str, pools: Sequence[int],
+                 spreads: Sequence[float] = POD_SPEED_SDS) -> list[SpeedFloor]:
+    """For each healthy and bad class that differ only in the canary's speed (the same K, prediction, acceptance,
+    errors and traffic), the least error any analysis can make between them on these pools, worst pair first.
+
+    Speed is all that separates such a pair, and a pod's GPU sets it as much: on the log scale the canary pods'
+    mean speed over the stable pods' carries the pods' hardware spread, variance sd^2 (1/canary pods + 1/stable
+    pods), however many requests they serve. In each (pool, spread) cell an analysis that knows the spread and
+    sees every request (an oracle) makes false rollbacks plus misses at least 2 Phi(-d / (2 s)), d the log ratio
+    of the two classes' speeds and s that sd: the likelihood-ratio threshold halfway between them minimises the
+    sum. Averaged over the cells the worse of the two rates is at least half the average sum. An analysis that
+    must estimate the spread, and reads requests with noise, does worse."""
+    from statistics import NormalDist
+
+    canary, _ = STEP_SETS[steps]
+    normal = NormalDist()
+    found = []
+    for healthy in (item for item in scenarios if item.healthy):
+        for bad in (item for item in scenarios if not item.healthy):
+            if _apart_from_speed(healthy) != _apart_from_speed(bad):
+                continue
+            gap = abs(math.log(_speed(healthy) / _speed(bad)))
+            cells = []
+            for pool in pools:
+                canary_pods, stable_pods = _pods_seen(pool, canary)
+                for spread in spreads:
+                    sd = spread * math.sqrt(1 / canary_pods + 1 / max(stable_pods, 1))
+                    cells.append(normal.cdf(-gap / (2 * sd)) if sd > 0 else 0.0)
+            found.append(SpeedFloor(healthy.name, bad.name, sum(cells) / len(cells)))
+    return sorted(found, key=lambda item: -item.floor)
 
 
 def format_tables(result: BenchResult, interval: float, pools: Sequence[int], rates: Sequence[float]) -> str:
@@ -494,6 +561,13 @@ def format_tables(result: BenchResult, interval: float, pools: Sequence[int], ra
             flag = "" if item.met else "  <- misses target"
             lines.append(f"{item.scenario.name:<22}{kind:<9}{item.trials:>7}{item.rolled_back:>12.1%}"
                          f"{item.median_seconds:>10.0f}  {item.top_reason}{flag}")
+        floors = [item for item in result.floors.get(steps_name, []) if item.floor >= FLOOR_SHOWN]
+        if floors:
+            lines.append("speed floor: only speed tells these classes apart, and a pod's GPU moves it too (log-sd "
+                         f"{min(POD_SPEED_SDS):.0%} to {max(POD_SPEED_SDS):.0%} a pod); on these pools even an "
+                         "analysis that knows the spread and sees every request leaves the worse of the healthy "
+                         "class's rollbacks and the bad class's misses at least")
+            lines += [f"  {item.floor:.2%}  {item.healthy} / {item.bad}" for item in floors]
         lines.append("")
     lines.append(f"A/A calibration (identical revisions; the last window of each analysed step): share of windows "
                  f"whose fixed-sample equality test rejects at {CALIBRATION_LEVEL:.0%} (target <= "

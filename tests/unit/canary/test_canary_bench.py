@@ -82,3 +82,59 @@ def test_a_canary_that_fails_only_at_the_100_percent_step_is_a_bad_class_the_las
     outcome, reason, seconds, _ = run_trial(_Trial(scenario, "default", 2, 3.0, 11, 10.0))
     assert (outcome, reason) == ("RolledBack", "CanaryFailed/ErrorRateExceeded")
     assert seconds >= 240  # after both analysed steps' pauses: only the 100% step sees the errors
+
+
+def test_the_speed_floor_pairs_only_classes_that_differ_in_speed_alone() -> None:
+    from specdec_operator.bench.canary import speed_floors
+
+    pairs = {(item.healthy, item.bad) for item in speed_floors(SCENARIOS, "default", (1, 2, 3, 4, 6, 8, 12, 16))}
+    # TPOT +20% against the identical revision, goodput -10% against K changes predicted +10% (delivering 8% or
+    # 10%); not the K change predicted +80% (the analysis is told another prediction), not errors or acceptance.
+    assert pairs == {("A/A identical", "TPOT +20%"), ("K +8% (pred. +10%)", "goodput -10%"),
+                     ("K change", "goodput -10%")}
+
+
+def test_the_speed_floor_is_what_an_oracle_on_the_benchs_own_pods_misses() -> None:
+    """Draw pods as the bench does (a spread per trial, each pod's speed log-normal around it), let an oracle that
+    knows the spread and sees every request judge the canary pods' mean log speed against the stable pods' at the
+    midpoint between the two classes: the worse of its two error rates is the floor, within sampling error."""
+    import math
+    import random
+
+    from specdec_operator.bench.canary import POD_SPEED_SDS, _pods_seen, speed_floors
+
+    pools = (1, 2, 3, 4)
+    [floor] = [item.floor for item in speed_floors(SCENARIOS, "default", pools)
+               if item.healthy == "K +8% (pred. +10%)"]
+    canary_steps, _ = STEP_SETS["default"]
+    good, bad = math.log(1.08), math.log(0.90)
+    rng = random.Random(5)
+    trials = 40_000
+    misses = [0, 0]
+    for index in range(trials):
+        pool = pools[index % len(pools)]
+        spread = rng.choice(POD_SPEED_SDS)
+        canary_pods, stable_pods = _pods_seen(pool, canary_steps)
+        for which, speed in enumerate((good, bad)):
+            canary = sum(rng.gauss(speed, spread) for _ in range(canary_pods)) / canary_pods
+            stable = sum(rng.gauss(0.0, spread) for _ in range(stable_pods)) / stable_pods
+            judged_bad = canary - stable < (good + bad) / 2
+            misses[which] += judged_bad if which == 0 else not judged_bad
+    worse = max(misses) / trials
+    assert 0.01 < floor < 0.05  # one or two pods a side at these pools: a percent or more
+    assert abs(worse - floor) < 4 * math.sqrt(floor / trials) + 0.002
+    # More pods a side: the hardware averages out and the floor with it.
+    [large] = [item.floor for item in speed_floors(SCENARIOS, "default", (12, 16))
+               if item.healthy == "K +8% (pred. +10%)"]
+    assert large < 1e-4
+
+
+def test_the_tables_and_the_json_give_the_speed_floor(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_main(["canary", *REDUCED, "--class", "A/A identical", "--class", "TPOT +20%"])
+    out = capsys.readouterr().out
+    assert "the worse of the healthy class's rollbacks and the bad class's misses at least" in out
+    assert "A/A identical / TPOT +20%" in out
+    bench_main(["canary", *REDUCED, "--class", "A/A identical", "--class", "TPOT +20%", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    [pair] = report["speed_floors"]["default"]
+    assert (pair["healthy"], pair["bad"]) == ("A/A identical", "TPOT +20%") and 0 < pair["floor"] < 0.2
