@@ -240,6 +240,20 @@ def _accepted_length(alpha: float, k: int) -> float:
     return 1.0 + sum(alpha ** (i + 1) for i in range(k))
 
 
+def _canary_step_s(scenario: Scenario) -> float:
+    """The canary's engine step on an idle pod: a K change's step costs what its true gain does not deliver."""
+    canary_k = scenario.canary_k if scenario.k_change else STABLE_K
+    length_ratio = _accepted_length(MEAN_ACCEPTANCE, canary_k) / _accepted_length(MEAN_ACCEPTANCE, STABLE_K)
+    return BASE_STEP_S * length_ratio / (1 + scenario.true_gain) * scenario.canary_step_factor
+
+
+def _loaded_step_s(step_s: float, rate: float) -> float:
+    """An engine step at an offered load: the batch the pod runs (Little's law) slows every step, so a slower step
+    makes a larger batch and slower steps again."""
+    batch = rate * 180 * 2.2 * step_s
+    return step_s * (1 + LOAD_SLOPE * batch)
+
+
 def run_trial(trial: _Trial, sink: list[Record] | None = None
               ) -> tuple[str, str, float, list[tuple[WindowStats, WindowStats]]]:
     """(outcome, reason, seconds to the outcome, the last analysed window of each step with a baseline).
@@ -257,9 +271,7 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
     replayer = Replayer(spec, on_verdict=on_verdict)
     canary_k = scenario.canary_k if scenario.k_change else STABLE_K
     pods: dict[str, _Pod] = {}
-    # The canary's step time: a K change's engine step costs what its predicted gain does not deliver.
-    length_ratio = _accepted_length(MEAN_ACCEPTANCE, canary_k) / _accepted_length(MEAN_ACCEPTANCE, STABLE_K)
-    canary_step = BASE_STEP_S * length_ratio / (1 + scenario.true_gain) * scenario.canary_step_factor
+    canary_step = _canary_step_s(scenario)
     alpha_canary = MEAN_ACCEPTANCE * scenario.canary_acceptance_factor
     # Half the trials serve without background errors: a clean window, which a quiet model's hold promotes at its
     # end, so a regression the analysis reads as waiting for requests is not caught by a stray error. Drawn
@@ -337,9 +349,7 @@ def _serve(pod: _Pod, rng: random.Random, rate: float, interval: float, side: _S
     arrivals = _poisson(rng, rate * interval)
     concentration = ACCEPTANCE_CONCENTRATION
     a, b = alpha_mean * concentration, (1 - alpha_mean) * concentration
-    # The batch the pod runs (Little's law on the offered load) sets the step time of every request in it.
-    batch = rate * 180 * 2.2 * step_s
-    step = step_s * pod.speed * (1 + LOAD_SLOPE * batch) * math.exp(rng.gauss(0.0, INTERVAL_NOISE_SD))
+    step = _loaded_step_s(step_s, rate) * pod.speed * math.exp(rng.gauss(0.0, INTERVAL_NOISE_SD))
     busy = 0.0
     for _ in range(arrivals):
         output = min(4096, max(1, round(math.exp(rng.gauss(math.log(360 if burst else 180), 1.0)))))
@@ -461,7 +471,7 @@ def run_bench(trials: int, seed: int, interval: float = 10.0, *, steps: Sequence
               rates: Sequence[float] = RATES) -> BenchResult:
     classes: list[ClassResult] = []
     tally: dict[str, list[int]] = {}
-    floors = {steps_name: speed_floors(scenarios, steps_name, pools) for steps_name in steps}
+    floors = {steps_name: speed_floors(scenarios, steps_name, pools, rates) for steps_name in steps}
     for steps_name in steps:
         for scenario in scenarios:
             result = ClassResult(scenario, steps_name)
@@ -493,9 +503,10 @@ class SpeedFloor:
         return {"healthy": self.healthy, "bad": self.bad, "floor": self.floor}
 
 
-def _speed(scenario: Scenario) -> float:
-    """The canary's goodput over the stable's that the scenario builds in (before the pods' own hardware)."""
-    return (1 + scenario.true_gain) / scenario.canary_step_factor
+def _log_speed(scenario: Scenario, rate: float) -> float:
+    """The log of the canary's engine step at a load, negated: a pair of classes at the same K differ in goodput
+    by the difference of this (the pods' own hardware aside)."""
+    return -math.log(_loaded_step_s(_canary_step_s(scenario), rate))
 
 
 def _apart_from_speed(scenario: Scenario) -> Scenario:
@@ -510,18 +521,19 @@ def _pods_seen(pool: int, canary: Canary) -> tuple[int, int]:
     return max(_sizes(pool, weight)[0] for weight in every), max(_sizes(pool, weight)[1] for weight in analysed)
 
 
-def speed_floors(scenarios: Sequence[Scenario], steps: str, pools: Sequence[int],
+def speed_floors(scenarios: Sequence[Scenario], steps: str, pools: Sequence[int], rates: Sequence[float] = RATES,
                  spreads: Sequence[float] = POD_SPEED_SDS) -> list[SpeedFloor]:
     """For each healthy and bad class that differ only in the canary's speed (the same K, prediction, acceptance,
     errors and traffic), the least error any analysis can make between them on these pools, worst pair first.
 
-    Speed is all that separates such a pair, and a pod's GPU sets it as much: on the log scale the canary pods'
-    mean speed over the stable pods' carries the pods' hardware spread, variance sd^2 (1/canary pods + 1/stable
-    pods), however many requests they serve. In each (pool, spread) cell an analysis that knows the spread and
-    sees every request (an oracle) makes false rollbacks plus misses at least 2 Phi(-d / (2 s)), d the log ratio
-    of the two classes' speeds and s that sd: the likelihood-ratio threshold halfway between them minimises the
-    sum. Averaged over the cells the worse of the two rates is at least half the average sum. An analysis that
-    must estimate the spread, and reads requests with noise, does worse."""
+    Speed is all that separates such a pair, and a pod's GPU moves it too: on the log scale the canary pods' mean
+    speed over the stable pods' carries the pods' hardware spread, variance sd^2 (1/canary pods + 1/stable pods),
+    however many requests they serve. In each (pool, rate, spread) cell an oracle that knows the spread and reads
+    every pod's speed without request noise makes false rollbacks plus misses at least 2 Phi(-d / (2 s)), d the
+    log ratio of the two classes' engine steps at that load and s that sd: the likelihood-ratio threshold halfway
+    between them minimises the sum. Averaged over the cells the worse of the two rates is at least half the
+    average sum. An analysis that must estimate the spread, and reads a window of requests, does worse: the
+    floor is the part of its misses no analysis can remove without more pods."""
     from statistics import NormalDist
 
     canary, _ = STEP_SETS[steps]
@@ -531,13 +543,14 @@ def speed_floors(scenarios: Sequence[Scenario], steps: str, pools: Sequence[int]
         for bad in (item for item in scenarios if not item.healthy):
             if _apart_from_speed(healthy) != _apart_from_speed(bad):
                 continue
-            gap = abs(math.log(_speed(healthy) / _speed(bad)))
             cells = []
-            for pool in pools:
-                canary_pods, stable_pods = _pods_seen(pool, canary)
-                for spread in spreads:
-                    sd = spread * math.sqrt(1 / canary_pods + 1 / max(stable_pods, 1))
-                    cells.append(normal.cdf(-gap / (2 * sd)) if sd > 0 else 0.0)
+            for rate in rates:
+                gap = abs(_log_speed(healthy, rate) - _log_speed(bad, rate))
+                for pool in pools:
+                    canary_pods, stable_pods = _pods_seen(pool, canary)
+                    for spread in spreads:
+                        sd = spread * math.sqrt(1 / canary_pods + 1 / max(stable_pods, 1))
+                        cells.append(normal.cdf(-gap / (2 * sd)) if sd > 0 else 0.0)
             found.append(SpeedFloor(healthy.name, bad.name, sum(cells) / len(cells)))
     return sorted(found, key=lambda item: -item.floor)
 
@@ -565,7 +578,7 @@ def format_tables(result: BenchResult, interval: float, pools: Sequence[int], ra
         if floors:
             lines.append("speed floor: only speed tells these classes apart, and a pod's GPU moves it too (log-sd "
                          f"{min(POD_SPEED_SDS):.0%} to {max(POD_SPEED_SDS):.0%} a pod); on these pools even an "
-                         "analysis that knows the spread and sees every request leaves the worse of the healthy "
+                         "oracle that knows the spread and has no request noise leaves the worse of the healthy "
                          "class's rollbacks and the bad class's misses at least")
             lines += [f"  {item.floor:.2%}  {item.healthy} / {item.bad}" for item in floors]
         lines.append("")

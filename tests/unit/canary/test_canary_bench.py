@@ -95,37 +95,45 @@ def test_the_speed_floor_pairs_only_classes_that_differ_in_speed_alone() -> None
 
 
 def test_the_speed_floor_is_what_an_oracle_on_the_benchs_own_pods_misses() -> None:
-    """Draw pods as the bench does (a spread per trial, each pod's speed log-normal around it), let an oracle that
-    knows the spread and sees every request judge the canary pods' mean log speed against the stable pods' at the
-    midpoint between the two classes: the worse of its two error rates is the floor, within sampling error."""
+    """Draw trials as the bench does (a rate and a spread per trial, each pod's speed log-normal around it, each
+    class's engine step at that load), let an oracle that knows the spread and has no request noise judge the
+    canary pods' mean log speed against the stable pods' halfway between the two classes: the worse of its two
+    error rates is the floor, within sampling error."""
     import math
     import random
 
-    from specdec_operator.bench.canary import POD_SPEED_SDS, _pods_seen, speed_floors
+    from specdec_operator.bench.canary import (
+        POD_SPEED_SDS,
+        RATES,
+        _canary_step_s,
+        _loaded_step_s,
+        _pods_seen,
+        speed_floors,
+    )
 
     pools = (1, 2, 3, 4)
-    [floor] = [item.floor for item in speed_floors(SCENARIOS, "default", pools)
-               if item.healthy == "K +8% (pred. +10%)"]
+    healthy = next(item for item in SCENARIOS if item.name == "K +8% (pred. +10%)")
+    bad = next(item for item in SCENARIOS if item.name == "goodput -10%")
+    [floor] = [item.floor for item in speed_floors(SCENARIOS, "default", pools) if item.healthy == healthy.name]
     canary_steps, _ = STEP_SETS["default"]
-    good, bad = math.log(1.08), math.log(0.90)
     rng = random.Random(5)
     trials = 40_000
     misses = [0, 0]
     for index in range(trials):
-        pool = pools[index % len(pools)]
-        spread = rng.choice(POD_SPEED_SDS)
+        pool, rate, spread = pools[index % len(pools)], rng.choice(RATES), rng.choice(POD_SPEED_SDS)
+        speeds = [-math.log(_loaded_step_s(_canary_step_s(scenario), rate)) for scenario in (healthy, bad)]
+        threshold = sum(speeds) / 2
         canary_pods, stable_pods = _pods_seen(pool, canary_steps)
-        for which, speed in enumerate((good, bad)):
-            canary = sum(rng.gauss(speed, spread) for _ in range(canary_pods)) / canary_pods
+        for which, speed in enumerate(speeds):
+            canary = sum(speed + rng.gauss(0.0, spread) for _ in range(canary_pods)) / canary_pods
             stable = sum(rng.gauss(0.0, spread) for _ in range(stable_pods)) / stable_pods
-            judged_bad = canary - stable < (good + bad) / 2
+            judged_bad = canary - stable < threshold
             misses[which] += judged_bad if which == 0 else not judged_bad
     worse = max(misses) / trials
-    assert 0.01 < floor < 0.05  # one or two pods a side at these pools: a percent or more
-    assert abs(worse - floor) < 4 * math.sqrt(floor / trials) + 0.002
+    assert 0.001 < floor < 0.02  # one or two pods a side at these pools
+    assert abs(worse - floor) < 4 * math.sqrt(floor / trials) + 0.001
     # More pods a side: the hardware averages out and the floor with it.
-    [large] = [item.floor for item in speed_floors(SCENARIOS, "default", (12, 16))
-               if item.healthy == "K +8% (pred. +10%)"]
+    [large] = [item.floor for item in speed_floors(SCENARIOS, "default", (12, 16)) if item.healthy == healthy.name]
     assert large < 1e-4
 
 
