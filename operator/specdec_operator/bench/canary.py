@@ -17,8 +17,10 @@ machine decide, nothing is reimplemented here. The traffic has the variety the a
 Classes are judged one by one: false rollbacks of each healthy class and detection of each bad one. An
 A/A class (identical revisions) also gives the calibration table: per gate, the share of windows whose
 fixed-sample equality test rejects at 5% (the standard errors are right when that share is near 5%), and
-the share that the gate itself fails at its stated sequential level. Seeded: the same arguments print the
-same tables. Figures, not asserts: `--check` compares them with the targets and exits 1 on a miss.
+the share that the gate itself fails at its stated sequential level. Under each class table, the speed floor:
+for classes that only speed tells apart, the least error the pods' hardware leaves any analysis
+(`speed_floors`). Seeded: the same arguments print the same tables. Figures, not asserts: `--check` compares them
+with the targets and exits 1 on a miss.
 """
 
 from __future__ import annotations
