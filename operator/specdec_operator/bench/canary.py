@@ -285,8 +285,13 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
                         scenario.code_and_chat)
     stable_side = _Side(STABLE_K, BASE_STEP_S, MEAN_ACCEPTANCE, background, code_and_chat=scenario.code_and_chat)
     canary_settings = spec.canary
-    horizon = sum(step.pause_seconds for step in canary_settings.steps) + \
-        canary_settings.analysis.timeout_seconds * len(canary_settings.steps) + 600
+    # The load of the `drift` class doubles over the first third of the steps' pauses and timeouts.
+    ramp_s = (sum(step.pause_seconds for step in canary_settings.steps)
+              + canary_settings.analysis.timeout_seconds * len(canary_settings.steps) + 600) / 3
+    # Each step ends by its pause, its timeout or, held for traffic, the quiet hold's end: a trial runs until the
+    # canary is decided, so a hold is never counted as an outcome it has not reached.
+    horizon = sum(max(step.pause_seconds, canary_settings.analysis.timeout_seconds,
+                      canary_settings.insufficient_traffic.max_wait_seconds) for step in canary_settings.steps) + 600
     at = 1_764_500_000.0
     started = at
     burst_until = -1.0
@@ -296,7 +301,7 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
         if replayer.status is not None and weight == 0:
             sizing = canary_settings.steps[min(replayer.status.step, len(canary_settings.steps) - 1)].weight
         n_canary, n_stable = _sizes(trial.pool, sizing)
-        drift = 1.0 + (min(1.0, (at - started) / max(horizon / 3, 1.0)) if scenario.drift else 0.0)
+        drift = 1.0 + (min(1.0, (at - started) / max(ramp_s, 1.0)) if scenario.drift else 0.0)
         if scenario.bursts and at > burst_until and rng.random() < 0.05:
             burst_until = at + rng.uniform(30, 90)
         burst = at <= burst_until

@@ -219,6 +219,11 @@ class Comparison:
     # requests tighten the bound onto it: below TAIL_PASS_MARGIN the tail will pass once known, at or above it
     # never will.
     excess_estimate: float | None = None
+    # For goodput and acceptance: the standard error of one look from the requests and intervals within each pod
+    # (what more requests shrink; how pods differ is left out, as no wait shrinks it), and the size of regression
+    # the gate's sequential test looks for, both on the statistic's scale (log ratio).
+    noise: float | None = None
+    scale: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -244,6 +249,17 @@ class Comparison:
         is not waiting for requests: it is beyond it, however long the step runs."""
         return self.estimate_within_limit and (
             self.excess_estimate is None or self.excess_estimate < TAIL_PASS_MARGIN)
+
+    @property
+    def wants_requests(self) -> bool:
+        """Beyond its limit by an estimate too noisy to weigh: one look's standard error is more than
+        NOISE_HOLD_SHARE of the regression the test looks for, so a canary at its limit and one that far beyond it
+        both read here more often than not. A quiet model's window (0.2 requests/s on one pod: about 180 requests
+        by a 900 s timeout, a few long ones deciding goodput and acceptance) reads so; more requests shrink the
+        noise and decide. TPOT carries no `noise`: a p99 has its own rule (`passes_with_more_requests`), and a p90
+        share's spread is not split between pods and intervals."""
+        return (self.excess_bound is None and self.noise is not None and self.scale is not None
+                and self.noise > NOISE_HOLD_SHARE * self.scale)
 
     @property
     def significant(self) -> bool:
@@ -282,6 +298,8 @@ class Comparison:
             text += f", p={self.p_value:.2g}"
         if not self.within_limit and self.passed:
             text += ", within noise"
+        elif not self.passed and not self.failed and self.wants_requests:
+            text += ", too few requests to weigh"
         if self.excess_bound is not None and self.excess_bound >= TAIL_PASS_MARGIN:
             text += f"; not yet known within: the canary's share of requests beyond the limit may exceed the " \
                     f"stable's beyond its quantile by up to {self.excess_bound:.1%} (95%)"
@@ -347,6 +365,10 @@ READING_PAIRS = ((POWER_LAW, POWER_LAW), (POWER_LAW, CUBIC), (CUBIC, POWER_LAW))
 # A point estimate beyond its limit by less than this many standard errors (one-sided p > 0.2 at one look)
 # is not evidence of a regression: it passes. More than this and not yet proven: Inconclusive.
 DOUBT_Z = 0.8416212335729143
+# A comparison beyond its limit whose one-look standard error exceeds this share of its test's mixture scale
+# waits for requests (`Comparison.wants_requests`): a step left so at its timeout is a quiet model's, held, not
+# rolled back. At half the scale, a regression of that size lies within two standard errors of the limit.
+NOISE_HOLD_SHARE = 0.5
 TAIL_PASS_Z = 1.6448536269514722
 # How much pods of one revision differ in speed (log-sd per pod) when too few pods say: hardware of one SKU is
 # not equal (8% average performance variation, outliers 1.5x slower, across same-SKU GPUs in five clusters,
@@ -628,6 +650,31 @@ def _with_floor(estimated: float | None, floor: float) -> float:
     return floor if estimated is None else max(estimated, floor)
 
 
+def _within_pods_log_variance(window: WindowStats, pair: Callable[[Cell], tuple[float, float] | None],
+                              floor: float) -> float:
+    """Variance of a side's log(sum y / sum x) over its cells' (y, x) from the intervals within each pod only, never
+    below `floor`: the noise more requests shrink. How pods differ (one GPU faster than another) is left out, as
+    no wait shrinks it; a pod seen over one cell measures nothing and leaves the floor to speak."""
+    by_pod: dict[str, list[tuple[float, float]]] = {}
+    for cell in _cells(window):
+        values = pair(cell)
+        if values is not None and (values[0] > 0 or values[1] > 0):
+            by_pod.setdefault(cell.pod, []).append(values)
+    total_y = math.fsum(y for pairs in by_pod.values() for y, _ in pairs)
+    total_x = math.fsum(x for pairs in by_pod.values() for _, x in pairs)
+    if total_x <= 0 or total_y <= 0:
+        return floor
+    squares = 0.0
+    for pairs in by_pod.values():
+        pod_x = math.fsum(x for _, x in pairs)
+        if len(pairs) < 2 or pod_x <= 0:
+            continue
+        pod_ratio = math.fsum(y for y, _ in pairs) / pod_x
+        squares += len(pairs) / (len(pairs) - 1) * math.fsum((y - pod_ratio * x) ** 2 for y, x in pairs)
+    variance = (math.sqrt(squares) / total_y) ** 2
+    return max(variance, floor) if math.isfinite(variance) else floor
+
+
 def _bucket_counts(buckets: Buckets) -> tuple[list[tuple[float, float]], float]:
     """Per-bucket (upper bound, count) from cumulative buckets, made monotone, and the total."""
     counts: list[tuple[float, float]] = []
@@ -729,12 +776,23 @@ DEFAULT_LOG_SPREAD = 0.3
 MIN_LOG_SPREAD = 0.12
 
 
+def _goodput_request_floor(window: WindowStats) -> float:
+    """What independent requests with the TPOT histogram's spread give as the variance of log goodput."""
+    measured = _log_spread(window.tpot_buckets)
+    spread = max(measured if measured is not None else DEFAULT_LOG_SPREAD, MIN_LOG_SPREAD)
+    return spread**2 / max(window.requests, 1.0)
+
+
+def goodput_request_noise(canary: WindowStats, stable: WindowStats) -> float:
+    """Variance of log(canary / stable goodput per sequence) from the requests and intervals within each pod."""
+    return sum(_within_pods_log_variance(side, lambda cell: (cell.generation_tokens, cell.busy_seconds),
+                                         _goodput_request_floor(side)) for side in (canary, stable))
+
+
 def _goodput_sampling_variance(window: WindowStats) -> float:
     """Variance of a side's log goodput per sequence from the requests and intervals it saw: the spread between
     its cells (pods x intervals), never below what independent requests with the TPOT histogram's spread give."""
-    measured = _log_spread(window.tpot_buckets)
-    spread = max(measured if measured is not None else DEFAULT_LOG_SPREAD, MIN_LOG_SPREAD)
-    floor = spread**2 / max(window.requests, 1.0)
+    floor = _goodput_request_floor(window)
     ratio, variance = _ratio([(cell.generation_tokens, cell.busy_seconds) for cell in _cells(window)])
     if ratio is None or ratio <= 0 or variance is None:
         return floor
@@ -1040,7 +1098,8 @@ def _goodput(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnalysi
                                LOG_RATIO_SCALE)
         # The benefit of the doubt counts only the spread the window shows, not the assumed one (TailShortfall).
         beyond = (log_limit - math.log(c / s)) / math.sqrt(measured) if measured > 0 else None
-        return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value, beyond_z=beyond)
+        return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value, beyond_z=beyond,
+                          noise=math.sqrt(goodput_request_noise(canary, stable)), scale=LOG_RATIO_SCALE)
     return Comparison(metric, c, s, limit, True, " tok/s", 1, p_value)
 
 
@@ -1124,7 +1183,9 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
             p_value = sequential_p(log_limit - math.log(c / s), variance * few_units_penalty(canary, stable),
                                    LOG_RATIO_SCALE)
             beyond = (log_limit - math.log(c / s)) / math.sqrt(doubt) if doubt > 0 else None
-            return [Comparison("accepted length", c, s, limit, True, p_value=p_value, beyond_z=beyond)]
+            return [Comparison("accepted length", c, s, limit, True, p_value=p_value, beyond_z=beyond,
+                               noise=math.sqrt(sum(_accepted_length_request_noise(side) for side in (canary, stable))),
+                               scale=LOG_RATIO_SCALE)]
         return [Comparison("accepted length", c, s, limit, True, p_value=p_value)]
     found: list[Comparison | str] = []
     penalty = few_units_penalty(canary, stable)
@@ -1136,7 +1197,7 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
         if measured <= 0:
             continue
         s = measured * factors[position]  # the stable's requests at the canary's K
-        p_value = beyond = None
+        p_value = beyond = noise = None
         if log_limit is not None:
             if c <= 0:
                 # No draft accepted here: no log ratio and no spread between cells to measure. The chance of
@@ -1158,10 +1219,12 @@ def _acceptance(canary: WindowStats, stable: WindowStats, thresholds: CanaryAnal
                                                          variance * penalty,
                                                          LOG_RATIO_SCALE))
                 beyond = (log_limit - math.log(c / s)) / math.sqrt(doubt) if doubt > 0 else None
+                noise = math.sqrt(sum(_position_request_noise(side, share, position) for side, share in sides))
         metric = f"acceptance at position {position + 1}"
         if canary.k != stable.k:
             metric += f" (stable {measured:.2f} at K {stable.k}, re-weighted to K {canary.k})"
-        found.append(Comparison(metric, c, s, limit, True, p_value=p_value, beyond_z=beyond))
+        found.append(Comparison(metric, c, s, limit, True, p_value=p_value, beyond_z=beyond, noise=noise,
+                                scale=LOG_RATIO_SCALE))
     return found
 
 
@@ -1174,6 +1237,23 @@ def _position_log_variance(sides: Sequence[tuple[WindowStats, float]], position:
             side, [(cell.accepted_per_position[position], cell.drafts) for cell in _cells(side)
                    if len(cell.accepted_per_position) > position], share, trials(side))
         for side, share in sides)
+
+
+def _position_request_noise(window: WindowStats, share: float, position: int) -> float:
+    """Variance of log(acceptance at a draft position) from the intervals within each pod; every draft counted
+    in the binomial floor."""
+    floor = (1 - share) / max(share * window.drafts, 1e-12) if share > 0 else math.inf
+    return _within_pods_log_variance(
+        window, lambda cell: (cell.accepted_per_position[position], cell.drafts)
+        if len(cell.accepted_per_position) > position else None, floor)
+
+
+def _accepted_length_request_noise(window: WindowStats) -> float:
+    """Variance of log accepted length from the intervals within each pod; every draft counted in the floor."""
+    length = window.mean_accepted_length or 1.0
+    per_draft = window.accepted_tokens / window.drafts if window.drafts > 0 else 0.0
+    floor = max(per_draft * max(window.k - per_draft, 0.0) / max(window.k, 1), 0.05) / max(window.drafts, 1.0)
+    return _within_pods_log_variance(window, lambda cell: (cell.accepted_tokens, cell.drafts), floor / length**2)
 
 
 def _accepted_length_log_variance(window: WindowStats, trials: float) -> float:

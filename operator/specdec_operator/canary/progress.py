@@ -476,15 +476,18 @@ def _underpowered(verdict: Verdict) -> bool:
     """Inconclusive only for want of requests: every comparison still open has its estimate within the limit
     (the caller checks the error rate's), a bound that more requests would tighten
     (a p99 or a 1% error rate needs a few hundred requests to be known). Such a step is a quiet model's, held
-    as `InsufficientTraffic`, never rolled back for lack of requests alone. An estimate beyond its limit
-    without significance (a suspect regression) is not this: it stays `DifferenceUncertain`; nor is a p99 whose
+    as `InsufficientTraffic`, never rolled back for lack of requests alone. So is an estimate beyond its limit
+    too noisy to weigh (`Comparison.wants_requests`: at 0.2 requests/s a healthy canary's acceptance at its third
+    draft position read 0.75-0.8 of the stable's, each as likely its few requests as a regression). An estimate
+    beyond its limit without significance whose noise can weigh it (a suspect regression) is not this: it stays
+    `DifferenceUncertain` (as does one canary pod's doubt: its GPU's spread is no want of requests); nor is a p99 whose
     ratio reads within its limit while its excess share of requests beyond the limit does not (held as quiet,
     a canary with 2-3% of its requests stalled beyond the limit was promoted at the hold's end)."""
     if verdict.reason == ERROR_RATE_UNCERTAIN:
         return all(item.passed for item in verdict.comparisons)
     if verdict.reason != DIFFERENCE_UNCERTAIN:
         return False
-    return all(item.passed or item.passes_with_more_requests for item in verdict.comparisons)
+    return all(item.passed or item.passes_with_more_requests or item.wants_requests for item in verdict.comparisons)
 
 
 def judge_step(
