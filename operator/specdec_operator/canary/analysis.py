@@ -256,10 +256,14 @@ class Comparison:
         NOISE_HOLD_SHARE of the regression the test looks for, so a canary at its limit and one that far beyond it
         both read here more often than not. A quiet model's window (0.2 requests/s on one pod: about 180 requests
         by a 900 s timeout, a few long ones deciding goodput and acceptance) reads so; more requests shrink the
-        noise and decide. TPOT carries no `noise`: a p99 has its own rule (`passes_with_more_requests`), and a p90
-        share's spread is not split between pods and intervals."""
+        noise and decide. An estimate beyond its limit by more than NOISE_HOLD_Z of those standard errors is
+        evidence however wide they are (a drafter that broke read 0.13 of the stable's acceptance from 9 requests,
+        p=1 under the sequential test): a suspect regression, not a want of requests. TPOT carries no `noise`: a
+        p99 has its own rule (`passes_with_more_requests`), and a p90 share's spread is not split between pods and
+        intervals."""
         return (self.excess_bound is None and self.noise is not None and self.scale is not None
-                and self.noise > NOISE_HOLD_SHARE * self.scale)
+                and self.noise > NOISE_HOLD_SHARE * self.scale
+                and self.beyond_z is not None and self.beyond_z <= NOISE_HOLD_Z)
 
     @property
     def significant(self) -> bool:
@@ -369,6 +373,9 @@ DOUBT_Z = 0.8416212335729143
 # waits for requests (`Comparison.wants_requests`): a step left so at its timeout is a quiet model's, held, not
 # rolled back. At half the scale, a regression of that size lies within two standard errors of the limit.
 NOISE_HOLD_SHARE = 0.5
+# ... but only while its estimate lies within this many of those standard errors beyond the limit (one-sided p of
+# 0.023 at one look): farther out, the window is evidence of a regression, however few its requests.
+NOISE_HOLD_Z = 2.0
 TAIL_PASS_Z = 1.6448536269514722
 # How much pods of one revision differ in speed (log-sd per pod) when too few pods say: hardware of one SKU is
 # not equal (8% average performance variation, outliers 1.5x slower, across same-SKU GPUs in five clusters,

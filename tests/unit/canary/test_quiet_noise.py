@@ -49,11 +49,11 @@ def test_how_pods_differ_is_no_noise_of_requests() -> None:
     assert goodput_request_noise(wandering, reference) > 20 * floor
 
 
-def uncertain(noise: float) -> Verdict:
-    """One canary pod against one stable pod past the timeout: acceptance at the third draft position reads 0.8
+def uncertain(noise: float, ratio: float = 0.8) -> Verdict:
+    """One canary pod against one stable pod past the timeout: acceptance at the third draft position reads `ratio`
     of the stable's (limit 0.9), not significant, with `noise` as its standard error of one look."""
-    acceptance = Comparison("acceptance at position 3", 0.20, 0.25, 0.9, True, p_value=1.0,
-                            beyond_z=(math.log(0.9) - math.log(0.8)) / noise, noise=noise, scale=LOG_RATIO_SCALE)
+    acceptance = Comparison("acceptance at position 3", 0.25 * ratio, 0.25, 0.9, True, p_value=1.0,
+                            beyond_z=(math.log(0.9) - math.log(ratio)) / noise, noise=noise, scale=LOG_RATIO_SCALE)
     return Verdict("Inconclusive", "DifferenceUncertain", acceptance.describe(), comparisons=(acceptance,),
                    canary_pods=1)
 
@@ -77,6 +77,15 @@ def test_an_estimate_whose_noise_can_weigh_it_still_times_out() -> None:
     assert step(canary_status(), weighed, 901).status.phase == "RolledBack"
     at_the_edge = uncertain(NOISE_HOLD_SHARE * LOG_RATIO_SCALE)
     assert not at_the_edge.comparisons[0].wants_requests
+
+
+def test_an_estimate_far_beyond_its_limit_is_evidence_however_noisy() -> None:
+    """Shaped on the real engine's broken drafter (CI, 2026-12-07): acceptance read 0.13 of the stable's from 9
+    requests, p=1 under the sequential test. Five standard errors beyond the limit is a suspect regression."""
+    broken = judged(uncertain(0.3, ratio=0.2))
+    assert broken is not None and broken.reason == "DifferenceUncertain"
+    assert not broken.comparisons[0].wants_requests
+    assert step(canary_status(), broken, 901).status.phase == "RolledBack"
 
 
 def test_a_noisy_window_with_a_failed_health_check_is_not_held() -> None:
