@@ -665,19 +665,17 @@ def _within_pods_log_variance(window: WindowStats, pair: Callable[[Cell], tuple[
     by_pod: dict[str, list[tuple[float, float]]] = {}
     for cell in _cells(window):
         values = pair(cell)
-        if values is not None and (values[0] > 0 or values[1] > 0):
+        if values is not None:
             by_pod.setdefault(cell.pod, []).append(values)
     total_y = math.fsum(y for pairs in by_pod.values() for y, _ in pairs)
-    total_x = math.fsum(x for pairs in by_pod.values() for _, x in pairs)
-    if total_x <= 0 or total_y <= 0:
+    if total_y <= 0:
         return floor
+    # Each pod's ratio-estimator variance times its own x squared is its residuals about its own ratio.
     squares = 0.0
     for pairs in by_pod.values():
-        pod_x = math.fsum(x for _, x in pairs)
-        if len(pairs) < 2 or pod_x <= 0:
-            continue
-        pod_ratio = math.fsum(y for y, _ in pairs) / pod_x
-        squares += len(pairs) / (len(pairs) - 1) * math.fsum((y - pod_ratio * x) ** 2 for y, x in pairs)
+        _, variance = _ratio(pairs)
+        if variance is not None:
+            squares += variance * math.fsum(x for _, x in pairs) ** 2
     variance = (math.sqrt(squares) / total_y) ** 2
     return max(variance, floor) if math.isfinite(variance) else floor
 
@@ -1037,10 +1035,15 @@ def draft_trials(window: WindowStats) -> float:
     return min(window.drafts, max(window.requests, 1.0))
 
 
+def _proportion_log_floor(share: float, trials: float) -> float:
+    """The variance of log(a proportion of drafts) that a binomial over `trials` gives."""
+    return (1 - share) / max(share * trials, 1e-12) if share > 0 else math.inf
+
+
 def _acceptance_log_variance(window: WindowStats, pairs: list[tuple[float, float]], share: float,
                              trials: float) -> float:
     """Variance of log(a proportion of drafts) from pods and intervals; a binomial over `trials` as a floor."""
-    floor = (1 - share) / max(share * trials, 1e-12) if share > 0 else math.inf
+    floor = _proportion_log_floor(share, trials)
     ratio, variance = _ratio(pairs)
     if ratio is None or ratio <= 0 or variance is None:
         return floor
@@ -1249,25 +1252,28 @@ def _position_log_variance(sides: Sequence[tuple[WindowStats, float]], position:
 def _position_request_noise(window: WindowStats, share: float, position: int) -> float:
     """Variance of log(acceptance at a draft position) from the intervals within each pod; every draft counted
     in the binomial floor."""
-    floor = (1 - share) / max(share * window.drafts, 1e-12) if share > 0 else math.inf
     return _within_pods_log_variance(
         window, lambda cell: (cell.accepted_per_position[position], cell.drafts)
-        if len(cell.accepted_per_position) > position else None, floor)
+        if len(cell.accepted_per_position) > position else None, _proportion_log_floor(share, window.drafts))
+
+
+def _accepted_length_floor(window: WindowStats, trials: float) -> float:
+    """The variance of accepted length that a per-draft spread over `trials` gives (not yet on the log scale)."""
+    per_draft = window.accepted_tokens / window.drafts if window.drafts > 0 else 0.0
+    return max(per_draft * max(window.k - per_draft, 0.0) / max(window.k, 1), 0.05) / max(trials, 1.0)
 
 
 def _accepted_length_request_noise(window: WindowStats) -> float:
     """Variance of log accepted length from the intervals within each pod; every draft counted in the floor."""
     length = window.mean_accepted_length or 1.0
-    per_draft = window.accepted_tokens / window.drafts if window.drafts > 0 else 0.0
-    floor = max(per_draft * max(window.k - per_draft, 0.0) / max(window.k, 1), 0.05) / max(window.drafts, 1.0)
-    return _within_pods_log_variance(window, lambda cell: (cell.accepted_tokens, cell.drafts), floor / length**2)
+    return _within_pods_log_variance(window, lambda cell: (cell.accepted_tokens, cell.drafts),
+                                     _accepted_length_floor(window, window.drafts) / length**2)
 
 
 def _accepted_length_log_variance(window: WindowStats, trials: float) -> float:
     """Variance of log accepted length from pods and intervals; a per-draft spread over `trials` as a floor."""
     length = window.mean_accepted_length or 1.0
-    per_draft = window.accepted_tokens / window.drafts if window.drafts > 0 else 0.0
-    floor = max(per_draft * max(window.k - per_draft, 0.0) / max(window.k, 1), 0.05) / max(trials, 1.0)
+    floor = _accepted_length_floor(window, trials)
     ratio, variance = _ratio([(cell.accepted_tokens, cell.drafts) for cell in _cells(window)])
     return _with_floor(variance, floor) / length**2 if ratio is not None else floor / length**2
 
