@@ -481,8 +481,10 @@ class InsufficientTraffic(ApiModel):
     action: Literal["Promote", "RollBack"] = Field(
         default="Promote",
         description="After maxWaitSeconds without enough requests: Promote when the canary's window is clean "
-        "(no failed request, no failed health check, no container restart); RollBack otherwise or when set "
-        "to RollBack. A canary is never rolled back for lack of requests alone before then.",
+        "(no failed health check or container restart, its error rate within maxErrorRate, no estimate beyond "
+        "its limit): the canary goes on to the next step, which judges its own window, or is promoted at the "
+        "last step. RollBack otherwise or when set to RollBack. A canary is never rolled back for lack of "
+        "requests alone before then.",
     )
 
 

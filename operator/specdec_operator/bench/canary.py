@@ -275,9 +275,8 @@ def run_trial(trial: _Trial, sink: list[Record] | None = None
     pods: dict[str, _Pod] = {}
     canary_step = _canary_step_s(scenario)
     alpha_canary = MEAN_ACCEPTANCE * scenario.canary_acceptance_factor
-    # Half the trials serve without background errors: a clean window, which a quiet model's hold promotes at its
-    # end, so a regression the analysis reads as waiting for requests is not caught by a stray error. Drawn
-    # apart from the traffic, which stays the same draw for draw.
+    # Half the trials serve without background errors, so a regression the analysis reads as waiting for requests
+    # is never caught by a stray error alone. Drawn apart from the traffic, which stays the same draw for draw.
     background = 0.0 if random.Random(f"{trial.seed}/background").random() < CLEAN_TRIALS else BASELINE_ERROR_RATE
     pod_speed_sd = random.Random(f"{trial.seed}/pods").choice(POD_SPEED_SDS)
     canary_errors = background if scenario.canary_error_rate == BASELINE_ERROR_RATE else scenario.canary_error_rate

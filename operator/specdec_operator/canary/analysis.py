@@ -252,9 +252,10 @@ class Comparison:
 
     @property
     def wants_requests(self) -> bool:
-        """Beyond its limit by an estimate too noisy to weigh: one look's standard error is more than
-        NOISE_HOLD_SHARE of the regression the test looks for, so a canary at its limit and one that far beyond it
-        both read here more often than not. A quiet model's window (0.2 requests/s on one pod: about 180 requests
+        """Beyond its limit by an estimate too noisy to weigh: at one look's standard error the sequential test
+        would not find even the regression it looks for (`scale` beyond the limit) significant (`detectable`),
+        so more requests, not this window, must tell a canary at its limit from one that far beyond. A quiet
+        model's window (0.2 requests/s on one pod: about 180 requests
         by a 900 s timeout, a few long ones deciding goodput and acceptance) reads so; more requests shrink the
         noise and decide. An estimate beyond its limit by more than NOISE_HOLD_Z of those standard errors is
         evidence however wide they are (a drafter that broke read 0.13 of the stable's acceptance from 9 requests,
@@ -262,7 +263,7 @@ class Comparison:
         p99 has its own rule (`passes_with_more_requests`), and a p90 share's spread is not split between pods and
         intervals."""
         return (self.excess_bound is None and self.noise is not None and self.scale is not None
-                and self.noise > NOISE_HOLD_SHARE * self.scale
+                and not detectable(self.noise, self.scale)
                 and self.beyond_z is not None and self.beyond_z <= NOISE_HOLD_Z)
 
     @property
@@ -369,13 +370,14 @@ READING_PAIRS = ((POWER_LAW, POWER_LAW), (POWER_LAW, CUBIC), (CUBIC, POWER_LAW))
 # A point estimate beyond its limit by less than this many standard errors (one-sided p > 0.2 at one look)
 # is not evidence of a regression: it passes. More than this and not yet proven: Inconclusive.
 DOUBT_Z = 0.8416212335729143
-# A comparison beyond its limit whose one-look standard error exceeds this share of its test's mixture scale
-# waits for requests (`Comparison.wants_requests`): a step left so at its timeout is a quiet model's, held, not
-# rolled back. At half the scale, a regression of that size lies within two standard errors of the limit.
-NOISE_HOLD_SHARE = 0.5
-# ... but only while its estimate lies within this many of those standard errors beyond the limit (one-sided p of
-# 0.023 at one look): farther out, the window is evidence of a regression, however few its requests.
-NOISE_HOLD_Z = 2.0
+# A comparison beyond its limit too noisy to weigh waits for requests (`Comparison.wants_requests`: its one-look
+# standard error so wide that the sequential test would not find even the regression it looks for significant,
+# `detectable`); a step left so at its timeout is a quiet model's, held, not rolled back. But only while its
+# estimate lies within this many of those standard errors beyond the limit, the one-sided normal quantile of
+# SIGNIFICANCE: farther out, one look alone would be significant at the gates' level, and the window is evidence
+# of a regression however few its requests. (At 2, identical revisions on one pod at 0.2 requests/s, whose
+# standard errors rest on a few long requests, were read as evidence in 3 of 40 trials.)
+NOISE_HOLD_Z = 3.090232306167813
 TAIL_PASS_Z = 1.6448536269514722
 # How much pods of one revision differ in speed (log-sd per pod) when too few pods say: hardware of one SKU is
 # not equal (8% average performance variation, outliers 1.5x slower, across same-SKU GPUs in five clusters,
@@ -600,6 +602,12 @@ def sequential_p(shortfall: float, variance: float, scale: float) -> float:
                  + shortfall * shortfall * scale * scale / (2 * variance * total)
                  + _log_normal_cdf(shortfall * scale / math.sqrt(variance * total)))
     return 1.0 if log_ratio <= 0 else math.exp(-log_ratio)
+
+
+def detectable(noise: float, scale: float) -> bool:
+    """Whether the sequential test, at one look with standard error `noise`, would find a regression of the size
+    it looks for (`scale` beyond the limit) significant."""
+    return sequential_p(scale, noise * noise, scale) < SIGNIFICANCE
 
 
 # One-sided Student t quantiles for 1-10 degrees of freedom, at the gates' SIGNIFICANCE (0.001) and at the 5%

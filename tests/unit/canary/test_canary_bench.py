@@ -38,8 +38,8 @@ def test_a_bad_canary_is_caught_and_a_miss_fails_the_check(capsys: pytest.Captur
     [row] = report["classes"]
     assert row["scenario"] == "errors 2%" and row["rolled_back"] == 1.0
     # So little traffic that no step gathers its requests: the quiet hold ends by promoting a canary whose window
-    # has no failed request (insufficientTraffic.action Promote), and a TPOT regression it never measured goes
-    # out (this seed's trial serves without background errors): a bad class misses.
+    # is clean (insufficientTraffic.action Promote), and a TPOT regression it never measured goes out: a bad
+    # class misses.
     code = bench_main(["canary", "--trials", "1", "--seed", "1", "--steps", "default", "--pool", "1", "--rate",
                        "0.02", "--class", "TPOT +20%", "--json", "--check"])
     report = json.loads(capsys.readouterr().out)
