@@ -371,14 +371,14 @@ def _quiet(
     promoted at the last, or (`RollBack`, or a window that is not clean) it is rolled back."""
     policy = settings.insufficient_traffic
     detail = verdict.message if verdict is not None else "no measurements"
+    # What the hold's end will do, said while it holds and done when it ends.
     blemish = _hold_end_blemish(verdict, settings.analysis.max_error_rate)
+    moves_on = policy.action == "Promote" and blemish is None
     last = status.step + 1 == len(settings.steps)
-    if policy.action == "RollBack":
-        then = "RollBack"
-    elif blemish is not None:
-        then = f"RollBack, as {blemish}"
-    else:
+    if moves_on:
         then = "Promote" if last else f"go on to step {status.step + 2}/{len(settings.steps)}"
+    else:
+        then = f"RollBack, as {blemish}" if policy.action == "Promote" else "RollBack"
     if elapsed < policy.max_wait_seconds:
         held = _with_verdict(status, verdict, hold_reason=INSUFFICIENT_TRAFFIC)
         held = held.model_copy(update={"message": f"{INSUFFICIENT_TRAFFIC}: {label} holds for requests "
@@ -391,7 +391,7 @@ def _quiet(
                             f"on when traffic comes (at most {policy.max_wait_seconds} s, then {then}): "
                             f"{detail}")
         return CanaryProgress(held, plan, event)
-    if policy.action == "Promote" and blemish is None and not last:
+    if moves_on and not last:
         # Not the last step: the canary goes on to the next, whose own window is judged as every step's is. A
         # hold's end that promoted from here skipped the last step, where failures that only the full load
         # reaches show (the bench's "errors 5% at 100%", promoted in 3 of 40 quiet trials so).
@@ -404,7 +404,7 @@ def _quiet(
         )
         return _next_step(status, settings.steps, verdict, now, plan.clear_action, event,
                           **_stable_reference(status, verdict))
-    if policy.action == "Promote" and blemish is None:
+    if moves_on:
         event = CanaryEvent(
             "Normal", "CanaryPromoted",
             f"{label}: too few requests to judge after {elapsed:.0f} s (insufficientTraffic.maxWaitSeconds "
@@ -429,12 +429,15 @@ def _hold_end_blemish(verdict: Verdict | None, max_error_rate: float) -> str | N
     estimate reads beyond its limit. An hour that left a canary's numbers on the wrong side of a limit, however
     noisy, is no ground to promote it; a stray failed request among hundreds, at the stable's own rate, is no
     ground to roll it back."""
-    if verdict is None or verdict.reason != INSUFFICIENT_TRAFFIC:
-        return "nothing measured" if verdict is None else f"its verdict is {verdict.reason}"
+    if verdict is None:
+        return "nothing measured"
     if verdict.canary_errors > 0 and (
             verdict.canary_requests <= 0 or verdict.canary_errors / verdict.canary_requests > max_error_rate):
         return (f"its error rate ({verdict.canary_errors} failed of {verdict.canary_requests} requests) is above "
                 f"maxErrorRate {max_error_rate:.2%}")
+    if verdict.reason != INSUFFICIENT_TRAFFIC:
+        # `judge_step` left it short of requests and something more (its failed requests' rate, its health).
+        return f"its window lacks more than requests ({verdict.reason})"
     # A tail not yet known but within its limit by every estimate passes with more requests: a model that never
     # gathers the few hundred requests a p99 needs is promoted on its estimates, as the policy says.
     beyond = [item.metric for item in verdict.comparisons if not (item.passed or item.passes_with_more_requests)]
