@@ -61,6 +61,9 @@ ROLES: tuple[Role, ...] = ("stable", "canary", "baseline")
 STABLE_REVISION = "stable"
 CANARY_REVISION = "canary"
 MAX_NOTES = 20  # `note:` lines in the output at most
+# A pod whose latest line is older than this many scrape periods is gone (deleted, or no longer exported); one
+# scraped late, or whose line a round left out, is not.
+PODS_SEEN_PERIODS = 1.5
 
 
 class RecordingError(ValueError):
@@ -313,8 +316,13 @@ def _moment(at: float) -> datetime:
 class Replayer:
     """The operator's canary path for one pool, fed one scrape round at a time."""
 
-    def __init__(self, spec: ReplaySpec, *, compare_with: Role = "stable", on_verdict: VerdictHook | None = None):
+    def __init__(self, spec: ReplaySpec, *, compare_with: Role = "stable", on_verdict: VerdictHook | None = None,
+                 period: float | None = None):
         self.spec = spec
+        # The recording's scrape period, when its pods are scraped at moments of their own: a round then holds only
+        # some of them, and the pods' state is each one's latest line (`_pods`). None: every round holds every pod.
+        self.period = period
+        self._latest: dict[str, Record] = {}
         self.compare_with = compare_with
         self.on_verdict = on_verdict
         self.rollout = spec.rollout()
@@ -393,10 +401,11 @@ class Replayer:
         self._note_left_out(report.violations, records)
         if in_flight is not None:
             self.windows.add(report, results, health, restarts)
-        canary_ready = self._canary_ready(records)
+        pods = self._pods(records, at)
+        canary_ready = self._canary_ready(pods)
         weights = [record.weight for record in records if record.weight is not None]
         route_percent = weights[0] if weights else None
-        compared = [record for record in records if record.role == self.compare_with and record.ready]
+        compared = [record for record in pods if record.role == self.compare_with and record.ready]
         stable_serving = bool(compared) and (self.status is None or self.status.weight < 100
                                              or self.compare_with == "baseline")
         if starting:
@@ -410,24 +419,38 @@ class Replayer:
                        "place is; an export that left those pods out is judged so too")
         verdict = self._verdict(route_percent, stable_serving)
         self._advance(verdict, at, now, canary_ready=canary_ready, route_percent=route_percent,
-                      route_target=self._route_target(records) if route_percent is not None else None,
-                      pool_replicas=self._pool_replicas(records))
+                      route_target=self._route_target(pods) if route_percent is not None else None,
+                      pool_replicas=self._pool_replicas(pods))
 
-    def _pool_replicas(self, records: list[Record]) -> int | None:
-        """The pool's replicas: the recording's `replicas`, else its canary and stable pods in this round (a
+    def _pods(self, records: list[Record], at: float) -> list[Record]:
+        """The pods as the operator's cache would hold them at this round: each pod's latest line, for pods seen
+        within PODS_SEEN_PERIODS scrape periods. Prometheus scrapes each target at an offset of its own, spread over
+        the whole scrape interval (a hash of the target), so a round of its export holds only the pods whose
+        offsets fall together; reading the pods from the round alone, a step whose canary replicas were all Ready
+        read as "canary pods not ready" half the time and timed out. Without a period (every round holds every
+        pod, as the bench's and the e2e recorder's do), the round's own lines."""
+        if self.period is None:
+            return records
+        self._latest.update((record.pod, record) for record in records)
+        horizon = at - PODS_SEEN_PERIODS * self.period
+        self._latest = {pod: record for pod, record in self._latest.items() if record.at >= horizon}
+        return list(self._latest.values())
+
+    def _pool_replicas(self, pods: list[Record]) -> int | None:
+        """The pool's replicas: the recording's `replicas`, else its canary and stable pods (`_pods`) (a
         one-replica pool's surge reads as two, whose steps run one canary pod each as one replica's do)."""
         if self.spec.replicas is not None:
             return self.spec.replicas
-        canary = sum(record.role == "canary" for record in records)
-        stable = sum(record.role == "stable" for record in records)
+        canary = sum(record.role == "canary" for record in pods)
+        stable = sum(record.role == "stable" for record in pods)
         return canary + stable if canary and stable else None
 
-    def _canary_ready(self, records: list[Record]) -> bool:
+    def _canary_ready(self, pods: list[Record]) -> bool:
         """Whether the step's canary replicas serve, as the operator reads it from the canary Deployment: at least
         the step's share of the pool Ready (`step_canary_replicas`) when the recording gives the pool's size, so a
         pod of the canary's revision beyond the step's (a surge pod, the stable Deployment rolling to it once
-        promoted) does not hold the step; without the size, every canary pod listed."""
-        canary_pods = [record for record in records if record.role == "canary"]
+        promoted) does not hold the step; without the size, every canary pod (`_pods`)."""
+        canary_pods = [record for record in pods if record.role == "canary"]
         if not canary_pods:
             return False
         ready = sum(record.ready for record in canary_pods)
@@ -505,7 +528,7 @@ class Replayer:
                 self.on_verdict(status.step, canary, stable, verdict)
         return verdict
 
-    def _route_target(self, records: list[Record]) -> int | None:
+    def _route_target(self, pods: list[Record]) -> int | None:
         """The percent the route must carry before the step may pass, as the operator asks it: the step's replica
         split (`equal_load_percent`), not its nominal weight (10% of 12 replicas is one pod: the route gives 8%)."""
         status = self.status
@@ -513,8 +536,8 @@ class Replayer:
             return None
         if self.spec.replicas is not None:
             return equal_load_percent(self.spec.replicas, status.weight)
-        canary = sum(record.role == "canary" for record in records)
-        stable = sum(record.role == "stable" for record in records)
+        canary = sum(record.role == "canary" for record in pods)
+        stable = sum(record.role == "stable" for record in pods)
         if canary == 0 or stable == 0:
             return None
         return replica_share_percent(stable, canary)
@@ -574,7 +597,8 @@ def replay(records: Iterable[Record], spec: ReplaySpec, on_verdict: VerdictHook 
     """Replay a whole recording; the canary is compared with `baseline` pods when the recording has any."""
     listed = list(records)
     compare_with: Role = "baseline" if any(record.role == "baseline" for record in listed) else "stable"
-    replayer = Replayer(spec, compare_with=compare_with, on_verdict=on_verdict)
+    replayer = Replayer(spec, compare_with=compare_with, on_verdict=on_verdict,
+                        period=2 * round_tolerance(listed) or None)
     for batch in rounds(listed):
         replayer.round(batch)
         if replayer.finished:

@@ -112,8 +112,9 @@ def test_the_header_may_give_the_pools_replicas() -> None:
 
 
 def _jittered(records: list[Record], seed: int) -> list[Record]:
-    """A recording as Prometheus or a recorder beside the cluster writes it: each pod stamped when its own scrape
-    answered (up to 0.9 s apart within a 10 s round), and the lines exported pod by pod, not round by round."""
+    """A recording as a recorder beside the cluster writes it: each pod stamped when its own scrape answered (up to
+    0.9 s apart within a 10 s round), and the lines exported pod by pod, not round by round (Prometheus spreads its
+    pods over the whole period: `_prometheus_offsets`)."""
     rng = random.Random(seed)
     moved = [dataclasses.replace(record, at=record.at + rng.uniform(0.0, 0.9)) for record in records]
     return sorted(moved, key=lambda record: (record.pod, record.at))
@@ -126,6 +127,46 @@ def test_pods_stamped_at_their_own_scrape_and_exported_pod_by_pod_replay_as_the_
     result = replay(_jittered(exact, 1), load_spec(header))
     assert (result.outcome, result.reason) == (expected.outcome, expected.reason)
     assert [step.ended for step in result.steps] == [step.ended for step in expected.steps]
+
+
+def _prometheus_offsets(records: list[Record], period: float) -> list[Record]:
+    """A recording as a Prometheus export gives it: Prometheus scrapes each target at an offset of its own, a hash of
+    the target modulo the scrape interval (scrape/target.go, `Target.offset`), so the pods' stamps spread over the
+    whole period, each pod at the same phase every period. Here the pods' phases are spread evenly (the golden
+    ratio's multiples modulo 1), and the lines exported pod by pod."""
+    pods = sorted({record.pod for record in records})
+    phase = {pod: (index * 0.618033988749895 % 1.0) * period for index, pod in enumerate(pods)}
+    moved = [dataclasses.replace(record, at=record.at + phase[record.pod]) for record in records]
+    return sorted(moved, key=lambda record: (record.pod, record.at))
+
+
+def test_pods_scraped_at_phases_spread_over_the_period_replay_as_the_operator_saw_them() -> None:
+    """A round of such an export holds the pods whose phases fall together, not every pod. Read from the round
+    alone, the 10% step's two canary pods of a 12-replica pool were seldom in one round, so the step read as
+    "canary pods not ready" and timed out (this trial rolled back at 1205 s), and rounds without a stable line were
+    judged without a baseline. The pods are each one's latest line, as the operator's cache holds them: the K
+    change is promoted step by step, compared with its stable throughout, as the operator promoted it."""
+    trial = _Trial(next(s for s in SCENARIOS if s.name == "K change"), "example", pool=12, rate=1.0, seed=7,
+                   interval=10.0)
+    recorded: list[Record] = []
+    outcome, _, _, _ = run_trial(trial, recorded)
+    assert outcome == "Promoted"
+    exported = _prometheus_offsets(recorded, 10.0)
+    assert max(len(batch) for batch in rounds(exported)) < len({record.pod for record in exported})
+    result = replay(exported, trial.spec())
+    assert (result.outcome, result.reason) == ("Promoted", "CanaryPromoted"), format_result(result, trial.spec())
+    assert [step.ended for step in result.steps] == ["Passed", "Passed", "Promoted"]
+    assert not any("without a Ready stable pod" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("name", ["TPOT +20%", "goodput -10%"])
+def test_a_bad_canary_scraped_at_phases_spread_over_the_period_still_rolls_back(name: str) -> None:
+    trial = _Trial(next(s for s in SCENARIOS if s.name == name), "example", pool=4, rate=1.0, seed=3, interval=10.0)
+    recorded: list[Record] = []
+    outcome, reason, _, _ = run_trial(trial, recorded)
+    assert outcome == "RolledBack"
+    result = replay(_prometheus_offsets(recorded, 10.0), trial.spec())
+    assert (result.outcome, result.reason) == (outcome, reason), format_result(result, trial.spec())
 
 
 @pytest.mark.parametrize("name", ["TPOT +20%", "acceptance -15%", "goodput -10%"])
