@@ -427,8 +427,9 @@ class Replayer:
         within PODS_SEEN_PERIODS scrape periods. Prometheus scrapes each target at an offset of its own, spread over
         the whole scrape interval (a hash of the target), so a round of its export holds only the pods whose
         offsets fall together; reading the pods from the round alone, a step whose canary replicas were all Ready
-        read as "canary pods not ready" half the time and timed out. Without a period (every round holds every
-        pod, as the bench's and the e2e recorder's do), the round's own lines."""
+        read as "canary pods not ready" half the time and timed out. A recording whose rounds hold every pod (the
+        e2e recorder's) reads the same, but for a pod whose lines stop: it counts for up to PODS_SEEN_PERIODS more.
+        Without a period (the bench hands in whole rounds), the round's own lines."""
         if self.period is None:
             return records
         self._latest.update((record.pod, record) for record in records)
