@@ -278,13 +278,14 @@ def load_spec(header: Mapping[str, Any] | None) -> ReplaySpec:
                       predicted_gain=number("predictedGain", float, -math.inf), replicas=number("replicas", int, 1))
 
 
-def rounds(records: Iterable[Record]) -> Iterator[list[Record]]:
+def rounds(records: Iterable[Record], period: float | None = None) -> Iterator[list[Record]]:
     """Records grouped into scrape rounds, in time order. A round holds each pod at most once, stamped within half
-    the recording's scrape period (`round_tolerance`) of the round's first record: a recorder beside the cluster,
-    or Prometheus, stamps each pod when its own scrape answered, so one round's stamps differ by up to a scrape's
-    duration, and an export may list the lines pod by pod. Equal stamps are always one round."""
+    the recording's scrape period (`scrape_period`, unless given) of the round's first record: a recorder beside
+    the cluster stamps each pod when its own scrape answered, so one round's stamps differ by up to a scrape's
+    duration, and an export may list the lines pod by pod. Equal stamps are always one round. (Prometheus spreads
+    its pods over the whole period: a round of its export holds some of them, `Replayer._pods`.)"""
     ordered = sorted(records, key=lambda record: record.at)
-    tolerance = round_tolerance(ordered)
+    tolerance = (scrape_period(ordered) if period is None else period) / 2
     batch: list[Record] = []
     pods: set[str] = set()
     for record in ordered:
@@ -297,16 +298,15 @@ def rounds(records: Iterable[Record]) -> Iterator[list[Record]]:
         yield batch
 
 
-def round_tolerance(records: Iterable[Record]) -> float:
-    """Half the median interval between one pod's consecutive records: how far apart one round's stamps may be.
-    0 when no pod was recorded twice."""
+def scrape_period(records: Iterable[Record]) -> float:
+    """The median interval between one pod's consecutive records; 0 when no pod was recorded twice."""
     last: dict[str, float] = {}
     intervals = []
     for record in sorted(records, key=lambda record: record.at):
         if record.pod in last and record.at > last[record.pod]:
             intervals.append(record.at - last[record.pod])
         last[record.pod] = record.at
-    return statistics.median(intervals) / 2 if intervals else 0.0
+    return statistics.median(intervals) if intervals else 0.0
 
 
 def _moment(at: float) -> datetime:
@@ -598,9 +598,9 @@ def replay(records: Iterable[Record], spec: ReplaySpec, on_verdict: VerdictHook 
     """Replay a whole recording; the canary is compared with `baseline` pods when the recording has any."""
     listed = list(records)
     compare_with: Role = "baseline" if any(record.role == "baseline" for record in listed) else "stable"
-    replayer = Replayer(spec, compare_with=compare_with, on_verdict=on_verdict,
-                        period=2 * round_tolerance(listed) or None)
-    for batch in rounds(listed):
+    period = scrape_period(listed)
+    replayer = Replayer(spec, compare_with=compare_with, on_verdict=on_verdict, period=period or None)
+    for batch in rounds(listed, period):
         replayer.round(batch)
         if replayer.finished:
             break
