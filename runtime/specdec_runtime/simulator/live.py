@@ -81,6 +81,13 @@ async def generate(
     await batch.admit(held)
     emitted = 0
     first_token_at = last_token_at = 0.0
+    # Each step ends at the previous step's end plus the step's time, as a GPU runs its steps back to back: the
+    # host waking this coroutine late shortens the next wait rather than stretching every step after it (a delay
+    # longer than a whole step still counts, as the step's own). Sleeping each step's time added the host's
+    # scheduling delay to every step: on a busy test machine (e2e lanes sharing two cores) a healthy pool's TPOT
+    # p90 read 55 ms in one run and 80 ms in another, and across the minutes between two canary steps it moved
+    # enough that the 100% step, judged against the stable's p90 from the step before, held until it timed out.
+    step_ends_at = clock()
     finished = False
     try:
         while emitted < max_tokens:
@@ -93,7 +100,8 @@ async def generate(
                 kind_draw = rng.random()
             acceptance = _kind_of(kinds, kind_draw)
             step_s = replica.profile.step_seconds(engine.batch, k) * (1 + JITTER * (2 * rng.random() - 1))
-            await pause(step_s)
+            step_ends_at = max(step_ends_at, clock() - step_s) + step_s
+            await pause(max(0.0, step_ends_at - clock()))
             now = clock()
             if emitted == 0:  # the prefill step drafts nothing and emits the first token
                 first_token_at = now

@@ -29,6 +29,17 @@ class VirtualTime:
         await asyncio.sleep(0)  # still a suspension point, as a real step is
 
 
+class LateTime(VirtualTime):
+    """Virtual time whose every wake-up comes `late_s` after the sleep asked: a busy host's event loop."""
+
+    def __init__(self, late_s: float) -> None:
+        super().__init__()
+        self.late_s = late_s
+
+    async def sleep(self, seconds: float) -> None:
+        await super().sleep(seconds + self.late_s)
+
+
 async def _client(virtual: VirtualTime | None = None, **profile: Any) -> TestClient[Any, Any]:
     options = parse_serve_args(["serve", "org/target", "--served-model-name", "target", "--speculative-config", SPEC,
                                 "--profile", "unused.yaml", "--seed", "5"])
@@ -128,6 +139,25 @@ async def test_slowdown_lengthens_time_per_output_token() -> None:
 
     normal, slow = await tpot(1.0), await tpot(1.5)
     assert 1.3 < slow / normal < 1.7
+
+
+async def test_a_host_that_wakes_late_does_not_stretch_the_engine_steps_unless_it_loses_a_whole_step() -> None:
+    # A GPU runs its steps back to back: the engine's TPOT is its steps' time, whatever the host's scheduling
+    # delays, as long as the host keeps up. A delay longer than a step is lost time, and counts.
+    async def tpot(virtual: VirtualTime) -> float:
+        client = await _client(virtual, step_time={"base_s": 0.04, "per_token_s": 0.0}, acceptance=[0.0])
+        try:
+            await client.post("/v1/completions", json={"model": "target", "prompt": "x", "max_tokens": 20})
+            after = await _metrics(client)
+            assert after["vllm:request_time_per_output_token_seconds_count"] == 1
+            return after["vllm:request_time_per_output_token_seconds_sum"]
+        finally:
+            await client.close()
+
+    on_time, late, lost = await tpot(VirtualTime()), await tpot(LateTime(0.015)), await tpot(LateTime(0.1))
+    assert 0.035 < on_time < 0.045
+    assert abs(late - on_time) < 1e-9, (late, on_time)
+    assert lost > 2 * on_time, (lost, on_time)
 
 
 async def test_a_request_in_flight_is_counted_step_by_step_as_vllm_counts_iterations() -> None:
