@@ -972,6 +972,22 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float, li
 
 # The stable's share of requests above its own p90: what the 100% step compares the canary's share with.
 P90_TAIL_SHARE = 0.10
+# The most offered load per pod, relative to the stable's when its p90 was recorded, under which the 100% step
+# still compares TPOT with that p90: an engine step grows with its batch, so more load per pod makes every
+# revision slower. The same tolerance as lengths (LENGTH_TOLERANCE): beyond it the traffic is not the same.
+REFERENCE_LOAD_TOLERANCE = 1.25
+
+
+def load_beyond_reference(canary: WindowStats, reference_load: float | None) -> float | None:
+    """The canary's offered load per pod as a multiple of the reference's, when it is beyond
+    REFERENCE_LOAD_TOLERANCE; None when the two are comparable or either is unknown. Only more load excuses a
+    slower p90: under less a slower canary is all the more its own (and under closed-loop clients a slower
+    canary finishes fewer requests per pod-second, so a lower reading is no excuse either)."""
+    load = canary.requests_per_pod_second
+    if not load or not reference_load or reference_load <= 0:
+        return None
+    ratio = load / reference_load
+    return ratio if ratio > REFERENCE_LOAD_TOLERANCE else None
 
 
 def tpot_against_reference(canary: WindowStats, reference_ms: float, reference_requests: int | None,

@@ -23,7 +23,13 @@ from typing import Literal, cast, get_args
 from specdec_operator import GROUP
 from specdec_operator.api.spec import Canary, CanaryAnalysis, CanaryStep, Rollout
 from specdec_operator.api.status import CanaryStatus
-from specdec_operator.canary.analysis import Verdict, WindowStats, error_rate_bound, tpot_against_reference
+from specdec_operator.canary.analysis import (
+    Verdict,
+    WindowStats,
+    error_rate_bound,
+    load_beyond_reference,
+    tpot_against_reference,
+)
 from specdec_operator.canary.plan import (
     FULL_WEIGHT,
     IN_FLIGHT_PHASES,
@@ -508,8 +514,9 @@ def _stable_reference(status: CanaryStatus, verdict: Verdict | None) -> dict[str
     reference = _stable_tpot_p90(verdict)
     if not reference or verdict is None:
         return {}
+    load = None if verdict.stable_load is None else round(verdict.stable_load, 3)
     return {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step,
-            "stable_reference_requests": verdict.stable_requests}
+            "stable_reference_requests": verdict.stable_requests, "stable_reference_load": load}
 
 
 def _stable_tpot_p90(verdict: Verdict | None) -> float | None:
@@ -556,7 +563,10 @@ def judge_step(
       step's p90 (`tpot_against_reference`): the canary's share of requests slower than that p90 times
       `maxTpotRatio` against 10%, read between bucket bounds as they are everywhere. It fails when that share
       is significantly above 10% (always valid, p < SIGNIFICANCE), passes within the noise of one look, and
-      holds as `DifferenceUncertain` in between.
+      holds as `DifferenceUncertain` in between. Only like with like: while the canary's pods carry more
+      offered load each than the stable's did then (beyond REFERENCE_LOAD_TOLERANCE), its p90 is no measure of
+      the revision, and the step is judged without it (the steps before compared both under the same load). A
+      healthy canary whose traffic doubled as its 100% step began was rolled back 16-19 times in 20 (the bench).
     """
     if verdict is None or canary is None or status is None or thresholds is None:
         return verdict
@@ -573,10 +583,17 @@ def judge_step(
     reference = status.stable_tpot_p90_ms
     if status.weight != FULL_WEIGHT or verdict.outcome != "Pass" or not reference or not canary.tpot_buckets:
         return verdict
+    recorded_at = (status.stable_reference_step or 0) + 1
+    more_load = load_beyond_reference(canary, status.stable_reference_load)
+    if more_load is not None:
+        return replace(verdict, message=(
+            f"{verdict.message}; TPOT not compared with the stable's p90 of {reference:.1f} ms recorded at step "
+            f"{recorded_at}: each canary pod carries {more_load:.2f}x the load per pod it was read under "
+            f"({canary.requests_per_pod_second or 0.0:.2f} vs {status.stable_reference_load or 0.0:.2f} "
+            f"requests/s), and a step's time grows with its batch"))
     tpot = tpot_against_reference(canary, reference, status.stable_reference_requests, thresholds.max_tpot_ratio)
     if tpot is None:
         return verdict
-    recorded_at = (status.stable_reference_step or 0) + 1
     source = f" from {status.stable_reference_requests} requests" if status.stable_reference_requests else ""
     text = f"{tpot.describe()}, against the stable's recorded at step {recorded_at}{source}"
     judged = replace(verdict, comparisons=(*verdict.comparisons, tpot))

@@ -124,6 +124,39 @@ def test_a_passed_step_records_how_many_stable_requests_its_tpot_reference_came_
     assert result.status.stable_reference_requests == 812
 
 
+def full_step_under_load(canary_requests: float, reference_load: float | None) -> Verdict | None:
+    """A canary 1.5x slower than the stable's recorded p90 (44 ms), over the default 120 s window."""
+    status = canary_status(step=2, weight=100, stable_tpot_p90_ms=44.0, stable_reference_step=1,
+                           stable_reference_requests=400, stable_reference_load=reference_load)
+    slow = window(requests=canary_requests, tpot_buckets=tpot_spread(0.060, round(canary_requests)))
+    return judge_step(analyse(slow, None, thresholds()), slow, status, thresholds())
+
+
+def test_the_full_step_does_not_read_a_p90_under_more_load_per_pod_than_the_reference_had_as_the_revisions() -> None:
+    # 800 requests in 120 s: 6.67 requests/s on the one pod, twice the 3.33 the stable's pods carried when its
+    # p90 was read. A step's time grows with the batch, so the slower p90 is the load's as much as the canary's.
+    verdict = full_step_under_load(800.0, 800.0 / 120 / 2)
+    assert verdict is not None and verdict.outcome == "Pass", verdict
+    assert "TPOT not compared" in verdict.message and "2.00x the load per pod" in verdict.message, verdict.message
+    assert not any(item.metric == "TPOT p90" for item in verdict.comparisons)
+
+
+def test_the_full_step_reads_a_p90_under_the_same_less_or_unknown_load_against_the_reference() -> None:
+    # The same slow canary, its load within the tolerance of the reference's, below it (a slower canary
+    # under closed-loop clients finishes fewer requests: no excuse), or a reference recorded without a load.
+    for reference_load in (800.0 / 120 / 1.2, 800.0 / 120 * 2, None):
+        verdict = full_step_under_load(800.0, reference_load)
+        assert verdict is not None and (verdict.outcome, verdict.reason) == ("Fail", "TPOTExceeded"), (
+            reference_load, verdict)
+
+
+def test_a_passed_step_records_the_stable_load_its_tpot_reference_was_read_under() -> None:
+    comparison = Comparison("TPOT p90", 41.0, 40.0, 1.15, False, " ms", 1, 0.4)
+    passing = Verdict("Pass", "ThresholdsMet", "fine", (comparison,), stable_requests=812, stable_load=2.78123)
+    result = step(canary_status(step=1, weight=50), passing, 61)
+    assert result.status.stable_reference_load == 2.781
+
+
 def test_the_full_step_fails_on_errors_without_a_baseline() -> None:
     status = canary_status(step=2, weight=100)
     failing = window(requests=200.0, errors=100.0)
