@@ -218,10 +218,9 @@ class CanaryStatus(ApiModel):
         "is known (its sampling noise is added to the 100% step's).",
     )
     stable_reference_load: float | None = Field(
-        default=None, description="The stable's offered load per pod in that window (finished requests per "
-        "pod-second). The 100% step compares its TPOT with stableTpotP90Ms only while its own per-pod load is at "
-        "most 1.25x this: a step's time grows with the batch it runs, so a p90 read under more load is no like "
-        "for like.",
+        default=None, description="The stable's decode work per pod in that window: generated tokens per "
+        "pod-second. The 100% step compares its TPOT with stableTpotP90Ms only while each canary pod generates at "
+        "most 1.25x this: an engine step grows with its batch, so a p90 read under more work is no like for like.",
     )
 
 

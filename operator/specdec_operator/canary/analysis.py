@@ -155,6 +155,12 @@ class WindowStats:
         return self.accepted_per_position[position] / self.drafts
 
     @property
+    def tokens_per_pod_second(self) -> float | None:
+        """Generated tokens per pod-second: the decode work each pod was offered (open-loop clients' rate times
+        their output lengths), which sets the batch a pod runs and so its step time."""
+        return self.generation_tokens / self.seconds if self.seconds > 0 else None
+
+    @property
     def tokens_per_second_per_gpu(self) -> float | None:
         """Ungated context: it follows offered load (a canary pod given less traffic makes fewer tokens)."""
         if self.seconds <= 0 or self.gpus <= 0:
@@ -318,6 +324,8 @@ class Verdict:
     `canary_requests` / `stable_requests`: finished requests each side had (the sample size).
     `canary_load` / `stable_load`: offered load per pod (finished requests per pod-second) of each side,
     recorded in every verdict: a comparison is only as fair as these are equal.
+    `stable_tokens_per_pod_second`: the stable's generated tokens per pod-second, what the 100% step's TPOT
+    reference is valid under (`load_beyond_reference`).
     """
 
     outcome: Outcome
@@ -331,6 +339,7 @@ class Verdict:
     stable_requests: int = 0
     canary_load: float | None = None
     stable_load: float | None = None
+    stable_tokens_per_pod_second: float | None = None
     # The 95% upper confidence bound of the canary's error rate (overdispersion-corrected).
     error_rate_bound: float | None = None
     # Failed requests on the canary side: a quiet model's hold promotes at its end only with none.
@@ -972,18 +981,21 @@ def tail_shortfall(canary: WindowStats, stable: WindowStats, quantile: float, li
 
 # The stable's share of requests above its own p90: what the 100% step compares the canary's share with.
 P90_TAIL_SHARE = 0.10
-# The most offered load per pod, relative to the stable's when its p90 was recorded, under which the 100% step
-# still compares TPOT with that p90: an engine step grows with its batch, so more load per pod makes every
-# revision slower. The same tolerance as lengths (LENGTH_TOLERANCE): beyond it the traffic is not the same.
+# The most decode work per pod (generated tokens per pod-second), relative to the stable's when its p90 was
+# recorded, under which the 100% step still compares TPOT with that p90: an engine step grows with its batch, and
+# the batch with the requests' rate times their output lengths, so more work per pod makes every revision slower.
+# The same tolerance as lengths (LENGTH_TOLERANCE): beyond it the traffic is not the same.
 REFERENCE_LOAD_TOLERANCE = 1.25
 
 
 def load_beyond_reference(canary: WindowStats, reference_load: float | None) -> float | None:
-    """The canary's offered load per pod as a multiple of the reference's, when it is beyond
-    REFERENCE_LOAD_TOLERANCE; None when the two are comparable or either is unknown. Only more load excuses a
-    slower p90: under less a slower canary is all the more its own (and under closed-loop clients a slower
-    canary finishes fewer requests per pod-second, so a lower reading is no excuse either)."""
-    load = canary.requests_per_pod_second
+    """The canary's generated tokens per pod-second as a multiple of the reference's, when beyond
+    REFERENCE_LOAD_TOLERANCE; None when the two are comparable or either is unknown. Tokens, not requests:
+    twice the requests at half the output length keep the batch, and the same requests at twice the length
+    double it. Only more work excuses a slower p90: under less a slower canary is all the more its own (and
+    under closed-loop clients a slower canary generates fewer tokens per second, so a lower reading is no excuse
+    either)."""
+    load = canary.tokens_per_pod_second
     if not load or not reference_load or reference_load <= 0:
         return None
     ratio = load / reference_load
@@ -1409,6 +1421,7 @@ def _verdict(outcome: Outcome, reason: str, message: str, canary: WindowStats, s
                    stable_requests=round(stable.requests) if stable is not None else 0,
                    canary_load=canary.requests_per_pod_second,
                    stable_load=stable.requests_per_pod_second if stable is not None else None,
+                   stable_tokens_per_pod_second=stable.tokens_per_pod_second if stable is not None else None,
                    error_rate_bound=error_rate_bound(canary)[1] if canary.requests > 0 else None,
                    canary_errors=round(canary.errors), canary_pods=canary.pods)
 

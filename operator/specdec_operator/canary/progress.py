@@ -514,7 +514,8 @@ def _stable_reference(status: CanaryStatus, verdict: Verdict | None) -> dict[str
     reference = _stable_tpot_p90(verdict)
     if not reference or verdict is None:
         return {}
-    load = None if verdict.stable_load is None else round(verdict.stable_load, 3)
+    tokens = verdict.stable_tokens_per_pod_second
+    load = None if tokens is None else round(tokens, 2)
     return {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step,
             "stable_reference_requests": verdict.stable_requests, "stable_reference_load": load}
 
@@ -563,10 +564,11 @@ def judge_step(
       step's p90 (`tpot_against_reference`): the canary's share of requests slower than that p90 times
       `maxTpotRatio` against 10%, read between bucket bounds as they are everywhere. It fails when that share
       is significantly above 10% (always valid, p < SIGNIFICANCE), passes within the noise of one look, and
-      holds as `DifferenceUncertain` in between. Only like with like: while the canary's pods carry more
-      offered load each than the stable's did then (beyond REFERENCE_LOAD_TOLERANCE), its p90 is no measure of
-      the revision, and the step is judged without it (the steps before compared both under the same load). A
-      healthy canary whose traffic doubled as its 100% step began was rolled back 16-19 times in 20 (the bench).
+      holds as `DifferenceUncertain` in between. Only like with like: while each canary pod
+      generates more tokens per second than the stable's did then (beyond REFERENCE_LOAD_TOLERANCE: more
+      requests or longer ones), its p90 is no measure of the revision, and the step is judged without it (the
+      steps before compared both under the same load). A healthy canary whose traffic doubled as its 100% step
+      began was rolled back 16-19 times in 20 (the bench).
     """
     if verdict is None or canary is None or status is None or thresholds is None:
         return verdict
@@ -588,9 +590,9 @@ def judge_step(
     if more_load is not None:
         return replace(verdict, message=(
             f"{verdict.message}; TPOT not compared with the stable's p90 of {reference:.1f} ms recorded at step "
-            f"{recorded_at}: each canary pod carries {more_load:.2f}x the load per pod it was read under "
-            f"({canary.requests_per_pod_second or 0.0:.2f} vs {status.stable_reference_load or 0.0:.2f} "
-            f"requests/s), and a step's time grows with its batch"))
+            f"{recorded_at}: each canary pod generates {more_load:.2f}x the tokens per second the stable's did then "
+            f"({canary.tokens_per_pod_second or 0.0:.1f} vs {status.stable_reference_load or 0.0:.1f}), and an "
+            f"engine step grows with its batch"))
     tpot = tpot_against_reference(canary, reference, status.stable_reference_requests, thresholds.max_tpot_ratio)
     if tpot is None:
         return verdict

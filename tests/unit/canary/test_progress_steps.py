@@ -124,37 +124,43 @@ def test_a_passed_step_records_how_many_stable_requests_its_tpot_reference_came_
     assert result.status.stable_reference_requests == 812
 
 
-def full_step_under_load(canary_requests: float, reference_load: float | None) -> Verdict | None:
-    """A canary 1.5x slower than the stable's recorded p90 (44 ms), over the default 120 s window."""
+def full_step_under_load(reference_tokens_per_s: float | None, requests: float = 400.0) -> Verdict | None:
+    """A canary 1.5x slower than the stable's recorded p90 (44 ms) that generated 2,700 tokens in its 120 s
+    window on one pod (22.5 tokens/s) from `requests` requests."""
     status = canary_status(step=2, weight=100, stable_tpot_p90_ms=44.0, stable_reference_step=1,
-                           stable_reference_requests=400, stable_reference_load=reference_load)
-    slow = window(requests=canary_requests, tpot_buckets=tpot_spread(0.060, round(canary_requests)))
+                           stable_reference_requests=400, stable_reference_load=reference_tokens_per_s)
+    slow = window(requests=requests, tpot_buckets=tpot_spread(0.060, round(requests)))
     return judge_step(analyse(slow, None, thresholds()), slow, status, thresholds())
 
 
-def test_the_full_step_does_not_read_a_p90_under_more_load_per_pod_than_the_reference_had_as_the_revisions() -> None:
-    # 800 requests in 120 s: 6.67 requests/s on the one pod, twice the 3.33 the stable's pods carried when its
-    # p90 was read. A step's time grows with the batch, so the slower p90 is the load's as much as the canary's.
-    verdict = full_step_under_load(800.0, 800.0 / 120 / 2)
-    assert verdict is not None and verdict.outcome == "Pass", verdict
-    assert "TPOT not compared" in verdict.message and "2.00x the load per pod" in verdict.message, verdict.message
-    assert not any(item.metric == "TPOT p90" for item in verdict.comparisons)
+def test_the_full_step_does_not_read_a_p90_under_more_decode_work_per_pod_than_the_reference_had() -> None:
+    # 22.5 tokens/s on the canary pod against the 11.25 each stable pod generated when its p90 was read, from
+    # 400 requests or 800 shorter ones. A step's time grows with the batch, so the slower p90 is the traffic's as
+    # much as the canary's.
+    for requests in (400.0, 800.0):
+        verdict = full_step_under_load(11.25, requests)
+        assert verdict is not None and verdict.outcome == "Pass", verdict
+        assert "TPOT not compared" in verdict.message and "2.00x the tokens per second" in verdict.message, \
+            verdict.message
+        assert not any(item.metric == "TPOT p90" for item in verdict.comparisons)
 
 
-def test_the_full_step_reads_a_p90_under_the_same_less_or_unknown_load_against_the_reference() -> None:
-    # The same slow canary, its load within the tolerance of the reference's, below it (a slower canary
-    # under closed-loop clients finishes fewer requests: no excuse), or a reference recorded without a load.
-    for reference_load in (800.0 / 120 / 1.2, 800.0 / 120 * 2, None):
-        verdict = full_step_under_load(800.0, reference_load)
+def test_the_full_step_reads_a_p90_under_the_same_less_or_unknown_decode_work_against_the_reference() -> None:
+    # The same slow canary: its work within the tolerance of the reference's (1.2x), below it (a slower canary
+    # under closed-loop clients generates fewer tokens: no excuse), a reference recorded without a figure, and
+    # twice the requests at half the length (the same tokens per second: the same batch).
+    for reference, requests in ((22.5 / 1.2, 400.0), (45.0, 400.0), (None, 400.0), (22.5, 800.0)):
+        verdict = full_step_under_load(reference, requests)
         assert verdict is not None and (verdict.outcome, verdict.reason) == ("Fail", "TPOTExceeded"), (
-            reference_load, verdict)
+            reference, requests, verdict)
 
 
-def test_a_passed_step_records_the_stable_load_its_tpot_reference_was_read_under() -> None:
+def test_a_passed_step_records_the_stable_decode_work_its_tpot_reference_was_read_under() -> None:
     comparison = Comparison("TPOT p90", 41.0, 40.0, 1.15, False, " ms", 1, 0.4)
-    passing = Verdict("Pass", "ThresholdsMet", "fine", (comparison,), stable_requests=812, stable_load=2.78123)
+    passing = Verdict("Pass", "ThresholdsMet", "fine", (comparison,), stable_requests=812,
+                      stable_tokens_per_pod_second=61.2345)
     result = step(canary_status(step=1, weight=50), passing, 61)
-    assert result.status.stable_reference_load == 2.781
+    assert result.status.stable_reference_load == 61.23
 
 
 def test_the_full_step_fails_on_errors_without_a_baseline() -> None:
