@@ -57,6 +57,13 @@ ENGINE_PRE_STOP_S = "10"
 # that moved goes out at most every STATS_PERIOD_S.
 EVALUATION_S = 30
 STATS_PERIOD_S = 5
+# spec.runtime.drainSeconds of the tests' models: how long a leaving pod may finish what it holds. An engine that
+# its load outruns (drafter-poor at K=4 serves ~20 tokens/s against the load's ~30) leaves with a queue, and in a CI
+# run its TPOT p90 read 883 ms: two requests were still in flight when a 120 s drain ran out and were cut (502).
+# 300 s covers the load's longest answer (96 tokens, tests/e2e/traffic.py) at 3 s a token.
+DRAIN_S = 300
+# How long a pod that leaves may take to be gone: its preStop wait, the drain and vLLM's exit, with a margin.
+POD_GONE_S = int(ENGINE_PRE_STOP_S) + DRAIN_S + 30 + 120
 
 
 def ensure_engine_env() -> None:
@@ -189,9 +196,8 @@ def tiny_model(name: str, namespace: str, drafter: str = GOOD, k: int = 3, **spe
                           "tolerations": [toleration_for_test_nodes(namespace)]},
             # A user's flag, passed through as any extraArgs are: without torch.compile a tiny engine on this CPU
             # is healthy in about half the time (measured 101 s -> 50 s), and each test starts one to three.
-            # drainSeconds: the test load's longest answer (96 tokens, tests/e2e/traffic.py) at the slowest TPOT seen
-            # here (~0.5 s, two engines on two cores) takes ~50 s; the default 30 would cut it when its pod leaves.
-            "runtime": {"extraArgs": ["--enforce-eager"], "drainSeconds": 120},
+            # drainSeconds: see DRAIN_S (the default 30 would cut an answer in flight when its pod leaves).
+            "runtime": {"extraArgs": ["--enforce-eager"], "drainSeconds": DRAIN_S},
         },
     }
     for key, value in spec.items():
@@ -437,7 +443,7 @@ def test_a_much_worse_drafter_under_routed_load_is_rolled_back_citing_acceptance
                  ENGINE_READY_S + 900, 3,
                  describe=lambda: ((kube.get("sm", name) or {}).get("status", {}).get("canary"),
                                    [e["message"] for e in kube.events(name)][-3:]))
-        wait_for("the canary's pods gone", lambda: one_revision_left(kube, name), 300, 2,
+        wait_for("the canary's pods gone", lambda: one_revision_left(kube, name), POD_GONE_S, 2,
                  describe=lambda: runtime_pods(kube, name))
         wait_for("the recorder's rounds after the outcome", lambda: recorder.done or recorder.error, 60)
     events = [e["message"] for e in kube.events(name) if e["reason"] in ("CanaryFailed", "CanaryTimedOut")]
@@ -498,7 +504,7 @@ def test_a_k_change_the_tuner_proposes_from_vllms_counters_rolls_out_as_a_canary
                  ENGINE_READY_S + 900, 3,
                  describe=lambda: ((kube.get("sm", name) or {}).get("status", {}).get("canary"),
                                    [e["message"] for e in kube.events(name)][-3:]))
-        wait_for("the losing revision's pods gone", lambda: one_revision_left(kube, name), 300, 2,
+        wait_for("the losing revision's pods gone", lambda: one_revision_left(kube, name), POD_GONE_S, 2,
                  describe=lambda: runtime_pods(kube, name))
     status = (kube.get("sm", name) or {}).get("status") or {}
     print(f"decision {decision}; canary {status.get('canary')}; "
