@@ -217,7 +217,7 @@ class CanaryStatus(ApiModel):
         default=None, description="The stable's finished requests in that window: how precisely stableTpotP90Ms "
         "is known (its sampling noise is added to the 100% step's).",
     )
-    stable_reference_load: float | None = Field(
+    stable_reference_tokens_per_pod_second: float | None = Field(
         default=None, description="The stable's decode work per pod in that window: generated tokens per "
         "pod-second. The 100% step compares its TPOT with stableTpotP90Ms only while each canary pod generates at "
         "most 1.25x this: an engine step grows with its batch, so a p90 read under more work is no like for like.",

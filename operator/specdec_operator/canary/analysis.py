@@ -163,9 +163,8 @@ class WindowStats:
     @property
     def tokens_per_second_per_gpu(self) -> float | None:
         """Ungated context: it follows offered load (a canary pod given less traffic makes fewer tokens)."""
-        if self.seconds <= 0 or self.gpus <= 0:
-            return None
-        return self.generation_tokens / self.seconds / self.gpus
+        per_pod = self.tokens_per_pod_second
+        return per_pod / self.gpus if per_pod is not None and self.gpus > 0 else None
 
     @property
     def load_per_pod(self) -> float | None:

@@ -517,7 +517,7 @@ def _stable_reference(status: CanaryStatus, verdict: Verdict | None) -> dict[str
     tokens = verdict.stable_tokens_per_pod_second
     load = None if tokens is None else round(tokens, 2)
     return {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step,
-            "stable_reference_requests": verdict.stable_requests, "stable_reference_load": load}
+            "stable_reference_requests": verdict.stable_requests, "stable_reference_tokens_per_pod_second": load}
 
 
 def _stable_tpot_p90(verdict: Verdict | None) -> float | None:
@@ -586,12 +586,13 @@ def judge_step(
     if status.weight != FULL_WEIGHT or verdict.outcome != "Pass" or not reference or not canary.tpot_buckets:
         return verdict
     recorded_at = (status.stable_reference_step or 0) + 1
-    more_load = load_beyond_reference(canary, status.stable_reference_load)
+    reference_tokens = status.stable_reference_tokens_per_pod_second
+    more_load = load_beyond_reference(canary, reference_tokens)
     if more_load is not None:
         return replace(verdict, message=(
             f"{verdict.message}; TPOT not compared with the stable's p90 of {reference:.1f} ms recorded at step "
             f"{recorded_at}: each canary pod generates {more_load:.2f}x the tokens per second the stable's did then "
-            f"({canary.tokens_per_pod_second or 0.0:.1f} vs {status.stable_reference_load or 0.0:.1f}), and an "
+            f"({canary.tokens_per_pod_second or 0.0:.1f} vs {reference_tokens or 0.0:.1f}), and an "
             f"engine step grows with its batch"))
     tpot = tpot_against_reference(canary, reference, status.stable_reference_requests, thresholds.max_tpot_ratio)
     if tpot is None:

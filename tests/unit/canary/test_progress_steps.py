@@ -128,7 +128,7 @@ def full_step_under_load(reference_tokens_per_s: float | None, requests: float =
     """A canary 1.5x slower than the stable's recorded p90 (44 ms) that generated 2,700 tokens in its 120 s
     window on one pod (22.5 tokens/s) from `requests` requests."""
     status = canary_status(step=2, weight=100, stable_tpot_p90_ms=44.0, stable_reference_step=1,
-                           stable_reference_requests=400, stable_reference_load=reference_tokens_per_s)
+                           stable_reference_requests=400, stable_reference_tokens_per_pod_second=reference_tokens_per_s)
     slow = window(requests=requests, tpot_buckets=tpot_spread(0.060, round(requests)))
     return judge_step(analyse(slow, None, thresholds()), slow, status, thresholds())
 
@@ -160,7 +160,7 @@ def test_a_passed_step_records_the_stable_decode_work_its_tpot_reference_was_rea
     passing = Verdict("Pass", "ThresholdsMet", "fine", (comparison,), stable_requests=812,
                       stable_tokens_per_pod_second=61.2345)
     result = step(canary_status(step=1, weight=50), passing, 61)
-    assert result.status.stable_reference_load == 61.23
+    assert result.status.stable_reference_tokens_per_pod_second == 61.23
 
 
 def test_the_full_step_fails_on_errors_without_a_baseline() -> None:
