@@ -49,7 +49,13 @@ logger = logging.getLogger(__name__)
 # imports torch and vLLM again (about 15 s of a core and 1.3 GB per engine here: 50 s -> 35 s to a healthy engine,
 # 4.2 -> 3 GB). vLLM accepts its single-process executor on CPU only with V1 multiprocessing off, which still
 # keeps the engine core apart from the API server.
+# One OpenMP thread per engine: a CPU engine's two threads wait for each other at every barrier by spinning, and on
+# two cores shared with another engine and the other test lanes one of them is often descheduled. Measured here with
+# four busy processes beside two engines (4 requests of 100 tokens at a time): two threads served 20-360 tokens/s
+# (TPOT 11-201 ms), one thread 420-740 (5-9 ms). The slow reading is the one that made a leaving engine's queue
+# outlast its drain in CI (TPOT p90 883 ms).
 ENGINE_ENV = {
+    "OMP_NUM_THREADS": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_HOST_IP": "127.0.0.1",
     "VLLM_CPU_KVCACHE_SPACE": "1",

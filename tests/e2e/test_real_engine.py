@@ -58,9 +58,10 @@ ENGINE_PRE_STOP_S = "10"
 EVALUATION_S = 30
 STATS_PERIOD_S = 5
 # spec.runtime.drainSeconds of the tests' models: how long a leaving pod may finish what it holds. An engine that
-# its load outruns (drafter-poor at K=4 serves ~20 tokens/s against the load's ~30) leaves with a queue, and in a CI
-# run its TPOT p90 read 883 ms: two requests were still in flight when a 120 s drain ran out and were cut (502).
-# 300 s covers the load's longest answer (96 tokens, tests/e2e/traffic.py) at 3 s a token.
+# its load outruns leaves with a queue: in CI runs whose engines ran two OpenMP threads each, a contended engine
+# served ~20 tokens/s against the load's ~30 (TPOT p90 883 ms), and requests were still in flight when a 120 s drain,
+# and once a 300 s one, ran out (fleet_engine.ENGINE_ENV now runs one thread: 420-740 tokens/s under the same
+# contention). 300 s still covers the load's longest answer (96 tokens, tests/e2e/traffic.py) at 3 s a token.
 DRAIN_S = 300
 # How long a pod that leaves may take to be gone: its preStop wait, the drain and vLLM's exit, with a margin.
 POD_GONE_S = int(ENGINE_PRE_STOP_S) + DRAIN_S + 30 + 120
