@@ -46,7 +46,8 @@ POOR = "tiny-llama/drafter-poor"
 # What the driver maps the spec's names to (hack/tiny-models' checkpoints); any other target name is served by the
 # tiny target and any other drafter name by drafter-good, so a spec written for a hub model runs too.
 MODEL_MAP = {TARGET: "target", GOOD: "good", POOR: "poor", "tiny-llama/drafter-same": "same"}
-# 4-8 minutes per engine start measured on the shared 2-core machine under load 9-16, more beside another engine.
+# 4-8 minutes per engine start measured on the shared 2-core machine under load 9-16 while engines ran two OpenMP
+# threads; 43-116 s in a CI run with one (fleet_engine.ENGINE_ENV). The wait keeps the old margin.
 ENGINE_READY_S = 900
 # A deleted pod's preStop wait: the pod's own 10 s (render/pool.py PRE_STOP_WAIT_S), not capped as the simulator
 # fleets' MAX_PRE_STOP_S is. Beside two engines and the other CI lanes on two cores, the Gateway stand-in may see a
