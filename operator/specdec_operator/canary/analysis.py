@@ -197,6 +197,15 @@ class KChange:
     predicted_gain: float  # relative goodput gain the tuner predicted at equal load
 
 
+def _figure(value: float, decimals: int) -> str:
+    """`value` to `decimals` places, or to two significant digits where those places would show a nonzero value as
+    zero: a drafter whose later positions are all but never accepted read "0.00 vs stable 0.00 (ratio 4.69", which
+    tells a reader nothing of what the ratio compares."""
+    if value != 0 and abs(value) < 0.5 * 10.0**-decimals:
+        return f"{value:.2g}"
+    return f"{value:.{decimals}f}"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One gated metric: canary against stable, the ratio limit it must respect, and how sure the test is.
@@ -301,8 +310,8 @@ class Comparison:
             (self.higher_is_better, self.estimate_within_limit)
         ]
         text = (
-            f"{self.metric} {self.canary:.{self.decimals}f}{self.unit} vs stable "
-            f"{self.stable:.{self.decimals}f}{self.unit} (ratio {self.ratio:.2f} {relation} {self.limit:.2f}"
+            f"{self.metric} {_figure(self.canary, self.decimals)}{self.unit} vs stable "
+            f"{_figure(self.stable, self.decimals)}{self.unit} (ratio {self.ratio:.2f} {relation} {self.limit:.2f}"
         )
         if self.p_value is not None:
             text += f", p={self.p_value:.2g}"

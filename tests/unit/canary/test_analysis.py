@@ -404,3 +404,17 @@ def test_a_tail_beyond_its_limit_gets_no_benefit_of_the_doubt() -> None:
     assert within.passed
     unknown = Comparison("TPOT p99", 78.0, 40.0, 2.0, False, " ms", 1, 1.0, 0.02, -0.3)
     assert not unknown.passed  # within its limit, but not yet known
+
+
+def test_a_comparison_of_rates_below_its_decimals_shows_them_to_two_significant_digits() -> None:
+    """A drafter whose later positions are all but never accepted: at two decimals the message read "0.00 vs stable
+    0.00 (ratio 4.69", which says nothing of what the ratio compares. Figures that round to zero and are not show
+    two significant digits; zero and figures as large as their decimals are unchanged."""
+    from specdec_operator.canary.analysis import Comparison
+
+    tiny = Comparison("acceptance at position 2", 0.0023, 0.00049, 0.9, True)
+    assert tiny.describe().startswith("acceptance at position 2 0.0023 vs stable 0.00049 (ratio 4.69 >= 0.90")
+    usual = Comparison("acceptance at position 1", 0.0, 0.16, 0.9, True, p_value=1e-9)
+    assert usual.describe().startswith("acceptance at position 1 0.00 vs stable 0.16 (ratio 0.00 < 0.90, p=1e-09")
+    tpot = Comparison("TPOT p90", 9.3, 12.1, 1.15, False, " ms", 1)
+    assert tpot.describe().startswith("TPOT p90 9.3 ms vs stable 12.1 ms (ratio 0.77 <= 1.15")
