@@ -354,6 +354,28 @@ def _moved_on(status: CanaryStatus, steps: list[CanaryStep], label: str, verdict
     return _next_step(status, steps, verdict, now, clear_action, event)
 
 
+def follow_recorded_step(status: CanaryStatus, rollout: Rollout, verdict: Verdict | None, now: datetime,
+                         shown: str) -> CanaryProgress:
+    """A replayed step whose recording shows the operator past it (`shown`: how, e.g. the route gives the canary a
+    share only a later step sets). The operator passed the step on its own scrapes, which a
+    recorder beside it takes at other moments (a round apart on a 2 s period), so the replay's window may lack the
+    last requests that decided it while the recording's next rounds carry the next step's traffic. Those rounds
+    are not this step's: the replay goes on to the next step, as the operator did, recording the stable's figures
+    from this step's window as a pass would (`_stable_reference`). Only `canary replay` calls this; the operator
+    reads its own step from status."""
+    steps = _settings(rollout).steps
+    label = _step_label(status, steps)
+    seen = verdict.message if verdict is not None else "no verdict yet"
+    event = CanaryEvent(
+        "Normal",
+        "CanaryStepFollowed",
+        f"{label}: {shown}, a later step's share, before this replay's window decided the step ({seen}); step "
+        f"{status.step + 2}/"
+        f"{len(steps)} follows the recording",
+    )
+    return _next_step(status, steps, verdict, now, False, event, **_stable_reference(status, verdict))
+
+
 def _next_step(status: CanaryStatus, steps: list[CanaryStep], verdict: Verdict | None, now: datetime,
                clear_action: bool, event: CanaryEvent, **recorded: object) -> CanaryProgress:
     """The canary goes on to the step after this one, whose window and clock start now; `recorded`: further status
@@ -515,9 +537,9 @@ def _stable_reference(status: CanaryStatus, verdict: Verdict | None) -> dict[str
     if not reference or verdict is None:
         return {}
     tokens = verdict.stable_tokens_per_pod_second
-    load = None if tokens is None else round(tokens, 2)
+    rounded = None if tokens is None else round(tokens, 2)
     return {"stable_tpot_p90_ms": reference, "stable_reference_step": status.step,
-            "stable_reference_requests": verdict.stable_requests, "stable_reference_tokens_per_pod_second": load}
+            "stable_reference_requests": verdict.stable_requests, "stable_reference_tokens_per_pod_second": rounded}
 
 
 def _stable_tpot_p90(verdict: Verdict | None) -> float | None:

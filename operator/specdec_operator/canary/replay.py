@@ -45,12 +45,14 @@ from specdec_operator.canary.analysis import Verdict, WindowStats
 from specdec_operator.canary.evidence import CanaryWindows, PodRestarts
 from specdec_operator.canary.plan import (
     IN_FLIGHT_PHASES,
+    CanaryProgress,
     CanaryTarget,
     equal_load_percent,
     replica_share_percent,
+    split_canary_replicas,
     step_canary_replicas,
 )
-from specdec_operator.canary.progress import StepObservation, advance
+from specdec_operator.canary.progress import StepObservation, advance, follow_recorded_step
 from specdec_operator.canary.verdict import VerdictInputs, step_verdicts
 from specdec_operator.timestamps import parse_stamp
 from specdec_operator.tuner.samples import MetricsParseError, ScrapeResult, ScrapeTarget, parse_metrics
@@ -114,7 +116,7 @@ class ReplaySpec:
 # The events that end a step, and how a replay names that end (`StepResult.ended`).
 STEP_ENDINGS = {"CanaryStepPassed": "Passed", "CanaryStepUndecided": "Undecided", "CanaryFailed": "Failed",
                 "CanaryTimedOut": "TimedOut", "CanaryPromoted": "Promoted", "CanaryAborted": "Aborted",
-                "CanaryCancelled": "Aborted"}
+                "CanaryCancelled": "Aborted", "CanaryStepFollowed": "Followed"}
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,9 @@ class StepResult:
 
     step: int
     weight: int
-    ended: str  # Passed, Undecided (moved on), Failed, TimedOut, Promoted, RolledBack, Aborted, Unfinished
+    # Passed, Undecided (moved on), Followed (the recording moved on first: `_follow_the_recording`), Failed,
+    # TimedOut, Promoted, RolledBack, Aborted, Unfinished
+    ended: str
     seconds: float
     verdict: Verdict | None
     event: str
@@ -376,6 +380,10 @@ class Replayer:
             # The reconcile that sees the new revision starts its canary; the next ones step it.
             self.started_at = at
             self._advance(None, at, now, canary_ready=False, route_percent=None)
+        pods = self._pods(records, at)
+        weights = [record.weight for record in records if record.weight is not None]
+        route_percent = weights[0] if weights else None
+        self._follow_the_recording(route_percent, pods, records[0], at, now)
         in_flight = self.status if self.status is not None and self.status.phase in IN_FLIGHT_PHASES else None
         self.windows.follow(in_flight, at)
         results: list[ScrapeResult] = []
@@ -401,10 +409,7 @@ class Replayer:
         self._note_left_out(report.violations, records)
         if in_flight is not None:
             self.windows.add(report, results, health, restarts)
-        pods = self._pods(records, at)
         canary_ready = self._canary_ready(pods)
-        weights = [record.weight for record in records if record.weight is not None]
-        route_percent = weights[0] if weights else None
         compared = [record for record in pods if record.role == self.compare_with and record.ready]
         stable_serving = bool(compared) and (self.status is None or self.status.weight < 100
                                              or self.compare_with == "baseline")
@@ -421,6 +426,56 @@ class Replayer:
         self._advance(verdict, at, now, canary_ready=canary_ready, route_percent=route_percent,
                       route_target=self._route_target(pods) if route_percent is not None else None,
                       pool_replicas=self._pool_replicas(pods))
+
+    def _follow_the_recording(self, route_percent: int | None, pods: list[Record], first: Record, at: float,
+                              now: datetime) -> None:
+        """Go on to the step the recording shows, when it is past the replay's (`follow_recorded_step`). The
+        operator decides on its own scrapes, a recorder's come at other moments: a step the operator passed may
+        still be undecided on the recorded window when the canary moves on, and the rounds after carry the next
+        step's traffic (on 2 replicas the 10% and 50% steps route and size alike, so only the 100% step shows it).
+        Added to this step's window, a canary that fails at 100% failed the 50% step in the replay. A step whose
+        own verdict failed never gets here: the replay rolled it back when it failed."""
+        while self.status is not None and self.status.phase in IN_FLIGHT_PHASES and self.status.weight > 0:
+            shown = self._step_shown(route_percent, pods)
+            if shown is None:
+                return
+            following, what = shown
+            before = self.status
+            self._note(dataclasses.replace(first, pod=f"step {before.step + 1} ({before.weight}%)"),
+                       "followed the recording",
+                       f"{what}, step {following + 1}'s share, before the replay's window decided the step: the "
+                       f"operator passed it on scrapes of its own")
+            self._took(before, follow_recorded_step(before, self.rollout, self.last_verdict, now, what),
+                       self.last_verdict, at)
+            self.last_verdict = None  # the next step's window has none yet
+
+    def _step_shown(self, route_percent: int | None, pods: list[Record]) -> tuple[int, str] | None:
+        """(the first step after the one in flight that the recording shows, and what shows it), when no step up to
+        the one in flight looks so and it is more than the step in flight's: the recording is past the replay.
+        What shows a step is the route's share of the canary when the recording has a route; without one, the
+        canary pods Ready (a Service splits by them), read only when the header gives the pool's replicas (surge
+        and pending pods make the listed pods no count of it)."""
+        status = self.status
+        if status is None:
+            return None
+        steps = self.spec.canary.steps
+        if route_percent is not None:
+            replicas = self._pool_replicas(pods)
+            if replicas is None:
+                return None
+            looks = [equal_load_percent(replicas, step.weight) for step in steps]
+            seen, what = route_percent, f"the recorded route gave the canary {route_percent}%"
+        else:
+            if self.spec.replicas is None:
+                return None
+            looks = [split_canary_replicas(self.spec.replicas, step.weight)[1] for step in steps]
+            seen = sum(record.role == "canary" and record.ready for record in pods)
+            what = f"{seen} of the pool's {self.spec.replicas} replicas served the canary Ready"
+        current = min(status.step, len(looks) - 1)
+        if seen <= looks[current] or seen in looks[:current + 1]:
+            return None
+        following = next((step for step in range(current + 1, len(looks)) if looks[step] == seen), None)
+        return None if following is None else (following, what)
 
     def _pods(self, records: list[Record], at: float) -> list[Record]:
         """The pods as the operator's cache would hold them at this round: each pod's latest line, for pods seen
@@ -550,6 +605,11 @@ class Replayer:
         progress = advance(before, target=self.target, rollout=self.rollout, now=now, action=None,
                            seen=StepObservation(verdict, canary_ready, route_percent=route_percent,
                                                 route_target=route_target, pool_replicas=pool_replicas))
+        self._took(before, progress, verdict, at)
+
+    def _took(self, before: CanaryStatus | None, progress: CanaryProgress, verdict: Verdict | None,
+              at: float) -> None:
+        """The step machine's move: the new status, and how a step or the canary ended."""
         after = progress.status
         self.status = after
         self.last_at = at

@@ -16,12 +16,14 @@ from specdec_operator.bench.canary import SCENARIOS, _Trial, run_trial
 from specdec_operator.canary.replay import (
     Record,
     RecordingError,
+    Replayer,
     ReplaySpec,
     format_result,
     load_spec,
     parse_recording,
     replay,
     rounds,
+    scrape_period,
 )
 from specdec_operator.cli import main
 
@@ -237,6 +239,61 @@ def test_a_canary_recorded_on_the_local_cluster_replays_to_the_verdict_the_opera
     # The CLI reads the gzip-compressed file as it is.
     assert main(["canary", "replay", str(E2E_LATE)]) == 0
     assert "outcome: RolledBack (CanaryFailed/ErrorRateExceeded)" in capsys.readouterr().out
+
+
+def _rounds_of(records: list[Record], spec: ReplaySpec) -> tuple[list[list[Record]], int, int]:
+    """(the recording's rounds, the round at which its replay passes step 2, the first round whose route gives
+    the canary 100%)."""
+    batches = list(rounds(records, scrape_period(records)))
+    replayer = Replayer(spec, period=scrape_period(records))
+    passed = None
+    for index, batch in enumerate(batches):
+        replayer.round(batch)
+        if passed is None and replayer.status is not None and replayer.status.step == 2:
+            passed = index
+    full = next(index for index, batch in enumerate(batches) if batch[0].weight == 100)
+    assert passed is not None and passed < full
+    return batches, passed, full
+
+
+@pytest.mark.parametrize("routed", [True, False])
+@pytest.mark.parametrize("late", [0, 1])
+def test_a_step_the_recording_moved_past_before_the_replay_decided_it_is_followed(late: int, routed: bool) -> None:
+    """The operator passes a step on its own scrapes; a recorder beside it scrapes at other moments, so its window
+    may still be undecided when the canary moves on (a fresh CI run: the 50% step still Inconclusive on its TPOT
+    p99 one round after the operator passed it). Here the recorder misses the rounds from the replay's own pass up
+    to the route's move (and `late` more). On 2 replicas the 10% and 50% steps both route 50% and run one canary
+    pod, so only the 100% step's route (or, without a route, its second canary pod) shows the step is over; the
+    rounds after carry the 100% step's traffic, in which the canary fails half its requests. Counted in the 50%
+    step's window, they failed step 2 where the operator failed step 3. The replay follows the recording to step 3,
+    says so, and judges the errors there."""
+    header, records = parse_recording(gzip.decompress(E2E_LATE.read_bytes()).decode())
+    spec = load_spec(header)
+    batches, passed, full = _rounds_of(records, spec)
+    raced = [record if routed else dataclasses.replace(record, weight=None)
+             for index, batch in enumerate(batches) if not passed <= index <= full + late for record in batch]
+    result = replay(raced, spec)
+    report = format_result(result, spec)
+    assert (result.outcome, result.reason) == ("RolledBack", "CanaryFailed/ErrorRateExceeded"), report
+    assert [(step.step + 1, step.ended) for step in result.steps] == [(1, "Passed"), (2, "Followed"), (3, "Failed")]
+    assert "step 2/3 (50%) Followed after " in report
+    assert "note: step 2 (50%): 1 scrape followed the recording" in report, report
+    shown = "the recorded route gave the canary 100%" if routed else "2 of the pool's 2 replicas served the canary"
+    assert f"{shown}" in report and "step 3's share" in report, report
+
+
+def test_a_route_share_no_later_step_sets_is_not_followed() -> None:
+    """Only a share a later step sets shows the operator past the step: a route read off by a few percent (a
+    share of backend weights, an export's rounding) holds the step as it holds the operator's, and is noted
+    nowhere as followed."""
+    header, records = parse_recording(gzip.decompress(E2E_LATE.read_bytes()).decode())
+    spec = load_spec(header)
+    expected = replay(records, spec)
+    odd = [dataclasses.replace(record, weight=53) if record.weight == 50 else record for record in records]
+    assert odd != records
+    result = replay(odd, spec)
+    assert "Followed" not in [step.ended for step in result.steps], format_result(result, spec)
+    assert (result.outcome, result.reason) == (expected.outcome, expected.reason), format_result(result, spec)
 
 
 def test_the_cli_reads_a_recording_from_stdin_and_refuses_a_binary_file(
