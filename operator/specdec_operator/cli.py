@@ -124,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("file", help="the recording: an optional YAML header, then one JSON object per line "
                         "(gzip-compressed or not; - reads stdin)")
     replay.add_argument("--spec", default=None,
-                        help="YAML with the steps and analysis (spec.rollout.canary's fields); overrides the header")
+                        help="YAML with the steps and analysis (spec.rollout.canary's fields), or the whole "
+                        "SpeculativeModel (`kubectl get -o yaml`: its pool, replicas and K change too); overrides "
+                        "the header")
     replay.set_defaults(func=_canary_replay)
     # `status` and `bench` parse their own flags (see main); listed here for --help.
     sub.add_parser(

@@ -174,17 +174,17 @@ class CanaryRecorder:
 
 
 def replay_header(model: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The replay's header from the SpeculativeModel as applied: the canary's steps and analysis, the pool's
-    replicas, and for a tuner K change the decision under test (from the model's status)."""
-    spec = model["spec"]
-    header: dict[str, Any] = {"pool": spec["placement"]["gfxTargets"][0],
-                              "replicas": spec["placement"]["replicasPerPool"]}
-    decision = ((status or {}).get("speculation") or {}).get("lastDecision") or {}
-    canary = (status or {}).get("canary") or {}
-    if canary.get("canaryK") is not None and decision.get("predictedGain") is not None:
-        header.update({"stableK": decision["fromK"], "canaryK": decision["toK"],
-                       "predictedGain": decision["predictedGain"]})
-    rollout = dict(spec["rollout"]["canary"])
+    """The replay's header from the SpeculativeModel as applied and its status, read as `canary replay --spec` reads
+    a whole SpeculativeModel (`load_spec`): the canary's steps and analysis, the pool and its replicas, and for a
+    tuner K change the decision under test. Written out compactly, so the kept recording says what it was judged
+    on."""
+    read = load_spec({"spec": model["spec"], "status": status or {}})
+    header: dict[str, Any] = {"pool": read.pool, "replicas": read.replicas}
+    if read.gpus_per_pod != 1:
+        header["gpusPerPod"] = read.gpus_per_pod
+    if read.decision() is not None:
+        header.update({"stableK": read.stable_k, "canaryK": read.canary_k, "predictedGain": read.predicted_gain})
+    rollout = dict(model["spec"]["rollout"]["canary"])
     rollout.pop("traffic", None)
     header["canary"] = rollout
     return header

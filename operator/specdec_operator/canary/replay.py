@@ -16,8 +16,9 @@ follow each round, as a reconcile follows a scrape in the operator. The canary s
 that has a canary pod; rounds before it (an export from before the change) only start the counters.
 
 The steps and the analysis come from a YAML header before the first JSON line (the fields of
-`spec.rollout.canary`, or a mapping with a `canary:` key and optional `pool`, `gpusPerPod`, `stableK`,
-`canaryK`, `predictedGain`), or from a separate file (`--spec`).
+`spec.rollout.canary`, or a mapping with a `canary:` key and optional `pool`, `gpusPerPod`, `replicas`, `stableK`,
+`canaryK`, `predictedGain`, or a whole SpeculativeModel with its status: `_manifest_settings`), or from a separate
+file (`--spec`).
 
 Pure: no I/O but what the caller hands in. The bench (bench/canary.py) drives `Replayer.round` with
 generated rounds; the CLI and the tests call `replay` on a file's lines.
@@ -38,7 +39,7 @@ from typing import Any, Literal, cast
 import yaml
 from pydantic import ValidationError
 
-from specdec_operator.api.spec import Canary, Rollout
+from specdec_operator.api.spec import Canary, Rollout, SpeculativeModelSpec
 from specdec_operator.api.status import CanaryStatus, TuningDecision
 from specdec_operator.api.vocabulary import MAX_K
 from specdec_operator.canary.analysis import Verdict, WindowStats
@@ -276,10 +277,51 @@ def load_spec(header: Mapping[str, Any] | None) -> ReplaySpec:
             raise RecordingError(f"spec: {key} must be {what} {bounds}, got {value!r}")
         return kind(value)
 
+    manifest = _manifest_settings(header)
+    pool = header.get("pool", manifest.get("pool", "pool"))
     gpus = number("gpusPerPod", int, 1)
-    return ReplaySpec(canary=canary, pool=str(header.get("pool", "pool")), gpus_per_pod=gpus or 1,
-                      stable_k=number("stableK", int, 0, MAX_K), canary_k=number("canaryK", int, 0, MAX_K),
-                      predicted_gain=number("predictedGain", float, -math.inf), replicas=number("replicas", int, 1))
+    replicas = number("replicas", int, 1)
+    decision = {key: number(key, kind, low, high) for key, kind, low, high in (
+        ("stableK", int, 0, MAX_K), ("canaryK", int, 0, MAX_K), ("predictedGain", float, -math.inf, math.inf))}
+    if all(value is None for value in decision.values()):
+        decision = {key: manifest.get(key) for key in decision}
+    return ReplaySpec(canary=canary, pool=str(pool), gpus_per_pod=gpus or manifest.get("gpusPerPod", 1),
+                      stable_k=decision["stableK"], canary_k=decision["canaryK"],
+                      predicted_gain=decision["predictedGain"], replicas=replicas or manifest.get("replicas"))
+
+
+def _manifest_settings(header: Mapping[str, Any]) -> dict[str, Any]:
+    """What a whole SpeculativeModel (as applied, or as `kubectl get -o yaml` prints it) says beside its canary:
+    the pool (the canary's in status, else the tuner's last decision's, else the first gfx target), its replicas
+    (`replicasPerPool`, a pool's own entry first) and GPUs per pod (its tensor parallelism), and, for a tuner K
+    change in flight, the decision under test (`status.speculation.lastDecision`, when the canary runs its K). The
+    header's own keys come first. A partial spec (only `spec.rollout`, say) gives nothing here; nor does one the
+    operator's API would refuse, whose pool settings the replay could not read as the operator does."""
+    def mapping(value: Any) -> Mapping[str, Any]:
+        return value if isinstance(value, Mapping) else {}
+
+    spec = header.get("spec")
+    status = mapping(header.get("status"))
+    canary = mapping(status.get("canary"))
+    decision = mapping(mapping(status.get("speculation")).get("lastDecision"))
+    settings: dict[str, Any] = {}
+    model = None
+    if isinstance(spec, Mapping) and "placement" in spec:
+        with contextlib.suppress(ValidationError):
+            model = SpeculativeModelSpec.model_validate(dict(spec))
+    pool = canary.get("pool") or decision.get("pool") or (model.placement.targets[0] if model is not None else None)
+    if isinstance(pool, str):
+        settings["pool"] = pool
+    if model is not None and isinstance(pool, str) and pool in model.placement.targets:
+        per_pool = model.for_pool(pool)
+        settings["gpusPerPod"] = int(per_pool.model.tensor_parallel_size)
+        if per_pool.placement.replicas_per_pool:
+            settings["replicas"] = per_pool.placement.replicas_per_pool
+    gain, from_k, to_k = decision.get("predictedGain"), decision.get("fromK"), decision.get("toK")
+    if canary.get("canaryK") is not None and canary.get("canaryK") == to_k and decision.get("pool") in (None, pool) \
+            and isinstance(gain, (int, float)) and isinstance(from_k, int) and isinstance(to_k, int):
+        settings.update(stableK=from_k, canaryK=to_k, predictedGain=float(gain))
+    return settings
 
 
 def rounds(records: Iterable[Record], period: float | None = None) -> Iterator[list[Record]]:

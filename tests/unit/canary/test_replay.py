@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from specdec_operator.bench.canary import SCENARIOS, _Trial, run_trial
 from specdec_operator.canary.replay import (
@@ -111,6 +112,64 @@ def test_the_header_may_give_the_pools_replicas() -> None:
     assert load_spec({}).replicas is None
     with pytest.raises(RecordingError, match="replicas must be a number"):
         load_spec({"replicas": "twelve"})
+
+
+EXAMPLES = Path(__file__).parents[3] / "examples"
+
+
+def _example_model() -> dict[str, object]:
+    documents = yaml.safe_load_all((EXAMPLES / "canary-httproute.yaml").read_text())
+    return next(document for document in documents if document["kind"] == "SpeculativeModel")
+
+
+def test_a_whole_speculativemodel_gives_the_pool_its_replicas_and_gpus() -> None:
+    """`--spec` may be the SpeculativeModel as applied: its pool (the first gfx target), the pool's replicas and
+    its GPUs per pod are read as the operator reads them, a pool's own entry first."""
+    model = _example_model()
+    spec = load_spec(model)
+    assert (spec.pool, spec.replicas, spec.gpus_per_pod) == ("gfx942", 2, 1)
+    assert [step.weight for step in spec.canary.steps] == [10, 50, 100]
+    assert spec.decision() is None
+    placement = model["spec"]["placement"]  # type: ignore[index]
+    placement["gfxTargets"] = ["mi300x", "gfx90a"]
+    placement["pools"] = [{"gfxTarget": "mi300x", "tensorParallelSize": 2, "replicas": 6}]
+    assert (load_spec(model).pool, load_spec(model).replicas, load_spec(model).gpus_per_pod) == ("gfx942", 6, 2)
+    # The header's own keys come first.
+    assert load_spec({**model, "pool": "gfx90a", "replicas": 3}).replicas == 3
+
+
+def test_a_speculativemodel_with_its_status_gives_the_k_change_under_test() -> None:
+    """As `kubectl get -o yaml` prints it during a tuner's canary: the canary's pool, and the decision under test
+    from status (its K the canary's); a decision the canary does not run (a spec change's canary) gives none."""
+    model = _example_model()
+    decision = {"id": "d1", "time": "2026-12-08T00:00:00Z", "pool": "gfx942", "fromK": 3, "toK": 5,
+                "action": "Change", "reason": "better", "predictedGain": 0.12, "confidence": 0.9}
+    dumped = {**model, "status": {"canary": {"pool": "gfx942", "canaryK": 5},
+                                  "speculation": {"lastDecision": decision}}}
+    spec = load_spec(dumped)
+    assert (spec.pool, spec.stable_k, spec.canary_k, spec.predicted_gain) == ("gfx942", 3, 5, 0.12)
+    other = {**model, "status": {"canary": {"pool": "gfx942"}, "speculation": {"lastDecision": decision}}}
+    assert load_spec(other).decision() is None
+
+
+def test_the_e2e_recording_replays_alike_with_the_manifest_as_its_spec(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The kept e2e recording (2 replicas of gfx942) with `--spec` the SpeculativeModel it ran, in place of the
+    header the test wrote: the same steps, the same outcome."""
+    text = gzip.decompress(E2E_LATE.read_bytes()).decode()
+    header, records = parse_recording(text)
+    assert header is not None
+    model = {"apiVersion": "specdec.io/v1alpha1", "kind": "SpeculativeModel", "metadata": {"name": "late"},
+             "spec": {"model": {"name": "org/target"},
+                      "placement": {"gfxTargets": [header["pool"]], "replicasPerPool": header["replicas"]},
+                      "rollout": {"strategy": "Canary", "canary": header["canary"]}}}
+    manifest = tmp_path / "model.yaml"
+    manifest.write_text(yaml.safe_dump(model))
+    from_header = replay(records, load_spec(header))
+    assert main(["canary", "replay", str(E2E_LATE), "--spec", str(manifest)]) == 0
+    out = capsys.readouterr().out
+    assert out == format_result(from_header, load_spec(header)), out
+    assert load_spec(model).replicas == header["replicas"]
 
 
 def _jittered(records: list[Record], seed: int) -> list[Record]:
