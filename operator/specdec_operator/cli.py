@@ -102,6 +102,34 @@ def _canary_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _canary_from_prometheus(args: argparse.Namespace) -> int:
+    import json
+    import re
+
+    from specdec_operator.canary.from_prometheus import PodRoles, PrometheusExportError, recording_lines
+
+    try:
+        if args.pool:
+            roles = PodRoles.of_pool(args.pool)
+        elif args.canary and args.stable:
+            roles = PodRoles(canary=re.compile(args.canary), stable=re.compile(args.stable),
+                             baseline=re.compile(args.baseline) if args.baseline else None)
+        else:
+            raise PrometheusExportError("give --pool (the pool's stable Deployment, <model>-<gfx>), or --canary "
+                                        "and --stable patterns of pod names")
+        answers = [(name, json.loads(_recording_text(name))) for name in args.files]
+        lines, notes = recording_lines(answers, roles, args.pod_label)
+    except (OSError, UnicodeDecodeError, ValueError, re.error) as err:  # json and the export errors are ValueErrors
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    for note in notes:
+        sys.stderr.write(f"note: {note}\n")
+    if not lines:
+        return 1
+    sys.stdout.write("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec-operator", description=__doc__)
     parser.add_argument("--version", action="version", version=version_line())
@@ -116,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.set_defaults(func=_run)
-    canary = sub.add_parser("canary", help="canary tools: `canary replay FILE [--spec FILE]`")
+    canary = sub.add_parser("canary", help="canary tools: `canary replay FILE [--spec FILE]`, `canary from-prometheus "
+                            "ANSWER... --pool NAME`")
     canary_sub = canary.add_subparsers(dest="canary_command", required=True)
     replay = canary_sub.add_parser(
         "replay", help="replay a recorded canary (JSON lines of /metrics scrapes, docs/canary.md) through the "
@@ -128,6 +157,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "SpeculativeModel (`kubectl get -o yaml`: its pool, replicas and K change too); overrides "
                         "the header")
     replay.set_defaults(func=_canary_replay)
+    export = canary_sub.add_parser(
+        "from-prometheus", help="write a recording for `canary replay` from Prometheus HTTP API answers (JSON, "
+        "resultType matrix) holding the pods' vLLM series: the raw samples of a range selector, e.g. "
+        "query={__name__=~\"vllm:.+\",pod=~\"llama8b-gfx942-.*\"}[2h] (docs/canary.md)")
+    export.add_argument("files", nargs="+", help="the answers (gzip-compressed or not; - reads stdin); answers "
+                        "with kube-state-metrics' kube_pod_status_ready, kube_pod_status_phase and "
+                        "kube_pod_container_status_restarts_total, and Prometheus' up, give pod state")
+    export.add_argument("--pool", default=None, help="the pool's stable Deployment (<model>-<gfx>): its pods are the "
+                        "stable's, those of <pool>-canary the canary's")
+    export.add_argument("--canary", default=None, help="or: a pattern the canary pods' names match whole")
+    export.add_argument("--stable", default=None, help="and one the stable pods' names match whole")
+    export.add_argument("--baseline", default=None, help="optional: one a baseline's pods match whole")
+    export.add_argument("--pod-label", default=None, help="the label naming the pod (default: pod, else "
+                        "kubernetes_pod_name)")
+    export.set_defaults(func=_canary_from_prometheus)
     # `status` and `bench` parse their own flags (see main); listed here for --help.
     sub.add_parser(
         "status", help="fleet view of every SpeculativeModel: -n/-A, -l SELECTOR, -o table|wide|json|yaml, --watch "
