@@ -7,7 +7,9 @@ import gc
 import random
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from specdec_operator import KIND
 from specdec_operator.version import version_line
 
 
@@ -77,6 +79,22 @@ def _recording_text(name: str) -> str:
     return raw.decode("utf-8")
 
 
+def _spec_document(name: str, documents: list[Any]) -> dict[str, Any] | None:
+    """The replay's settings from a --spec file's YAML documents: its one SpeculativeModel (a file may hold the
+    HTTPRoute beside it, as examples/canary-httproute.yaml does), else its one document."""
+    from specdec_operator.canary.replay import RecordingError
+
+    models = [document for document in documents if isinstance(document, dict) and document.get("kind") == KIND]
+    if len(models) > 1:
+        raise RecordingError(f"{name}: holds {len(models)} SpeculativeModels; give a file with the one recorded")
+    chosen = models or documents
+    if len(chosen) > 1:
+        raise RecordingError(f"{name}: holds {len(chosen)} YAML documents and no SpeculativeModel; give one mapping")
+    if chosen and not isinstance(chosen[0], dict):
+        raise RecordingError(f"{name}: must be a YAML mapping")
+    return chosen[0] if chosen else None
+
+
 def _canary_replay(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -87,9 +105,8 @@ def _canary_replay(args: argparse.Namespace) -> int:
     try:
         header, records = parse_recording(_recording_text(args.file))
         if args.spec:
-            header = yaml.safe_load(Path(args.spec).read_text())
-            if header is not None and not isinstance(header, dict):
-                raise RecordingError(f"{args.spec}: must be a YAML mapping")
+            header = _spec_document(args.spec, [document for document in yaml.safe_load_all(Path(args.spec).read_text())
+                                                if document is not None])
         spec = load_spec(header)
     except (OSError, UnicodeDecodeError, RecordingError, yaml.YAMLError) as err:
         sys.stderr.write(f"error: {err}\n")

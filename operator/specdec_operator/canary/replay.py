@@ -312,8 +312,12 @@ def _manifest_settings(header: Mapping[str, Any]) -> dict[str, Any]:
     pool = canary.get("pool") or decision.get("pool") or (model.placement.targets[0] if model is not None else None)
     if isinstance(pool, str):
         settings["pool"] = pool
-    if model is not None and isinstance(pool, str) and pool in model.placement.targets:
-        per_pool = model.for_pool(pool)
+    # Status names a pool `<model>-<gfx>` (render/names.py, `pool_name`; a long model name is shortened, the gfx
+    # target kept): its settings are the gfx target's.
+    gfx = None if model is None or not isinstance(pool, str) else next(
+        (target for target in model.placement.targets if pool == target or pool.endswith(f"-{target}")), None)
+    if model is not None and gfx is not None:
+        per_pool = model.for_pool(gfx)
         settings["gpusPerPod"] = int(per_pool.model.tensor_parallel_size)
         if per_pool.placement.replicas_per_pool:
             settings["replicas"] = per_pool.placement.replicas_per_pool

@@ -160,3 +160,41 @@ def test_the_cli_writes_the_recording_and_names_what_it_left_out(
     broken.write_text("{")
     assert main(["canary", "from-prometheus", str(broken), "--pool", POOL]) == 2
     assert "error: " in capsys.readouterr().err
+
+
+# A real canary, recorded by a real Prometheus: tests/e2e/test_canary_steps.py's `late` canary (a drafter change on 2
+# replicas behind an HTTPRoute, whose pods start failing half their requests two rounds into the 100% step) on the
+# local cluster, with the cluster's Prometheus (hack/cluster autoscaling) scraping every runtime pod every 5 s,
+# queried afterwards as docs/canary.md says. The operator rolled it back at step 3 on the error rate.
+LATE_VLLM = DATA / "prometheus-e2e-late-vllm.json.gz"
+LATE_UP = DATA / "prometheus-e2e-late-up.json.gz"
+LATE_MODEL = DATA / "prometheus-e2e-late-model.yaml"
+
+
+def test_a_canary_on_the_local_cluster_recorded_by_prometheus_replays_to_the_operators_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """From Prometheus' answers and the manifest as applied (the HTTPRoute beside the SpeculativeModel in one
+    file), as a platform engineer would ask: the same outcome, at the same step, for the same reason. Prometheus
+    stores no route weight, so the replay reads each step from the canary pods Ready and the pool's
+    replicasPerPool, and it scrapes at moments of its own: the 50% step, not yet decided on its 5 s scrapes when
+    both canary pods served, follows the recording to the 100% step."""
+    assert "RolledBack at step 3" in LATE_MODEL.read_text() and "(ErrorRateExceeded)" in LATE_MODEL.read_text()
+    assert main(["canary", "from-prometheus", str(LATE_VLLM), str(LATE_UP), "--pool", "late-gfx942"]) == 0
+    recording = tmp_path / "late.jsonl"
+    recording.write_text(capsys.readouterr().out)
+    assert main(["canary", "replay", str(recording), "--spec", str(LATE_MODEL)]) == 0
+    report = capsys.readouterr().out
+    assert "\nstep 3/3 (100%) Failed after " in report, report
+    assert report.splitlines()[-1].startswith("outcome: RolledBack (CanaryFailed/ErrorRateExceeded)"), report
+
+
+def test_a_spec_file_with_several_speculativemodels_is_refused(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    text = LATE_MODEL.read_text()
+    several = tmp_path / "models.yaml"
+    several.write_text(f"{text}\n---\n{text.split('---', 1)[1]}")
+    recording = tmp_path / "late.jsonl"
+    assert main(["canary", "from-prometheus", str(LATE_VLLM), "--pool", "late-gfx942"]) == 0
+    recording.write_text(capsys.readouterr().out)
+    assert main(["canary", "replay", str(recording), "--spec", str(several)]) == 2
+    assert "holds 2 SpeculativeModels" in capsys.readouterr().err

@@ -144,12 +144,16 @@ def test_a_speculativemodel_with_its_status_gives_the_k_change_under_test() -> N
     model = _example_model()
     decision = {"id": "d1", "time": "2026-12-08T00:00:00Z", "pool": "gfx942", "fromK": 3, "toK": 5,
                 "action": "Change", "reason": "better", "predictedGain": 0.12, "confidence": 0.9}
-    dumped = {**model, "status": {"canary": {"pool": "gfx942", "canaryK": 5},
+    pool = "llama8b-canaried-gfx942"  # status names a pool <model>-<gfx>
+    decision["pool"] = pool
+    dumped = {**model, "status": {"canary": {"pool": pool, "canaryK": 5},
                                   "speculation": {"lastDecision": decision}}}
     spec = load_spec(dumped)
-    assert (spec.pool, spec.stable_k, spec.canary_k, spec.predicted_gain) == ("gfx942", 3, 5, 0.12)
-    other = {**model, "status": {"canary": {"pool": "gfx942"}, "speculation": {"lastDecision": decision}}}
+    assert (spec.pool, spec.stable_k, spec.canary_k, spec.predicted_gain) == (pool, 3, 5, 0.12)
+    assert (spec.replicas, spec.gpus_per_pod) == (2, 1)  # the gfx942 pool's
+    other = {**model, "status": {"canary": {"pool": pool}, "speculation": {"lastDecision": decision}}}
     assert load_spec(other).decision() is None
+    assert load_spec(other).replicas == 2
 
 
 def test_the_e2e_recording_replays_alike_with_the_manifest_as_its_spec(
