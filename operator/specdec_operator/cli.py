@@ -84,6 +84,7 @@ def _spec_document(name: str, documents: list[Any]) -> dict[str, Any] | None:
     HTTPRoute beside it, as examples/canary-httproute.yaml does), else its one document."""
     from specdec_operator.canary.replay import RecordingError
 
+    documents = [document for document in documents if document is not None]  # `---` at the end reads as None
     models = [document for document in documents if isinstance(document, dict) and document.get("kind") == KIND]
     if len(models) > 1:
         raise RecordingError(f"{name}: holds {len(models)} SpeculativeModels; give a file with the one recorded")
@@ -105,8 +106,7 @@ def _canary_replay(args: argparse.Namespace) -> int:
     try:
         header, records = parse_recording(_recording_text(args.file))
         if args.spec:
-            header = _spec_document(args.spec, [document for document in yaml.safe_load_all(Path(args.spec).read_text())
-                                                if document is not None])
+            header = _spec_document(args.spec, list(yaml.safe_load_all(Path(args.spec).read_text())))
         spec = load_spec(header)
     except (OSError, UnicodeDecodeError, RecordingError, yaml.YAMLError) as err:
         sys.stderr.write(f"error: {err}\n")

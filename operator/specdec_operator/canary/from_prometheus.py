@@ -35,7 +35,6 @@ READY = "kube_pod_status_ready"
 PHASE = "kube_pod_status_phase"
 RESTARTS = "kube_pod_container_status_restarts_total"
 UP = "up"
-POD_STATE = (READY, PHASE, RESTARTS, UP)
 # The label naming the pod, as the usual Kubernetes scrape configs write it (kube-prometheus and the Prometheus
 # chart: `pod`; older relabelings: `kubernetes_pod_name`).
 POD_LABELS = ("pod", "kubernetes_pod_name")

@@ -50,7 +50,6 @@ from specdec_operator.canary.plan import (
     CanaryTarget,
     equal_load_percent,
     replica_share_percent,
-    split_canary_replicas,
     step_canary_replicas,
 )
 from specdec_operator.canary.progress import StepObservation, advance, follow_recorded_step
@@ -312,9 +311,11 @@ def _manifest_settings(header: Mapping[str, Any]) -> dict[str, Any]:
     pool = canary.get("pool") or decision.get("pool") or (model.placement.targets[0] if model is not None else None)
     if isinstance(pool, str):
         settings["pool"] = pool
-    # Status names a pool `<model>-<gfx>` (render/names.py, `pool_name`; a long model name is shortened, the gfx
-    # target kept): its settings are the gfx target's.
-    gfx = None if model is None or not isinstance(pool, str) else next(
+    # Status names a pool `<model>-<gfx>` and lists its gfx target (`status.pools`); a status without that list
+    # (a partial dump) leaves the name's suffix (render/names.py, `pool_name`, keeps the gfx target whole).
+    listed = {entry.get("name"): entry.get("gfxTarget") for entry in status.get("pools") or ()
+              if isinstance(entry, Mapping)}
+    gfx = None if model is None or not isinstance(pool, str) else listed.get(pool) or next(
         (target for target in model.placement.targets if pool == target or pool.endswith(f"-{target}")), None)
     if model is not None and gfx is not None:
         per_pool = model.for_pool(gfx)
@@ -514,7 +515,7 @@ class Replayer:
         else:
             if self.spec.replicas is None:
                 return None
-            looks = [split_canary_replicas(self.spec.replicas, step.weight)[1] for step in steps]
+            looks = [step_canary_replicas(self.spec.replicas, steps, index) for index in range(len(steps))]
             seen = sum(record.role == "canary" and record.ready for record in pods)
             what = f"{seen} of the pool's {self.spec.replicas} replicas served the canary Ready"
         current = min(status.step, len(looks) - 1)

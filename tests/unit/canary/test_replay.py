@@ -154,6 +154,10 @@ def test_a_speculativemodel_with_its_status_gives_the_k_change_under_test() -> N
     other = {**model, "status": {"canary": {"pool": pool}, "speculation": {"lastDecision": decision}}}
     assert load_spec(other).decision() is None
     assert load_spec(other).replicas == 2
+    # status.pools says which gfx target a pool name stands for, whatever the name reads.
+    listed = {**model, "status": {"canary": {"pool": "odd-pool"},
+                                  "pools": [{"name": "odd-pool", "gfxTarget": "gfx942"}]}}
+    assert load_spec(listed).replicas == 2
 
 
 def test_the_e2e_recording_replays_alike_with_the_manifest_as_its_spec(
